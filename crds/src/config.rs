@@ -1,0 +1,157 @@
+//! The resolved configuration a sidecar runs: upstreams, their endpoints and
+//! retry policies, and the ordered retry rules. Both the standalone file and the
+//! controller's snapshots resolve to this.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::matching::RequestMatch;
+use crate::policy::{MethodSet, Protocol, RetryPolicy};
+
+/// A validated, resolved sidecar configuration.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Config {
+    /// Upstreams by name, in file order.
+    pub upstreams: Vec<Upstream>,
+    /// Retry rules, sorted by priority then id (evaluation order).
+    pub rules: Vec<Rule>,
+    /// Process-wide proxy settings.
+    pub proxy: ProxySettings,
+}
+
+/// One upstream: a named set of interchangeable endpoints.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Upstream {
+    /// The name requests address (the host of the request).
+    pub name: String,
+    /// Interchangeable endpoints; a retry goes to one not yet tried.
+    pub endpoints: Vec<Endpoint>,
+    /// Protocol to the endpoints.
+    pub protocol: Protocol,
+    /// Time allowed to establish a connection.
+    #[serde(serialize_with = "ser_millis")]
+    pub connect_timeout: Duration,
+    /// Time one attempt may wait for response headers (`timeouts.read_ms`).
+    #[serde(serialize_with = "ser_opt_millis")]
+    pub read_timeout: Option<Duration>,
+    /// The upstream's own retry policy (its `retries` block); applies when no rule matches.
+    pub retries: RetryPolicy,
+    /// The rolling retry budget shared by every request to this upstream.
+    pub budget: BudgetSettings,
+    /// When an endpoint is ejected after repeated transport failures.
+    pub passive_health: PassiveHealth,
+}
+
+/// One endpoint of an upstream.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Endpoint {
+    /// Address and port.
+    pub addr: SocketAddr,
+    /// Pod (or other) name, for traces and logs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Topology zone, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+/// Retry budget: a retry is allowed while
+/// `(retries + 1) * 100 <= percent * requests` over the rolling window.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct BudgetSettings {
+    /// Share of requests that may be retries, in (0, 100].
+    pub percent: f64,
+    /// Length of the rolling window.
+    #[serde(serialize_with = "ser_millis")]
+    pub window: Duration,
+    /// Retries per second always allowed on top of the percentage (0 = the
+    /// gateway document's formula exactly).
+    pub min_retries_per_second: u32,
+}
+
+/// Passive health: eject an endpoint after consecutive transport failures or
+/// mid-stream body errors. Upstream statuses never count (rules document).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PassiveHealth {
+    /// Consecutive failures that eject an endpoint (0 = never eject).
+    pub consecutive_failures: u32,
+    /// How long an ejected endpoint is left out of picks.
+    #[serde(serialize_with = "ser_millis")]
+    pub ejection: Duration,
+}
+
+/// A rules-document retry rule: which requests, and the policy they get.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Rule {
+    /// Unique id; breaks priority ties.
+    pub id: String,
+    /// Lower runs first.
+    pub priority: i32,
+    /// Disabled rules never match.
+    pub enabled: bool,
+    /// Upstream names the rule applies to; empty means all.
+    pub upstreams: Vec<String>,
+    /// Methods the rule matches (and retries).
+    pub methods: MethodSet,
+    /// Path and header conditions.
+    #[serde(rename = "match")]
+    pub request_match: RequestMatch,
+    /// The policy a matching request gets.
+    pub policy: RetryPolicy,
+}
+
+/// Process-wide settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ProxySettings {
+    /// Bytes all replay buffers together may hold.
+    pub replay_reservation_bytes: u64,
+    /// Time in-flight requests get to finish after SIGTERM.
+    #[serde(serialize_with = "ser_millis")]
+    pub drain_timeout: Duration,
+    /// Largest request head (request line and headers) accepted, in bytes.
+    pub max_request_header_bytes: usize,
+    /// Emit one structured log event per request.
+    pub access_log: bool,
+}
+
+impl Config {
+    /// The upstream named `name`, compared case-insensitively.
+    pub fn upstream(&self, name: &str) -> Option<&Upstream> {
+        self.upstreams
+            .iter()
+            .find(|u| u.name.eq_ignore_ascii_case(name))
+    }
+}
+
+impl Rule {
+    /// True when this rule applies to `upstream`, `method`, `path` and headers.
+    pub fn matches<'a>(
+        &self,
+        upstream: &str,
+        method: &str,
+        path: &str,
+        header: impl Fn(&str) -> Option<&'a [u8]>,
+    ) -> bool {
+        self.enabled
+            && (self.upstreams.is_empty()
+                || self
+                    .upstreams
+                    .iter()
+                    .any(|u| u.eq_ignore_ascii_case(upstream)))
+            && self.methods.contains(method)
+            && self.request_match.matches(path, header)
+    }
+}
+
+fn ser_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn ser_opt_millis<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => ser_millis(d, s),
+        None => s.serialize_none(),
+    }
+}

@@ -1,0 +1,327 @@
+//! The standalone configuration file (`reprise-sidecar --config FILE`).
+//!
+//! The gateway document's format loads unchanged: `upstreams:` with `name`,
+//! `endpoints` of `{address, port}`, `timeouts` and a `retries` block. The rules
+//! document's retry rules sit beside it under `rules:`. Field names are
+//! snake_case as in the gateway document; unknown fields are refused so a typo
+//! never silently turns a setting off.
+
+mod common;
+mod retries;
+mod rules;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use self::retries::{HedgeSpec, RetriesSpec, StatusEntry};
+pub use self::rules::RuleSpec;
+use crate::config::{Config, Endpoint, PassiveHealth, ProxySettings, Upstream};
+use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
+use crate::validation::ValidationErrors;
+use crate::Error;
+
+/// The file as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Named groups of interchangeable endpoints.
+    pub upstreams: Vec<UpstreamSpec>,
+    /// Retry rules, evaluated by priority then id; the first enabled match wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RuleSpec>,
+    /// Process-wide settings.
+    #[serde(default)]
+    pub proxy: ProxySpec,
+}
+
+/// One upstream as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSpec {
+    /// The host name requests use to address this upstream.
+    pub name: String,
+    /// Endpoints, as `{ address, port }`.
+    pub endpoints: Vec<EndpointSpec>,
+    /// `http1` (default) or `h2c`.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Connect and per-attempt read timeouts.
+    #[serde(default)]
+    pub timeouts: TimeoutsSpec,
+    /// The gateway document's retries block; no keys means retries off.
+    #[serde(default)]
+    pub retries: RetriesSpec,
+    /// Passive health (ejection after consecutive transport failures).
+    #[serde(default)]
+    pub passive_health: PassiveHealthSpec,
+}
+
+/// One endpoint as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointSpec {
+    /// IP address.
+    pub address: String,
+    /// TCP port.
+    pub port: u16,
+    /// Optional name (a pod name in Kubernetes), shown in traces and logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Optional topology zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+/// `timeouts` as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsSpec {
+    /// Connect timeout in milliseconds (default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_ms: Option<u64>,
+    /// Per-attempt wait for response headers in milliseconds (default 15000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_ms: Option<u64>,
+}
+
+/// `passive_health` as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PassiveHealthSpec {
+    /// Consecutive transport or mid-stream failures that eject an endpoint (default 5; 0 = never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+    /// Ejection time in milliseconds (default 30000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ejection_ms: Option<u64>,
+}
+
+/// `proxy` as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxySpec {
+    /// Bytes all replay buffers together may hold (default 64 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_reservation_bytes: Option<u64>,
+    /// Drain time after SIGTERM in milliseconds (default 15000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout_ms: Option<u64>,
+    /// Largest request head in bytes (default 65536, at least 8192).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_header_bytes: Option<usize>,
+    /// One structured log event per request (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<bool>,
+}
+
+/// Default connect timeout.
+pub const DEFAULT_CONNECT_MS: u64 = 1_000;
+/// Default per-attempt read timeout.
+pub const DEFAULT_READ_MS: u64 = 15_000;
+
+/// Reads, parses and validates the file at `path`.
+pub fn load(path: &Path) -> Result<Config, Error> {
+    let label = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: label.clone(),
+        source,
+    })?;
+    parse(&text, &label)
+}
+
+/// Parses and validates configuration text; `label` names it in errors.
+pub fn parse(text: &str, label: &str) -> Result<Config, Error> {
+    let file: ConfigFile = serde_yaml::from_str(text).map_err(|source| Error::Parse {
+        path: label.to_string(),
+        source,
+    })?;
+    file.resolve().map_err(|source| Error::Invalid {
+        path: label.to_string(),
+        source,
+    })
+}
+
+impl ConfigFile {
+    /// Validates every field and resolves defaults. Reports every broken rule.
+    pub fn resolve(&self) -> Result<Config, ValidationErrors> {
+        let mut errs = ValidationErrors::default();
+        let mut upstreams = Vec::with_capacity(self.upstreams.len());
+        if self.upstreams.is_empty() {
+            errs.push("upstreams", "must list at least one upstream");
+        }
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let p = format!("upstreams[{i}]");
+            if let Some(j) = self.upstreams[..i]
+                .iter()
+                .position(|o| o.name.eq_ignore_ascii_case(&u.name))
+            {
+                errs.push(
+                    format!("{p}.name"),
+                    format!("must be unique (\"{}\" is also upstreams[{j}])", u.name),
+                );
+            }
+            upstreams.push(u.resolve(&p, &mut errs));
+        }
+        let mut rules = Vec::with_capacity(self.rules.len());
+        for (i, r) in self.rules.iter().enumerate() {
+            let p = format!("rules[{i}]");
+            if let Some(j) = self.rules[..i].iter().position(|o| o.id == r.id) {
+                errs.push(
+                    format!("{p}.id"),
+                    format!("must be unique (\"{}\" is also rules[{j}])", r.id),
+                );
+            }
+            for (k, name) in r.upstreams.iter().enumerate() {
+                if !self
+                    .upstreams
+                    .iter()
+                    .any(|u| u.name.eq_ignore_ascii_case(name))
+                {
+                    errs.push(
+                        format!("{p}.upstreams[{k}]"),
+                        format!("no upstream named \"{name}\""),
+                    );
+                }
+            }
+            rules.push(r.resolve(&p, &mut errs));
+        }
+        rules.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.id.cmp(&b.id)));
+        let proxy = self.proxy.resolve(&mut errs);
+        errs.into_result(Config {
+            upstreams,
+            rules,
+            proxy,
+        })
+    }
+}
+
+impl UpstreamSpec {
+    fn resolve(&self, p: &str, errs: &mut ValidationErrors) -> Upstream {
+        if !common::is_dns_name(&self.name) {
+            errs.push(
+                format!("{p}.name"),
+                format!(
+                    "must be a DNS name: lowercase letters, digits, '-' and '.', at most 253 characters (got \"{}\")",
+                    self.name
+                ),
+            );
+        }
+        if self.endpoints.is_empty() {
+            errs.push(format!("{p}.endpoints"), "must list at least one endpoint");
+        }
+        let mut endpoints = Vec::with_capacity(self.endpoints.len());
+        for (i, e) in self.endpoints.iter().enumerate() {
+            let ep = format!("{p}.endpoints[{i}]");
+            match e.address.parse::<IpAddr>() {
+                Ok(ip) => endpoints.push(Endpoint {
+                    addr: SocketAddr::new(ip, e.port),
+                    name: e.name.clone(),
+                    zone: e.zone.clone(),
+                }),
+                Err(_) => errs.push(
+                    format!("{ep}.address"),
+                    format!("must be an IPv4 or IPv6 address (got \"{}\")", e.address),
+                ),
+            }
+            if e.port == 0 {
+                errs.push(format!("{ep}.port"), "must be in 1..=65535 (got 0)");
+            }
+            if let Some(j) = self.endpoints[..i]
+                .iter()
+                .position(|o| o.address == e.address && o.port == e.port)
+            {
+                errs.push(
+                    ep.clone(),
+                    format!(
+                        "must be unique ({}:{} is also endpoints[{j}])",
+                        e.address, e.port
+                    ),
+                );
+            }
+        }
+        let connect_ms = common::ranged(
+            errs,
+            &format!("{p}.timeouts.connect_ms"),
+            self.timeouts.connect_ms,
+            DEFAULT_CONNECT_MS,
+            1,
+            600_000,
+        );
+        let read_ms = common::ranged(
+            errs,
+            &format!("{p}.timeouts.read_ms"),
+            self.timeouts.read_ms,
+            DEFAULT_READ_MS,
+            1,
+            3_600_000,
+        );
+        let (retries, budget) = self.retries.resolve(&format!("{p}.retries"), errs);
+        let consecutive_failures = common::ranged(
+            errs,
+            &format!("{p}.passive_health.consecutive_failures"),
+            self.passive_health.consecutive_failures.map(u64::from),
+            5,
+            0,
+            1_000,
+        );
+        let ejection_ms = common::ranged(
+            errs,
+            &format!("{p}.passive_health.ejection_ms"),
+            self.passive_health.ejection_ms,
+            30_000,
+            1,
+            3_600_000,
+        );
+        Upstream {
+            name: self.name.to_ascii_lowercase(),
+            endpoints,
+            protocol: self.protocol,
+            connect_timeout: Duration::from_millis(connect_ms),
+            read_timeout: Some(Duration::from_millis(read_ms)),
+            retries,
+            budget,
+            passive_health: PassiveHealth {
+                consecutive_failures: u32::try_from(consecutive_failures).unwrap_or(u32::MAX),
+                ejection: Duration::from_millis(ejection_ms),
+            },
+        }
+    }
+}
+
+impl ProxySpec {
+    fn resolve(&self, errs: &mut ValidationErrors) -> ProxySettings {
+        let reservation = common::ranged(
+            errs,
+            "proxy.replay_reservation_bytes",
+            self.replay_reservation_bytes,
+            DEFAULT_REPLAY_RESERVATION_BYTES,
+            0,
+            1 << 30,
+        );
+        let drain = common::ranged(
+            errs,
+            "proxy.drain_timeout_ms",
+            self.drain_timeout_ms,
+            15_000,
+            0,
+            600_000,
+        );
+        let header = common::ranged(
+            errs,
+            "proxy.max_request_header_bytes",
+            self.max_request_header_bytes.map(|v| v as u64),
+            65_536,
+            8_192,
+            1 << 20,
+        );
+        ProxySettings {
+            replay_reservation_bytes: reservation,
+            drain_timeout: Duration::from_millis(drain),
+            max_request_header_bytes: usize::try_from(header).unwrap_or(65_536),
+            access_log: self.access_log.unwrap_or(true),
+        }
+    }
+}

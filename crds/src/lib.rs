@@ -1,0 +1,51 @@
+//! Reprise's retry policy model, shared by the controller and the sidecar.
+//!
+//! Everything that crosses a process boundary lives here: the standalone
+//! configuration file (the gateway document's `upstreams:` format plus the rules
+//! document's retry rules), the resolved [`Config`] a sidecar executes, its
+//! defaults, and the validation both processes run so that a policy the
+//! controller accepts is exactly a policy the sidecar accepts.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod file;
+pub mod matching;
+pub mod policy;
+pub mod validation;
+
+pub use config::{BudgetSettings, Config, Endpoint, PassiveHealth, ProxySettings, Rule, Upstream};
+pub use matching::{HeaderMatch, RequestMatch};
+pub use policy::{FailureBoundary, MethodSet, Protocol, RetryPolicy, StatusSet};
+pub use validation::{ValidationError, ValidationErrors};
+
+/// Errors from loading or validating Reprise configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration file could not be read.
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        /// The file that was being read.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration file is not valid YAML or has fields of the wrong type or name.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file that was being parsed.
+        path: String,
+        /// The YAML error, which names the field and its line.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// The configuration parsed but breaks one or more rules.
+    #[error("{path}: {source}")]
+    Invalid {
+        /// The file (or snapshot) that was being validated.
+        path: String,
+        /// Every rule that was broken, each naming its field.
+        #[source]
+        source: ValidationErrors,
+    },
+}

@@ -1,0 +1,176 @@
+//! The standalone file format: the gateway example loads unchanged, defaults
+//! resolve as documented, and every validation rule names its field and rule.
+
+use std::time::Duration;
+
+use reprise_crds::file::parse;
+use reprise_crds::{Error, FailureBoundary};
+
+/// The example from the gateway document, byte for byte.
+const GATEWAY_EXAMPLE: &str = include_str!("../../examples/gateway.yaml");
+
+fn invalid(yaml: &str) -> String {
+    match parse(yaml, "test.yaml") {
+        Err(Error::Invalid { source, .. }) => source.to_string(),
+        Err(other) => panic!("expected a validation error, got {other}"),
+        Ok(cfg) => panic!("expected a validation error, got {cfg:?}"),
+    }
+}
+
+fn upstream_with(retries: &str) -> String {
+    format!("upstreams:\n  - name: api\n    endpoints: [{{ address: 127.0.0.1, port: 8080 }}]\n    retries: {retries}\n")
+}
+
+fn rule_with(rule: &str) -> String {
+    format!("upstreams:\n  - name: api\n    endpoints: [{{ address: 127.0.0.1, port: 8080 }}]\nrules:\n  - {rule}\n")
+}
+
+#[test]
+fn gateway_example_loads_unchanged_with_documented_defaults() {
+    let cfg = parse(GATEWAY_EXAMPLE, "gateway.yaml").expect("the gateway example is valid");
+    let api = cfg.upstream("api").expect("upstream api");
+    assert_eq!(api.endpoints.len(), 2);
+    assert_eq!(api.endpoints[1].addr.to_string(), "10.0.0.2:8080");
+    let r = &api.retries;
+    assert_eq!(r.attempts, 2);
+    assert_eq!(r.replay_limit_bytes, 16384);
+    assert_eq!(r.total_deadline, Some(Duration::from_millis(10_000)));
+    assert_eq!(r.backoff_base, Duration::from_millis(25));
+    assert_eq!(r.backoff_cap, Duration::from_millis(250));
+    assert_eq!(r.retry_statuses.statuses(), vec![429, 502, 503, 504]);
+    assert!(r.retry_transport);
+    assert_eq!(r.failure_boundary, FailureBoundary::BeforeHeaders);
+    assert!(
+        r.methods.contains("GET") && r.methods.contains("HEAD") && r.methods.contains("OPTIONS")
+    );
+    assert!(
+        !r.methods.contains("POST"),
+        "POST is never retried without retry_post"
+    );
+    assert!(
+        !r.methods.contains("PUT"),
+        "PUT needs an explicit acknowledgement"
+    );
+    assert_eq!(r.hedge_delay, None);
+    assert!((api.budget.percent - 10.0).abs() < f64::EPSILON);
+    assert_eq!(api.read_timeout, Some(Duration::from_millis(15_000)));
+}
+
+#[test]
+fn empty_retries_block_is_off() {
+    let cfg = parse(&upstream_with("{}"), "t").expect("valid");
+    assert!(!cfg.upstreams[0].retries.enabled());
+}
+
+#[test]
+fn retry_post_adds_post_and_counts_as_acknowledgement() {
+    let cfg = parse(&upstream_with("{ attempts: 1, retry_post: true }"), "t").expect("valid");
+    let r = &cfg.upstreams[0].retries;
+    assert!(r.methods.contains("POST"));
+    assert!(r.duplicate_risk_acknowledged);
+}
+
+#[test]
+fn empty_status_list_disables_status_retries_including_429() {
+    let cfg = parse(&upstream_with("{ attempts: 1, retry_statuses: [] }"), "t").expect("valid");
+    assert!(cfg.upstreams[0].retries.retry_statuses.is_empty());
+}
+
+#[test]
+fn rules_default_to_the_safe_starting_configuration_and_sort() {
+    let yaml = "upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\nrules:\n  - id: b\n    priority: 5\n  - id: a\n    priority: 5\n  - id: z\n    priority: 1\n";
+    let cfg = parse(yaml, "t").expect("valid");
+    let ids: Vec<_> = cfg.rules.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["z", "a", "b"]);
+    let p = &cfg.rules[0].policy;
+    assert_eq!(p.attempts, 1);
+    assert_eq!(p.failure_boundary, FailureBoundary::Connect);
+    assert!(p.retry_statuses.is_empty());
+    assert_eq!(p.replay_limit_bytes, 0);
+    assert!(
+        p.methods.contains("GET") && p.methods.contains("HEAD") && !p.methods.contains("OPTIONS")
+    );
+}
+
+#[test]
+fn status_presets_expand() {
+    let cfg = parse(
+        &rule_with("{ id: r, statuses: [transient, 418], acknowledge_duplicate_risk: true }"),
+        "t",
+    )
+    .expect("valid");
+    assert_eq!(
+        cfg.rules[0].policy.retry_statuses.statuses(),
+        vec![408, 418, 425, 429, 500, 502, 503, 504]
+    );
+}
+
+#[test]
+fn every_validation_rule_names_field_and_rule() {
+    let cases: Vec<(String, &str)> = vec![
+        (upstream_with("{ attempts: 11 }"), "upstreams[0].retries.attempts: must be at most 10 (got 11)"),
+        (upstream_with("{ attempts: 1, backoff_base_ms: 100, backoff_cap_ms: 50 }"), "upstreams[0].retries.backoff_cap_ms: must be >= backoff_base_ms (100) (got 50)"),
+        (upstream_with("{ attempts: 1, retry_statuses: [200] }"), "upstreams[0].retries.retry_statuses[0]: must be a 4xx or 5xx status in 400..=599 (got 200)"),
+        (upstream_with("{ attempts: 1, retry_statuses: [600] }"), "upstreams[0].retries.retry_statuses[0]: must be a 4xx or 5xx status in 400..=599 (got 600)"),
+        (upstream_with("{ attempts: 1, retry_statuses: [flaky] }"), "upstreams[0].retries.retry_statuses[0]: must be a status code or a preset (gateway, transient) (got \"flaky\")"),
+        (upstream_with("{ budget_percent: 0 }"), "upstreams[0].retries.budget_percent: must be in (0, 100] (got 0)"),
+        (upstream_with("{ budget_percent: 100.5 }"), "upstreams[0].retries.budget_percent: must be in (0, 100] (got 100.5)"),
+        (upstream_with("{ buffer_max_bytes: 4194305 }"), "upstreams[0].retries.buffer_max_bytes: must be at most 4194304 (4 MiB) (got 4194305)"),
+        (upstream_with("{ total_deadline_ms: 0 }"), "upstreams[0].retries.total_deadline_ms: must not be 0; omit the field for an unbounded deadline"),
+        (upstream_with("{ total_deadline_ms: 600001 }"), "upstreams[0].retries.total_deadline_ms: must be at most 600000 (got 600001)"),
+        (upstream_with("{ hedge: { delay_ms: 0 } }"), "upstreams[0].retries.hedge.delay_ms: must be at least 1 (got 0)"),
+        (upstream_with("{ hedge: on }"), "upstreams[0].retries.hedge: must be off or { delay_ms: N } (got \"on\")"),
+        (upstream_with("{ hedge: true }"), "upstreams[0].retries.hedge: must be off or { delay_ms: N }: a hedge needs its delay"),
+        (upstream_with("{ methods: [GET, POST] }"), "upstreams[0].retries.methods: POST needs retry_post: true (a retried POST may replay a body the upstream already processed)"),
+        (upstream_with("{ methods: [GET, PUT] }"), "upstreams[0].retries.acknowledge_duplicate_risk: must be true to retry PUT, DELETE, PATCH or * (a retry may duplicate the operation)"),
+        (upstream_with("{ methods: [CONNECT] }"), "upstreams[0].retries.methods[0]: CONNECT is never retried"),
+        (upstream_with("{ methods: [trace] }"), "upstreams[0].retries.methods[0]: TRACE is never retried"),
+        (upstream_with("{ methods: [FETCH] }"), "upstreams[0].retries.methods[0]: must be one of GET, HEAD, OPTIONS, PUT, DELETE, POST, PATCH or * (got \"FETCH\")"),
+        (upstream_with("{ budget_window_ms: 10 }"), "upstreams[0].retries.budget_window_ms: must be at least 1000 (got 10)"),
+        ("upstreams: []\n".to_string(), "upstreams: must list at least one upstream"),
+        ("upstreams:\n  - name: Api_1\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n".to_string(), "upstreams[0].name: must be a DNS name: lowercase letters, digits, '-' and '.', at most 253 characters (got \"Api_1\")"),
+        ("upstreams:\n  - name: api\n    endpoints: []\n".to_string(), "upstreams[0].endpoints: must list at least one endpoint"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: example.com, port: 1 }]\n".to_string(), "upstreams[0].endpoints[0].address: must be an IPv4 or IPv6 address (got \"example.com\")"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 0 }]\n".to_string(), "upstreams[0].endpoints[0].port: must be in 1..=65535 (got 0)"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }, { address: 127.0.0.1, port: 1 }]\n".to_string(), "upstreams[0].endpoints[1]: must be unique (127.0.0.1:1 is also endpoints[0])"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 2 }]\n".to_string(), "upstreams[1].name: must be unique (\"api\" is also upstreams[0])"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n    timeouts: { connect_ms: 0 }\n".to_string(), "upstreams[0].timeouts.connect_ms: must be at least 1 (got 0)"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\nproxy: { max_request_header_bytes: 100 }\n".to_string(), "proxy.max_request_header_bytes: must be at least 8192 (got 100)"),
+        (rule_with("{ id: r, statuses: [503] }"), "rules[0].acknowledge_duplicate_risk: must be true for status retries (a retry may duplicate an upstream operation)"),
+        (rule_with("{ id: r, methods: [POST] }"), "rules[0].acknowledge_duplicate_risk: must be true for methods other than GET, HEAD and OPTIONS (a retry may duplicate an upstream operation)"),
+        (rule_with("{ id: r, methods: ['*'], failure_boundary: before_headers }"), "rules[0].acknowledge_duplicate_risk: must be true for methods other than GET, HEAD and OPTIONS, failure_boundary: before_headers (a retry may duplicate an upstream operation)"),
+        (rule_with("{ id: r, replay_limit_bytes: 5000000 }"), "rules[0].replay_limit_bytes: must be at most 4194304 (4 MiB) (got 5000000)"),
+        (rule_with("{ id: r, attempts: 11 }"), "rules[0].attempts: must be at most 10 (got 11)"),
+        (rule_with("{ id: r, upstreams: [web] }"), "rules[0].upstreams[0]: no upstream named \"web\""),
+        (rule_with("{ id: '' }"), "rules[0].id: must not be empty"),
+        (rule_with("{ id: r, methods: [] }"), "rules[0].methods: must list at least one method"),
+        (rule_with("{ id: r, statuses: [399], acknowledge_duplicate_risk: true }"), "rules[0].statuses[0]: must be a 4xx or 5xx status in 400..=599 (got 399)"),
+        (rule_with("{ id: r, attempt_timeout_ms: 0 }"), "rules[0].attempt_timeout_ms: must be at least 1 (got 0)"),
+    ];
+    for (yaml, want) in cases {
+        assert_eq!(invalid(&yaml), want, "for:\n{yaml}");
+    }
+}
+
+#[test]
+fn several_broken_rules_are_all_reported() {
+    let msg = invalid(&upstream_with("{ attempts: 12, budget_percent: -1 }"));
+    assert!(
+        msg.contains("attempts: must be at most 10 (got 12)"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("budget_percent: must be in (0, 100] (got -1)"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unknown_and_mistyped_fields_are_refused_with_their_location() {
+    let err = parse(&upstream_with("{ atempts: 2 }"), "typo.yaml").expect_err("typo refused");
+    let msg = err.to_string();
+    assert!(msg.starts_with("typo.yaml: "), "{msg}");
+    assert!(msg.contains("unknown field `atempts`"), "{msg}");
+    let err = parse(&upstream_with("{ attempts: many }"), "t.yaml").expect_err("type refused");
+    assert!(err.to_string().contains("attempts"), "{err}");
+}

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Builds the third-party binaries the e2e tests need, from their Go modules,
+# at the versions pinned in e2e/tools/**/go.mod, and caches them outside the
+# clone, keyed by version:
+#
+#   ${REPRISE_TOOLS_DIR:-$HOME/.cache/reprise-tools}/<name>-<version>/<name>
+#
+#   kube-apiserver, kube-controller-manager  e2e/tools/go.mod        (k8s.io/kubernetes)
+#   etcd                                     e2e/tools/etcd/go.mod   (go.etcd.io/etcd/server/v3)
+#   jaeger (v2, cmd/jaeger)                  e2e/tools/jaeger/go.mod (github.com/jaegertracing/jaeger)
+#   helm                                     e2e/tools/helm/go.mod   (helm.sh/helm/v3)
+#
+# A binary already in the cache is not rebuilt, so running this again is cheap.
+# Progress goes to stderr. stdout gets one NAME=/abs/path line per tool
+# (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM) and a last
+# line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file that exports them.
+#
+# Usage:
+#   e2e/build-tools.sh                 # build what is missing, print NAME=path lines
+#   source "$(e2e/build-tools.sh --env-file)"   # build, then export the variables
+#
+# To bump Kubernetes: e2e/tools/gen-kube-gomod.sh v1.32.N (rewrites go.mod/go.sum).
+# To bump the others: cd e2e/tools/<tool> && go get <module>@<version> && go mod tidy
+# (Jaeger v2 tags have no /v2 module suffix: use the v1.x tag cut from the same
+# commit as the v2 release, e.g. v1.76.0 == v2.13.0, or a pseudo-version.)
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; }
+
+PRINT_ENV_FILE=0
+case "${1:-}" in
+  "") ;;
+  --env-file) PRINT_ENV_FILE=1 ;;
+  -h | --help) usage; exit 0 ;;
+  *) usage; exit 2 ;;
+esac
+
+E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TOOLS_DIR="$E2E_DIR/tools"
+CACHE_DIR="${REPRISE_TOOLS_DIR:-$HOME/.cache/reprise-tools}"
+
+log() { printf '[build-tools %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+command -v go >/dev/null 2>&1 || die "go is not on PATH (need Go >= 1.26 for helm)"
+
+# Reproducible, self-contained builds: the toolchain on the machine, the
+# committed go.mod/go.sum only, no cgo, no VCS stamping, no go.work. Module and
+# build caches stay at their defaults (outside the clone).
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false"
+
+mkdir -p "$CACHE_DIR"
+# One builder at a time per cache (two concurrent go builds would thrash a
+# 2-core machine, and both would produce the same files anyway).
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$CACHE_DIR/.lock"
+  if ! flock -n 9; then
+    log "waiting for another build-tools.sh run holding $CACHE_DIR/.lock"
+    flock 9
+  fi
+fi
+
+HEARTBEAT_PID=""
+TMP_OUT=""
+cleanup() {
+  if [[ -n "$HEARTBEAT_PID" ]]; then kill "$HEARTBEAT_PID" 2>/dev/null || true; fi
+  if [[ -n "$TMP_OUT" ]]; then rm -f "$TMP_OUT"; fi
+}
+trap cleanup EXIT
+
+# module_version <module dir> <module path>: the version go.mod requires.
+module_version() {
+  local v
+  v="$(awk -v m="$2" '
+      $1 == "require" && $2 == m { print $3; exit }
+      $1 == m && $2 ~ /^v/       { print $2; exit }' "$1/go.mod")"
+  [[ -n "$v" ]] || die "$1/go.mod does not require $2"
+  printf '%s\n' "$v"
+}
+
+# module_time <module dir> <module path>: the module version's commit time,
+# used as a reproducible build date.
+module_time() {
+  (cd "$1" && go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' "$2" 2>/dev/null) ||
+    true
+}
+
+TOTAL_START=$SECONDS
+BUILT=()
+declare -A PATHS=()
+
+# build_tool VAR NAME VERSION MODULE_DIR PACKAGE LDFLAGS VERSION_ARGS...
+build_tool() {
+  local var="$1" name="$2" version="$3" moddir="$4" pkg="$5" ldflags="$6"
+  shift 6
+  local dir="$CACHE_DIR/$name-$version"
+  local bin="$dir/$name"
+  PATHS[$var]="$bin"
+  if [[ -x "$bin" ]]; then
+    log "$name $version: cached at $bin"
+    return 0
+  fi
+
+  mkdir -p "$dir"
+  TMP_OUT="$dir/.$name.tmp.$$"
+  local start=$SECONDS
+  log "$name $version: building $pkg (first build downloads modules; can take 10+ min on 2 cores)"
+  (
+    while sleep 60; do
+      log "$name $version: still building ($((SECONDS - start))s)"
+    done
+  ) &
+  HEARTBEAT_PID=$!
+
+  local rc=0
+  (cd "$moddir" &&
+    nice -n 19 go build -trimpath -ldflags="-s -w $ldflags" -o "$TMP_OUT" "$pkg") || rc=$?
+  kill "$HEARTBEAT_PID" 2>/dev/null || true
+  wait "$HEARTBEAT_PID" 2>/dev/null || true
+  HEARTBEAT_PID=""
+  ((rc == 0)) || die "$name $version: go build failed (exit $rc) after $((SECONDS - start))s"
+
+  local out
+  out="$("$TMP_OUT" "$@" 2>&1)" || die "$name $version: '$name $*' failed on the new binary: $out"
+  out="$(head -n 3 <<<"$out")"
+  mv -f "$TMP_OUT" "$bin"
+  TMP_OUT=""
+  log "$name $version: built in $((SECONDS - start))s -> $bin ($(du -h "$bin" | cut -f1)); $name $*: $(tr '\n' ' ' <<<"$out")"
+  BUILT+=("$name")
+}
+
+# --- Kubernetes control plane -------------------------------------------------
+KUBE_VERSION="$(module_version "$TOOLS_DIR" k8s.io/kubernetes)"
+[[ "$KUBE_VERSION" =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "unexpected kubernetes version $KUBE_VERSION"
+KUBE_MAJOR="${BASH_REMATCH[1]}" KUBE_MINOR="${BASH_REMATCH[2]}"
+kube_ldflags() {
+  local date
+  date="$(module_time "$TOOLS_DIR" k8s.io/kubernetes)"
+  local -a kv=(
+    "gitVersion=$KUBE_VERSION"
+    "gitMajor=$KUBE_MAJOR"
+    "gitMinor=$KUBE_MINOR"
+    "gitTreeState=clean"
+    "buildDate=${date:-1970-01-01T00:00:00Z}"
+  )
+  local f="" x
+  for x in "${kv[@]}"; do
+    f+=" -X k8s.io/component-base/version.$x -X k8s.io/client-go/pkg/version.$x"
+  done
+  printf '%s' "$f"
+}
+KUBE_LDFLAGS=""
+if [[ ! -x "$CACHE_DIR/kube-apiserver-$KUBE_VERSION/kube-apiserver" ||
+  ! -x "$CACHE_DIR/kube-controller-manager-$KUBE_VERSION/kube-controller-manager" ]]; then
+  KUBE_LDFLAGS="$(kube_ldflags)"
+fi
+build_tool KUBE_APISERVER kube-apiserver "$KUBE_VERSION" "$TOOLS_DIR" \
+  k8s.io/kubernetes/cmd/kube-apiserver "$KUBE_LDFLAGS" --version
+build_tool KUBE_CONTROLLER_MANAGER kube-controller-manager "$KUBE_VERSION" "$TOOLS_DIR" \
+  k8s.io/kubernetes/cmd/kube-controller-manager "$KUBE_LDFLAGS" --version
+
+# --- etcd (its version string is compiled in) ---------------------------------
+ETCD_VERSION="$(module_version "$TOOLS_DIR/etcd" go.etcd.io/etcd/server/v3)"
+build_tool ETCD etcd "$ETCD_VERSION" "$TOOLS_DIR/etcd" go.etcd.io/etcd/server/v3 "" --version
+
+# --- Jaeger v2 ----------------------------------------------------------------
+# Jaeger tags each release twice on one commit, v1.N.P and v2.(N-63).P; only
+# the v1 tag is a valid Go module version for github.com/jaegertracing/jaeger.
+JAEGER_MOD_VERSION="$(module_version "$TOOLS_DIR/jaeger" github.com/jaegertracing/jaeger)"
+JAEGER_VERSION="$JAEGER_MOD_VERSION"
+if [[ "$JAEGER_MOD_VERSION" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 63)); then
+  JAEGER_VERSION="v2.$((BASH_REMATCH[1] - 63)).${BASH_REMATCH[2]}"
+fi
+JAEGER_LDFLAGS=""
+if [[ ! -x "$CACHE_DIR/jaeger-$JAEGER_VERSION/jaeger" ]]; then
+  JAEGER_LDFLAGS="-X github.com/jaegertracing/jaeger/internal/version.latestVersion=$JAEGER_VERSION"
+  jdate="$(module_time "$TOOLS_DIR/jaeger" github.com/jaegertracing/jaeger)"
+  [[ -z "$jdate" ]] || JAEGER_LDFLAGS+=" -X github.com/jaegertracing/jaeger/internal/version.date=$jdate"
+fi
+build_tool JAEGER jaeger "$JAEGER_VERSION" "$TOOLS_DIR/jaeger" \
+  github.com/jaegertracing/jaeger/cmd/jaeger "$JAEGER_LDFLAGS" version
+
+# --- Helm ---------------------------------------------------------------------
+HELM_VERSION="$(module_version "$TOOLS_DIR/helm" helm.sh/helm/v3)"
+build_tool HELM helm "$HELM_VERSION" "$TOOLS_DIR/helm" helm.sh/helm/v3/cmd/helm \
+  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+  version --short
+
+# --- Output -------------------------------------------------------------------
+VARS=(KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD JAEGER HELM)
+lines=""
+for v in "${VARS[@]}"; do
+  lines+="$v=${PATHS[$v]}"$'\n'
+done
+hash="$(printf '%s' "$lines" | sha256sum | cut -c1-12)"
+ENV_FILE="$CACHE_DIR/env-$hash.sh"
+if [[ ! -f "$ENV_FILE" ]]; then
+  {
+    echo "# Generated by e2e/build-tools.sh; source this file."
+    for v in "${VARS[@]}"; do
+      printf 'export %s=%q\n' "$v" "${PATHS[$v]}"
+    done
+  } >"$ENV_FILE.tmp.$$"
+  mv -f "$ENV_FILE.tmp.$$" "$ENV_FILE"
+fi
+
+if ((${#BUILT[@]})); then
+  log "built ${BUILT[*]} in $((SECONDS - TOTAL_START))s total"
+else
+  log "all tools cached"
+fi
+log "env file: $ENV_FILE"
+
+if ((PRINT_ENV_FILE)); then
+  printf '%s\n' "$ENV_FILE"
+else
+  printf '%s' "$lines"
+  printf 'REPRISE_TOOLS_ENV=%s\n' "$ENV_FILE"
+fi
