@@ -1,0 +1,117 @@
+//! The admin endpoint: `/live`, `/ready`, `/config`, `/metrics` and `/log-level`.
+//! It listens on localhost by default; nothing on it changes traffic except the
+//! log level.
+
+use std::convert::Infallible;
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+
+use crate::metrics::Families;
+use crate::proxy::Proxy;
+
+/// Changes the log filter at run time; returns an error message for a bad filter.
+pub type LogLevelSetter = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// State the admin handlers read.
+#[derive(Clone)]
+pub struct Admin {
+    /// The proxy being administered.
+    pub proxy: Arc<Proxy>,
+    /// Set when the log level can be changed.
+    pub set_log_level: Option<LogLevelSetter>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// Handles one admin request.
+    pub async fn handle(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let (status, content_type, body) = match (req.method(), req.uri().path()) {
+            (&Method::GET, "/live") => (StatusCode::OK, "text/plain", "live\n".to_string()),
+            (&Method::GET, "/ready") if self.proxy.is_draining() => {
+                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".to_string())
+            }
+            (&Method::GET, "/ready") => (StatusCode::OK, "text/plain", "ready\n".to_string()),
+            (&Method::GET, "/config") => {
+                let routes = self.proxy.routes();
+                match serde_json::to_string_pretty(routes.config.as_ref()) {
+                    Ok(json) => (StatusCode::OK, "application/json", json + "\n"),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
+                }
+            }
+            (&Method::GET, "/metrics") => (StatusCode::OK, "text/plain; version=0.0.4", self.metrics()),
+            (&Method::PUT | &Method::POST, "/log-level") => self.set_log_level(req).await,
+            (_, "/live" | "/ready" | "/config" | "/metrics" | "/log-level") => {
+                (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n".to_string())
+            }
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found; try /live, /ready, /config, /metrics, PUT /log-level\n".to_string(),
+            ),
+        };
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        if let Ok(v) = http::HeaderValue::from_str(content_type) {
+            response.headers_mut().insert(http::header::CONTENT_TYPE, v);
+        }
+        Ok(response)
+    }
+
+    async fn set_log_level(&self, req: Request<Incoming>) -> (StatusCode, &'static str, String) {
+        let Some(setter) = &self.set_log_level else {
+            return (StatusCode::NOT_IMPLEMENTED, "text/plain", "log level is fixed\n".to_string());
+        };
+        let body = match Limited::new(req.into_body(), 1024).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => return (StatusCode::BAD_REQUEST, "text/plain", "body too large\n".to_string()),
+        };
+        let filter = String::from_utf8_lossy(&body).trim().to_string();
+        match setter(&filter) {
+            Ok(()) => (StatusCode::OK, "text/plain", format!("log level: {filter}\n")),
+            Err(e) => (StatusCode::BAD_REQUEST, "text/plain", format!("invalid log filter \"{filter}\": {e}\n")),
+        }
+    }
+
+    fn metrics(&self) -> String {
+        let routes = self.proxy.routes();
+        let mut fams = Families::default();
+        let mut names: Vec<_> = routes.upstreams.keys().collect();
+        names.sort();
+        for name in names {
+            let up = &routes.upstreams[name];
+            up.metrics.render(name, &mut fams);
+            fams.sample("reprise_retry_budget_remaining", name, up.budget.remaining());
+            for ep in &up.endpoints {
+                let pod = ep.endpoint.name.as_deref().unwrap_or("");
+                let labels = format!("upstream=\"{name}\",endpoint=\"{}\",pod=\"{pod}\"", ep.endpoint.addr);
+                let _ = writeln!(fams.family("reprise_endpoint_in_flight"), "reprise_endpoint_in_flight{{{labels}}} {}", ep.in_flight());
+                let _ = writeln!(fams.family("reprise_endpoint_ejected"), "reprise_endpoint_ejected{{{labels}}} {}", u8::from(ep.is_ejected()));
+                let _ = writeln!(fams.family("reprise_endpoint_ejections_total"), "reprise_endpoint_ejections_total{{{labels}}} {}", ep.ejections());
+            }
+        }
+        let m = &self.proxy.metrics;
+        let _ = writeln!(fams.family("reprise_requests_in_flight"), "reprise_requests_in_flight {}", m.in_flight.load(Ordering::Relaxed));
+        let _ = writeln!(fams.family("reprise_replay_buffer_bytes"), "reprise_replay_buffer_bytes {}", self.proxy.reservation().in_use());
+        let _ = writeln!(
+            fams.family("reprise_replay_buffer_limit_bytes"),
+            "reprise_replay_buffer_limit_bytes {}",
+            routes.config.proxy.replay_reservation_bytes
+        );
+        let reloads = fams.family("reprise_config_reloads_total");
+        let _ = writeln!(reloads, "reprise_config_reloads_total{{result=\"ok\"}} {}", m.reloads_ok.load(Ordering::Relaxed));
+        let _ = writeln!(reloads, "reprise_config_reloads_total{{result=\"refused\"}} {}", m.reloads_failed.load(Ordering::Relaxed));
+        let _ = writeln!(fams.family("reprise_unknown_upstream_total"), "reprise_unknown_upstream_total {}", m.unknown_upstream.load(Ordering::Relaxed));
+        fams.finish()
+    }
+}

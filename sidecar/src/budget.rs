@@ -1,0 +1,225 @@
+//! The retry budget: a rolling, lock-free share of an upstream's requests that
+//! may be retries.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use reprise_crds::BudgetSettings;
+use tokio::time::Instant;
+
+/// Buckets the window is split into; a bucket older than the window no longer counts.
+const BUCKETS: usize = 10;
+
+/// A retry is allowed while `(retries + 1) * 100 <= percent * requests` over the
+/// rolling window (plus `min_retries_per_second * window` when configured).
+/// Shared by every in-flight request to one upstream; every operation is a few
+/// relaxed atomic loads and adds, never a lock.
+#[derive(Debug)]
+pub struct RetryBudget {
+    origin: Instant,
+    bucket_ms: u64,
+    window_secs: f64,
+    /// `percent` as f64 bits, so a reload can change it in place.
+    percent_bits: AtomicU64,
+    min_per_second: AtomicU64,
+    buckets: [Bucket; BUCKETS],
+}
+
+#[derive(Debug, Default)]
+struct Bucket {
+    tick: AtomicU64,
+    requests: AtomicU64,
+    retries: AtomicU64,
+}
+
+impl RetryBudget {
+    /// A budget with `settings`, empty.
+    pub fn new(settings: &BudgetSettings) -> Self {
+        let window_ms = u64::try_from(settings.window.as_millis()).unwrap_or(u64::MAX).max(BUCKETS as u64);
+        Self {
+            origin: Instant::now(),
+            bucket_ms: window_ms / BUCKETS as u64,
+            window_secs: settings.window.as_secs_f64(),
+            percent_bits: AtomicU64::new(settings.percent.to_bits()),
+            min_per_second: AtomicU64::new(u64::from(settings.min_retries_per_second)),
+            buckets: Default::default(),
+        }
+    }
+
+    /// True when this budget's window matches `settings` (so a reload can keep its counts).
+    pub fn same_window(&self, settings: &BudgetSettings) -> bool {
+        (self.window_secs - settings.window.as_secs_f64()).abs() < 1e-9
+    }
+
+    /// Applies a reloaded percentage and floor without losing the window's counts.
+    pub fn update(&self, settings: &BudgetSettings) {
+        self.percent_bits.store(settings.percent.to_bits(), Ordering::Relaxed);
+        self.min_per_second
+            .store(u64::from(settings.min_retries_per_second), Ordering::Relaxed);
+    }
+
+    /// Counts one logical request (call once per request, not per attempt).
+    pub fn record_request(&self) {
+        self.current().requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// True when one more retry would be within budget. Does not charge it.
+    pub fn has_room(&self) -> bool {
+        let (requests, retries) = self.totals();
+        self.allows(requests, retries + 1)
+    }
+
+    /// Charges one retry if it is within budget; false (and nothing charged) if not.
+    /// Concurrent callers each see their own charge, so the budget is never overdrawn.
+    pub fn try_withdraw(&self) -> bool {
+        let bucket = self.current();
+        bucket.retries.fetch_add(1, Ordering::Relaxed);
+        let (requests, retries) = self.totals();
+        if self.allows(requests, retries) {
+            true
+        } else {
+            bucket.retries.fetch_sub(1, Ordering::Relaxed);
+            false
+        }
+    }
+
+    /// Retries still allowed in the current window (for metrics).
+    pub fn remaining(&self) -> u64 {
+        let (requests, retries) = self.totals();
+        let allowed = (self.percent() * requests as f64 / 100.0 + self.floor()).floor();
+        (allowed as u64).saturating_sub(retries)
+    }
+
+    /// Requests and retries counted in the window.
+    pub fn totals(&self) -> (u64, u64) {
+        let now = self.tick();
+        let oldest = now.saturating_sub(BUCKETS as u64 - 1);
+        let mut requests = 0;
+        let mut retries = 0;
+        for b in &self.buckets {
+            let t = b.tick.load(Ordering::Acquire);
+            if t >= oldest && t <= now {
+                requests += b.requests.load(Ordering::Relaxed);
+                retries += b.retries.load(Ordering::Relaxed);
+            }
+        }
+        (requests, retries)
+    }
+
+    fn allows(&self, requests: u64, retries_after: u64) -> bool {
+        retries_after as f64 * 100.0 <= self.percent() * requests as f64 + self.floor() * 100.0
+    }
+
+    fn percent(&self) -> f64 {
+        f64::from_bits(self.percent_bits.load(Ordering::Relaxed))
+    }
+
+    fn floor(&self) -> f64 {
+        self.min_per_second.load(Ordering::Relaxed) as f64 * self.window_secs
+    }
+
+    fn tick(&self) -> u64 {
+        // +1 so that tick 0 never occurs and a zeroed bucket is never "current".
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX) / self.bucket_ms + 1
+    }
+
+    fn current(&self) -> &Bucket {
+        let tick = self.tick();
+        let bucket = &self.buckets[(tick % BUCKETS as u64) as usize];
+        let seen = bucket.tick.load(Ordering::Acquire);
+        if seen != tick
+            && bucket
+                .tick
+                .compare_exchange(seen, tick, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            // We own the rotation. Counts added by racers in this instant may be
+            // lost: the budget is approximate at bucket edges by design.
+            bucket.requests.store(0, Ordering::Relaxed);
+            bucket.retries.store(0, Ordering::Relaxed);
+        }
+        bucket
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn budget(percent: f64, min: u32) -> RetryBudget {
+        RetryBudget::new(&BudgetSettings {
+            percent,
+            window: Duration::from_secs(10),
+            min_retries_per_second: min,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ten_percent_allows_one_retry_per_ten_requests() {
+        let b = budget(10.0, 0);
+        for _ in 0..9 {
+            b.record_request();
+        }
+        // (0 + 1) * 100 <= 10 * 9 is false.
+        assert!(!b.has_room());
+        assert!(!b.try_withdraw());
+        b.record_request();
+        assert!(b.has_room());
+        assert!(b.try_withdraw());
+        // (1 + 1) * 100 <= 10 * 10 is false.
+        assert!(!b.try_withdraw());
+        for _ in 0..10 {
+            b.record_request();
+        }
+        assert!(b.try_withdraw());
+        assert_eq!(b.totals(), (20, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn counts_leave_the_window() {
+        let b = budget(50.0, 0);
+        for _ in 0..10 {
+            b.record_request();
+        }
+        for _ in 0..5 {
+            assert!(b.try_withdraw());
+        }
+        assert!(!b.try_withdraw());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(b.totals(), (10, 5), "still inside the 10 s window");
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(b.totals(), (0, 0), "the window rolled past them");
+        assert!(!b.try_withdraw(), "no requests, no retries");
+        b.record_request();
+        b.record_request();
+        assert!(b.try_withdraw());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn floor_allows_retries_at_low_traffic() {
+        let b = budget(10.0, 1);
+        b.record_request();
+        // Floor: 1 retry/s over a 10 s window = 10 retries.
+        for _ in 0..10 {
+            assert!(b.try_withdraw());
+        }
+        assert!(!b.try_withdraw());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn update_keeps_counts() {
+        let b = budget(10.0, 0);
+        for _ in 0..10 {
+            b.record_request();
+        }
+        assert!(b.try_withdraw());
+        assert!(!b.try_withdraw());
+        b.update(&BudgetSettings {
+            percent: 100.0,
+            window: Duration::from_secs(10),
+            min_retries_per_second: 0,
+        });
+        assert_eq!(b.remaining(), 9);
+        assert!(b.try_withdraw());
+    }
+}

@@ -1,0 +1,193 @@
+//! What went wrong with one attempt, and how far it got.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::io;
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+
+/// The error kind of a failed attempt, named as in traces, logs and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The endpoint refused the connection.
+    ConnectRefused,
+    /// The connection was not established within `connect_ms`.
+    ConnectTimeout,
+    /// Another error while connecting.
+    ConnectError,
+    /// The connection was reset.
+    ConnectionReset,
+    /// The connection closed before response headers arrived.
+    ConnectionClosed,
+    /// The endpoint sent something that is not valid HTTP.
+    ProtocolError,
+    /// No response headers within the per-attempt timeout.
+    ReadTimeout,
+    /// The total deadline ran out during the attempt.
+    DeadlineExceeded,
+    /// Reading the client's request body failed (the client went away or sent bad framing).
+    RequestBodyError,
+    /// The endpoint answered with a status configured as retryable.
+    UpstreamStatus(u16),
+    /// Any other failure.
+    Other,
+}
+
+/// How far a failed attempt got, which decides whether its failure boundary allows a retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Before the request was written: the upstream cannot have seen it.
+    Connect,
+    /// After the request may have reached the upstream, before response headers.
+    AfterWrite,
+    /// Response headers arrived (a status failure).
+    Response,
+}
+
+/// A failed attempt.
+#[derive(Debug)]
+pub struct Failure<B> {
+    /// What went wrong.
+    pub kind: FailureKind,
+    /// How far it got.
+    pub phase: Phase,
+    /// The response, for a status failure (discarded if retried).
+    pub response: Option<http::Response<B>>,
+    /// A seconds-form `Retry-After` from that response.
+    pub retry_after: Option<Duration>,
+}
+
+impl FailureKind {
+    /// The kind's name, e.g. `connect_refused` or `upstream_status_503`.
+    pub fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
+            FailureKind::ConnectRefused => "connect_refused",
+            FailureKind::ConnectTimeout => "connect_timeout",
+            FailureKind::ConnectError => "connect_error",
+            FailureKind::ConnectionReset => "connection_reset",
+            FailureKind::ConnectionClosed => "connection_closed",
+            FailureKind::ProtocolError => "protocol_error",
+            FailureKind::ReadTimeout => "read_timeout",
+            FailureKind::DeadlineExceeded => "deadline_exceeded",
+            FailureKind::RequestBodyError => "request_body_error",
+            FailureKind::Other => "other",
+            FailureKind::UpstreamStatus(s) => return Cow::Owned(format!("upstream_status_{s}")),
+        })
+    }
+
+    /// True for transport failures (everything but a status): these feed passive health.
+    pub fn is_transport(&self) -> bool {
+        !matches!(
+            self,
+            FailureKind::UpstreamStatus(_) | FailureKind::RequestBodyError | FailureKind::DeadlineExceeded
+        )
+    }
+
+    /// The status the sidecar answers with when this failure is final and no
+    /// upstream response exists.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            FailureKind::ReadTimeout | FailureKind::DeadlineExceeded | FailureKind::ConnectTimeout => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
+            FailureKind::RequestBodyError => StatusCode::BAD_REQUEST,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+}
+
+/// Classifies an error from the HTTP client.
+pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (FailureKind, Phase) {
+    if err.is_connect() {
+        let kind = match find_io(err).map(io::Error::kind) {
+            Some(io::ErrorKind::ConnectionRefused) => FailureKind::ConnectRefused,
+            Some(io::ErrorKind::TimedOut) => FailureKind::ConnectTimeout,
+            _ if format!("{err:?}").contains("ConnectTimeout") => FailureKind::ConnectTimeout,
+            _ => FailureKind::ConnectError,
+        };
+        return (kind, Phase::Connect);
+    }
+    let mut source: Option<&(dyn StdError + 'static)> = err.source();
+    while let Some(e) = source {
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            if (h.is_user() || h.is_body_write_aborted()) && find_io(h).is_none() {
+                return (FailureKind::RequestBodyError, Phase::AfterWrite);
+            }
+            if h.is_parse() || h.is_parse_status() {
+                return (FailureKind::ProtocolError, Phase::AfterWrite);
+            }
+            if h.is_incomplete_message() {
+                return (FailureKind::ConnectionClosed, Phase::AfterWrite);
+            }
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return (
+                match io.kind() {
+                    io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => {
+                        FailureKind::ConnectionReset
+                    }
+                    io::ErrorKind::UnexpectedEof => FailureKind::ConnectionClosed,
+                    io::ErrorKind::TimedOut => FailureKind::ReadTimeout,
+                    _ => FailureKind::Other,
+                },
+                Phase::AfterWrite,
+            );
+        }
+        source = e.source();
+    }
+    (FailureKind::Other, Phase::AfterWrite)
+}
+
+fn find_io<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a io::Error> {
+    let mut source: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return Some(io);
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// A seconds-form `Retry-After` (RFC 9110 §10.2.3 delay-seconds). The HTTP-date
+/// form and garbage are ignored (the normal backoff applies).
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if value.is_empty() || value.len() > 10 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse::<u64>().ok().map(Duration::from_secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, v.parse().expect("header value"));
+        h
+    }
+
+    #[test]
+    fn retry_after_takes_only_delay_seconds() {
+        assert_eq!(retry_after(&headers("3")), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(&headers(" 0 ")), Some(Duration::ZERO));
+        assert_eq!(retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")), None);
+        assert_eq!(retry_after(&headers("-1")), None);
+        assert_eq!(retry_after(&headers("1.5")), None);
+        assert_eq!(retry_after(&headers("99999999999999999999")), None);
+        assert_eq!(retry_after(&headers("soon")), None);
+        assert_eq!(retry_after(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn names_are_stable() {
+        assert_eq!(FailureKind::UpstreamStatus(503).name(), "upstream_status_503");
+        assert_eq!(FailureKind::ConnectRefused.name(), "connect_refused");
+        assert_eq!(FailureKind::ReadTimeout.name(), "read_timeout");
+        assert!(!FailureKind::UpstreamStatus(503).is_transport());
+        assert!(FailureKind::ConnectionReset.is_transport());
+    }
+}

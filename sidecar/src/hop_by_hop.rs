@@ -1,0 +1,81 @@
+//! Hop-by-hop header handling (RFC 9110 §7.6.1): connection-specific headers
+//! are not forwarded, nor any header the Connection header names.
+
+use http::header::{HeaderName, CONNECTION, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE};
+use http::HeaderMap;
+
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Removes hop-by-hop headers. With `keep_upgrade`, `Connection: upgrade` and
+/// `Upgrade` survive so an upgrade can be forwarded.
+pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
+    if headers.contains_key(CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            if !(keep_upgrade && name == UPGRADE) {
+                headers.remove(&name);
+            }
+        }
+        if keep_upgrade {
+            headers.insert(CONNECTION, http::HeaderValue::from_static("upgrade"));
+        } else {
+            headers.remove(CONNECTION);
+        }
+    }
+    headers.remove(KEEP_ALIVE);
+    headers.remove(PROXY_CONNECTION);
+    headers.remove(PROXY_AUTHORIZATION);
+    headers.remove(TE);
+    headers.remove(TRANSFER_ENCODING);
+    if !keep_upgrade {
+        headers.remove(UPGRADE);
+    }
+}
+
+/// True when the request asks for a protocol upgrade (e.g. WebSocket).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(UPGRADE)
+        && headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_listed_and_standard_hop_by_hop_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, "close, x-secret".parse().expect("value"));
+        h.insert("x-secret", "1".parse().expect("value"));
+        h.insert("keep-alive", "timeout=5".parse().expect("value"));
+        h.insert(TRANSFER_ENCODING, "chunked".parse().expect("value"));
+        h.insert(TE, "trailers".parse().expect("value"));
+        h.insert("x-end-to-end", "kept".parse().expect("value"));
+        strip(&mut h, false);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-end-to-end"));
+    }
+
+    #[test]
+    fn keeps_upgrade_when_asked() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, "Upgrade".parse().expect("value"));
+        h.insert(UPGRADE, "websocket".parse().expect("value"));
+        assert!(is_upgrade(&h));
+        strip(&mut h, true);
+        assert_eq!(h.get(UPGRADE).map(|v| v.as_bytes()), Some(&b"websocket"[..]));
+        assert_eq!(h.get(CONNECTION).map(|v| v.as_bytes()), Some(&b"upgrade"[..]));
+    }
+}

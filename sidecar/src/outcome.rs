@@ -1,0 +1,84 @@
+//! The outcome of one logical request, as the rules document names it.
+
+/// What the retry layer did for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    /// The first attempt's answer was final; no retry was needed.
+    Ok,
+    /// A retry produced the final answer after a retryable failure.
+    Recovered,
+    /// A retryable failure could not be recovered within the limits.
+    Exhausted(ExhaustedBy),
+    /// A failure happened but retrying it was not permitted.
+    Skipped(SkipReason),
+}
+
+/// Which limit ended the retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ExhaustedBy {
+    /// The policy's attempt cap.
+    Attempts,
+    /// The upstream's retry budget.
+    Budget,
+    /// The total deadline.
+    Deadline,
+    /// No endpoint left that this request had not tried.
+    NoAlternate,
+    /// The upstream asked (Retry-After) for longer than `retry_after_max_ms`.
+    RetryAfterTooLong,
+}
+
+/// Why a failure was not retried at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SkipReason {
+    /// No policy with attempts applies to this request.
+    RetriesOff,
+    /// The method is not retried by the policy (or is CONNECT/TRACE).
+    Method,
+    /// Protocol upgrades are never retried.
+    Upgrade,
+    /// A streamed body was already (partly) sent.
+    BodyConsumed,
+    /// The failure happened after the request may have reached the upstream and
+    /// the policy's boundary is connection establishment.
+    FailureBoundary,
+    /// Transport retries are off (`retry_transport: false`).
+    TransportOff,
+    /// The failure is never retried (e.g. the client's own body failed).
+    NotRetryable,
+}
+
+impl Outcome {
+    /// `ok`, `recovered`, `exhausted` or `skipped`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Recovered => "recovered",
+            Outcome::Exhausted(_) => "exhausted",
+            Outcome::Skipped(_) => "skipped",
+        }
+    }
+
+    /// The reason for `exhausted` and `skipped`, else empty.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Outcome::Ok | Outcome::Recovered => "",
+            Outcome::Exhausted(by) => match by {
+                ExhaustedBy::Attempts => "attempts",
+                ExhaustedBy::Budget => "budget",
+                ExhaustedBy::Deadline => "deadline",
+                ExhaustedBy::NoAlternate => "no_alternate",
+                ExhaustedBy::RetryAfterTooLong => "retry_after_too_long",
+            },
+            Outcome::Skipped(why) => match why {
+                SkipReason::RetriesOff => "retries_off",
+                SkipReason::Method => "method",
+                SkipReason::Upgrade => "upgrade",
+                SkipReason::BodyConsumed => "body_consumed",
+                SkipReason::FailureBoundary => "failure_boundary",
+                SkipReason::TransportOff => "transport_off",
+                SkipReason::NotRetryable => "not_retryable",
+            },
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Request bodies that can be sent more than once.
+//!
+//! A body within the policy's replay limit (and the process-wide reservation)
+//! is read once and replayed from memory for each attempt. Any other body
+//! streams; it can still be retried while no attempt has consumed a byte of it.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+/// Error type of bodies the sidecar sends upstream.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The bytes every replay buffer in this process holds together, bounded by the
+/// configured reservation (64 MiB by default).
+#[derive(Debug)]
+pub struct ReplayReservation {
+    limit: AtomicU64,
+    in_use: AtomicU64,
+}
+
+/// Bytes held from a [`ReplayReservation`]; given back when dropped.
+#[derive(Debug)]
+pub struct Reserved {
+    pool: Arc<ReplayReservation>,
+    bytes: u64,
+}
+
+/// A request body prepared for one or more attempts.
+#[derive(Debug)]
+pub enum ReplayBody {
+    /// Read whole; every attempt gets the same bytes.
+    Buffered {
+        /// The body.
+        data: Bytes,
+        /// Trailers, if the client sent any.
+        trailers: Option<HeaderMap>,
+        /// Memory held for `data`.
+        reserved: Option<Reserved>,
+    },
+    /// Streams from the client; replayable only while unconsumed.
+    Streaming(Arc<Mutex<StreamState>>),
+}
+
+/// Shared state of a streaming body.
+#[derive(Debug)]
+pub struct StreamState {
+    generation: u64,
+    prefix: Option<Bytes>,
+    rest: Option<Incoming>,
+    consumed: bool,
+    _reserved: Option<Reserved>,
+}
+
+/// The body of one attempt.
+#[derive(Debug)]
+pub enum AttemptBody {
+    /// No body.
+    Empty,
+    /// Bytes from a buffered body, then its trailers.
+    Full(Option<Bytes>, Option<HeaderMap>),
+    /// The client's body, passed straight through (retries off: no copy, no lock).
+    Direct(Incoming),
+    /// A view of a streaming body; stops working when a newer attempt takes over.
+    Shared(Arc<Mutex<StreamState>>, u64),
+}
+
+/// The body of a stale attempt was polled after a newer attempt took it over.
+#[derive(Debug, thiserror::Error)]
+#[error("request body was handed to a newer attempt")]
+pub struct Superseded;
+
+impl ReplayReservation {
+    /// A reservation of at most `limit` bytes.
+    pub fn new(limit: u64) -> Arc<Self> {
+        Arc::new(Self {
+            limit: AtomicU64::new(limit),
+            in_use: AtomicU64::new(0),
+        })
+    }
+
+    /// Changes the limit (on reload); held bytes stay held.
+    pub fn set_limit(&self, limit: u64) {
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Bytes held now.
+    pub fn in_use(&self) -> u64 {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    /// Holds `bytes` if they fit under the limit.
+    pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reserved> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        self.in_use
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|total| *total <= limit)
+            })
+            .ok()
+            .map(|_| Reserved {
+                pool: Arc::clone(self),
+                bytes,
+            })
+    }
+}
+
+impl Reserved {
+    /// Gives back what is held beyond `bytes`.
+    fn shrink_to(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            self.pool.in_use.fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.pool.in_use.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+impl ReplayBody {
+    /// Prepares `body` for replay within `limit` bytes. Never refuses a request:
+    /// when the body is over the limit or the reservation is full, it streams.
+    /// Errors only when the client's body itself fails while being read.
+    pub async fn prepare(
+        mut body: Incoming,
+        content_length: Option<u64>,
+        limit: u64,
+        pool: &Arc<ReplayReservation>,
+    ) -> Result<ReplayBody, hyper::Error> {
+        if body.is_end_stream() || content_length == Some(0) {
+            return Ok(ReplayBody::Buffered {
+                data: Bytes::new(),
+                trailers: None,
+                reserved: None,
+            });
+        }
+        let want = match content_length {
+            Some(n) if n > limit => return Ok(Self::streaming(None, body, None)),
+            Some(n) => n,
+            None if limit == 0 => return Ok(Self::streaming(None, body, None)),
+            None => limit,
+        };
+        let Some(mut reserved) = pool.try_reserve(want) else {
+            return Ok(Self::streaming(None, body, None));
+        };
+        let mut buf = BytesMut::with_capacity(usize::try_from(want).unwrap_or(0).min(1 << 16));
+        let mut trailers = None;
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+            let frame = frame?;
+            match frame.into_data() {
+                Ok(data) => {
+                    buf.extend_from_slice(&data);
+                    if buf.len() as u64 > limit {
+                        // Over the cap: what was read goes first, the rest streams.
+                        return Ok(Self::streaming(Some(buf.freeze()), body, Some(reserved)));
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(t) = frame.into_trailers() {
+                        trailers = Some(t);
+                    }
+                }
+            }
+        }
+        reserved.shrink_to(buf.len() as u64);
+        Ok(ReplayBody::Buffered {
+            data: buf.freeze(),
+            trailers,
+            reserved: Some(reserved),
+        })
+    }
+
+    fn streaming(prefix: Option<Bytes>, rest: Incoming, reserved: Option<Reserved>) -> ReplayBody {
+        ReplayBody::Streaming(Arc::new(Mutex::new(StreamState {
+            generation: 0,
+            prefix,
+            rest: Some(rest),
+            consumed: false,
+            _reserved: reserved,
+        })))
+    }
+
+    /// True when the whole body is in memory (required for hedging).
+    pub fn is_buffered(&self) -> bool {
+        matches!(self, ReplayBody::Buffered { .. })
+    }
+
+    /// Buffered size, if buffered.
+    pub fn buffered_len(&self) -> Option<usize> {
+        match self {
+            ReplayBody::Buffered { data, .. } => Some(data.len()),
+            ReplayBody::Streaming(_) => None,
+        }
+    }
+
+    /// True when another attempt can send this body in full.
+    pub fn is_replayable(&self) -> bool {
+        match self {
+            ReplayBody::Buffered { .. } => true,
+            ReplayBody::Streaming(state) => !lock(state).consumed,
+        }
+    }
+
+    /// The body for a new attempt. For a streaming body, every older attempt's
+    /// view stops working, so two attempts never interleave the client's bytes.
+    pub fn for_attempt(&self) -> AttemptBody {
+        match self {
+            ReplayBody::Buffered { data, trailers, .. } if data.is_empty() && trailers.is_none() => {
+                AttemptBody::Empty
+            }
+            ReplayBody::Buffered { data, trailers, .. } => AttemptBody::Full(Some(data.clone()), trailers.clone()),
+            ReplayBody::Streaming(state) => {
+                let mut s = lock(state);
+                s.generation += 1;
+                AttemptBody::Shared(Arc::clone(state), s.generation)
+            }
+        }
+    }
+}
+
+fn lock(state: &Mutex<StreamState>) -> MutexGuard<'_, StreamState> {
+    // A panic while holding the lock cannot leave the state inconsistent: keep going.
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Body for AttemptBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            AttemptBody::Empty => Poll::Ready(None),
+            AttemptBody::Full(data, trailers) => {
+                if let Some(d) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(d))));
+                }
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+            AttemptBody::Direct(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+            AttemptBody::Shared(state, generation) => {
+                let mut s = lock(state);
+                if s.generation != *generation {
+                    return Poll::Ready(Some(Err(Superseded.into())));
+                }
+                if let Some(prefix) = s.prefix.take() {
+                    s.consumed = true;
+                    return Poll::Ready(Some(Ok(Frame::data(prefix))));
+                }
+                let Some(rest) = s.rest.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                match Pin::new(rest).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if frame.is_data() {
+                            s.consumed = true;
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        s.consumed = true;
+                        Poll::Ready(Some(Err(e.into())))
+                    }
+                    Poll::Ready(None) => {
+                        s.rest = None;
+                        Poll::Ready(None)
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AttemptBody::Empty => true,
+            AttemptBody::Full(data, trailers) => data.is_none() && trailers.is_none(),
+            AttemptBody::Direct(inner) => inner.is_end_stream(),
+            AttemptBody::Shared(state, _) => {
+                let s = lock(state);
+                s.prefix.is_none() && s.rest.as_ref().is_none_or(|r| r.is_end_stream())
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            AttemptBody::Empty => SizeHint::with_exact(0),
+            AttemptBody::Full(data, _) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            AttemptBody::Direct(inner) => inner.size_hint(),
+            AttemptBody::Shared(state, _) => {
+                let s = lock(state);
+                let prefix = s.prefix.as_ref().map_or(0, |p| p.len() as u64);
+                match s.rest.as_ref().map(|r| r.size_hint()) {
+                    Some(h) => match h.exact() {
+                        Some(n) => SizeHint::with_exact(prefix + n),
+                        None => {
+                            let mut hint = SizeHint::new();
+                            hint.set_lower(prefix + h.lower());
+                            hint
+                        }
+                    },
+                    None => SizeHint::with_exact(prefix),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservation_is_bounded_and_given_back() {
+        let pool = ReplayReservation::new(100);
+        let a = pool.try_reserve(60).expect("fits");
+        assert!(pool.try_reserve(41).is_none());
+        let mut b = pool.try_reserve(40).expect("fits exactly");
+        assert_eq!(pool.in_use(), 100);
+        b.shrink_to(10);
+        assert_eq!(pool.in_use(), 70);
+        drop(a);
+        drop(b);
+        assert_eq!(pool.in_use(), 0);
+    }
+}

@@ -1,0 +1,75 @@
+//! Bodies the sidecar sends to its client: an upstream's response body,
+//! watched for mid-stream failure, or a short local answer.
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::upstream::UpstreamState;
+
+/// A response body towards the client.
+#[derive(Debug)]
+pub enum ProxyBody {
+    /// Streams from an endpoint. A failure here is never retried (headers are
+    /// already sent); it counts against the endpoint's passive health.
+    Upstream {
+        /// The endpoint's body.
+        inner: Incoming,
+        /// Its upstream.
+        upstream: Arc<UpstreamState>,
+        /// Index of the endpoint.
+        endpoint: usize,
+    },
+    /// A body the sidecar wrote itself.
+    Local(Option<Bytes>),
+}
+
+impl ProxyBody {
+    /// A local text body.
+    pub fn text(text: impl Into<Bytes>) -> Self {
+        ProxyBody::Local(Some(text.into()))
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ProxyBody::Local(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ProxyBody::Upstream {
+                inner,
+                upstream,
+                endpoint,
+            } => {
+                let polled = Pin::new(inner).poll_frame(cx);
+                if let Poll::Ready(Some(Err(e))) = &polled {
+                    upstream.metrics.mid_stream_errors.fetch_add(1, Ordering::Relaxed);
+                    upstream.endpoints[*endpoint].record_failure(&upstream.config.passive_health);
+                    tracing::warn!(upstream = %upstream.config.name, endpoint = %upstream.endpoints[*endpoint].endpoint.addr, error = %e, "response body failed mid-stream; not retried");
+                }
+                polled
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Local(d) => d.is_none(),
+            ProxyBody::Upstream { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Local(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
+            ProxyBody::Upstream { inner, .. } => inner.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! The retry loop: attempts, failure gates, backoff, deadline and hedging.
+//!
+//! Every failed attempt passes the gates in order: classify (is it retryable at
+//! all, and did it fail inside the policy's failure boundary), body (can it be
+//! sent again), attempts, alternate endpoint, budget, backoff, deadline. Only
+//! then is the budget charged, so a deadline-aborted retry costs nothing. All of
+//! it happens before response headers reach the client: a retryable response is
+//! dropped unseen.
+
+use std::time::Duration;
+
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderMap, Method, Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use rand::Rng;
+use reprise_crds::{FailureBoundary, RetryPolicy};
+use tokio::time::Instant;
+
+use crate::endpoint_picker::{EndpointPicker, Tried};
+use crate::failure::{self, classify_client_error, Failure, FailureKind, Phase};
+use crate::outcome::{ExhaustedBy, Outcome, SkipReason};
+use crate::replay_body::{AttemptBody, ReplayBody};
+use crate::upstream::UpstreamState;
+
+/// The parts of the client's request every attempt repeats.
+#[derive(Debug)]
+pub struct RequestTemplate {
+    /// Method.
+    pub method: Method,
+    /// Path and query.
+    pub path_and_query: PathAndQuery,
+    /// Version towards the endpoint.
+    pub version: Version,
+    /// End-to-end headers (hop-by-hop ones already removed).
+    pub headers: HeaderMap,
+    /// Attempts built so far (numbers the attempt header).
+    pub attempts_sent: u32,
+}
+
+/// Request header carrying the attempt number (1 for the first) on retryable requests.
+pub const ATTEMPT_HEADER: &str = "x-reprise-attempt";
+
+/// Where the request body comes from.
+#[derive(Debug)]
+pub enum BodySource {
+    /// The client's body, sent once as it streams.
+    Direct(Option<Incoming>),
+    /// A body prepared for replay.
+    Replay(ReplayBody),
+}
+
+/// What the loop may do for this request.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan<'a> {
+    /// The policy, when one applies.
+    pub policy: Option<&'a RetryPolicy>,
+    /// Set when a failure must not be retried for a reason known up front
+    /// (no policy, method not retried, upgrade).
+    pub skip: Option<SkipReason>,
+}
+
+/// How the request ended.
+#[derive(Debug)]
+pub enum Final {
+    /// An upstream response to pass on, from endpoint `endpoint`.
+    Upstream {
+        /// The response.
+        response: Response<Incoming>,
+        /// Index of the endpoint that sent it.
+        endpoint: usize,
+    },
+    /// No usable response: the sidecar answers for this failure.
+    Local(FailureKind),
+    /// The upstream has no endpoints.
+    NoEndpoint,
+}
+
+/// What happened, for the log event, metrics and traces.
+#[derive(Debug)]
+pub struct Report {
+    /// The outcome.
+    pub outcome: Outcome,
+    /// Attempts made, the first included.
+    pub attempts: u32,
+    /// Endpoints tried, in order.
+    pub tried: Tried,
+    /// The first failure's kind.
+    pub first_error: Option<FailureKind>,
+    /// The delays slept before each retry.
+    pub backoffs: Vec<Duration>,
+    /// True when a hedge was sent.
+    pub hedged: bool,
+}
+
+/// One finished attempt.
+struct Attempted {
+    endpoint: usize,
+    result: Result<Response<Incoming>, (FailureKind, Phase)>,
+}
+
+enum Classified {
+    Final(Response<Incoming>, usize),
+    Failed(Failure<Incoming>, usize),
+}
+
+enum Gate {
+    Retry { delay: Duration, endpoint: usize },
+    Stop(Outcome),
+}
+
+/// Runs the request to its final answer.
+pub async fn run(up: &UpstreamState, mut template: RequestTemplate, mut body: BodySource, plan: Plan<'_>) -> (Final, Report) {
+    let start = Instant::now();
+    let policy = plan.policy;
+    let deadline = policy.and_then(|p| p.total_deadline).map(|d| start + d);
+    let base_timeout = policy.and_then(|p| p.attempt_timeout).or(up.config.read_timeout);
+    let single = plan.skip.is_some() || policy.is_none_or(|p| !p.enabled());
+    let mut report = Report {
+        outcome: Outcome::Ok,
+        attempts: 0,
+        tried: Tried::default(),
+        first_error: None,
+        backoffs: Vec::new(),
+        hedged: false,
+    };
+    let Some(mut endpoint) = EndpointPicker::pick(&up.endpoints, &report.tried, false) else {
+        report.outcome = Outcome::Exhausted(ExhaustedBy::NoAlternate);
+        return (Final::NoEndpoint, report);
+    };
+    let mut retries = 0u32;
+    loop {
+        report.tried.insert(endpoint);
+        report.attempts += 1;
+        let timeout = attempt_timeout(base_timeout, deadline);
+        let hedge = policy
+            .and_then(|p| p.hedge_delay.filter(|_| !report.hedged && retries < p.attempts))
+            .filter(|_| matches!(&body, BodySource::Replay(b) if b.is_buffered()));
+        let attempted = match hedge {
+            Some(delay) => {
+                let (attempted, earlier) =
+                    race_with_hedge(up, &mut template, &body, endpoint, timeout, delay, deadline, policy, &mut report, &mut retries)
+                        .await;
+                if let Some(earlier) = earlier {
+                    // The loser failed first; its failure still counts for health and reporting.
+                    let _ = classify(up, earlier, policy, &mut report);
+                }
+                attempted
+            }
+            None => {
+                let request = template.request(up, endpoint, next_body(&mut body), single);
+                attempt(up, endpoint, request, timeout).await
+            }
+        };
+        let failure = match classify(up, attempted, policy, &mut report) {
+            Classified::Final(response, endpoint) => {
+                report.outcome = if report.first_error.is_some() { Outcome::Recovered } else { Outcome::Ok };
+                return (Final::Upstream { response, endpoint }, report);
+            }
+            Classified::Failed(f, from) => (f, from),
+        };
+        let (failure, last_endpoint) = failure;
+        match gate(up, &failure, &body, plan, retries, deadline, &report) {
+            Gate::Stop(outcome) => {
+                report.outcome = outcome;
+                if matches!(outcome, Outcome::Exhausted(ExhaustedBy::Budget)) {
+                    up.metrics.budget_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                return match failure.response {
+                    Some(response) => (Final::Upstream { response, endpoint: last_endpoint }, report),
+                    None => (Final::Local(failure.kind), report),
+                };
+            }
+            Gate::Retry { delay, endpoint: next } => {
+                // The retryable response (if any) is dropped here: its headers and
+                // body never reach the client.
+                drop(failure.response);
+                up.metrics.record_retry(&failure.kind.name());
+                report.backoffs.push(delay);
+                tokio::time::sleep(delay).await;
+                retries += 1;
+                endpoint = next;
+            }
+        }
+    }
+}
+
+/// Decides, for a failed attempt, whether and when to retry.
+fn gate(
+    up: &UpstreamState,
+    f: &Failure<Incoming>,
+    body: &BodySource,
+    plan: Plan<'_>,
+    retries: u32,
+    deadline: Option<Instant>,
+    report: &Report,
+) -> Gate {
+    if let Some(reason) = plan.skip {
+        return Gate::Stop(Outcome::Skipped(reason));
+    }
+    let Some(p) = plan.policy.filter(|p| p.enabled()) else {
+        return Gate::Stop(Outcome::Skipped(SkipReason::RetriesOff));
+    };
+    match f.kind {
+        FailureKind::RequestBodyError => return Gate::Stop(Outcome::Skipped(SkipReason::NotRetryable)),
+        FailureKind::DeadlineExceeded => return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Deadline)),
+        _ => {}
+    }
+    if f.phase != Phase::Response {
+        if !p.retry_transport {
+            return Gate::Stop(Outcome::Skipped(SkipReason::TransportOff));
+        }
+        if f.phase == Phase::AfterWrite && p.failure_boundary == FailureBoundary::Connect {
+            return Gate::Stop(Outcome::Skipped(SkipReason::FailureBoundary));
+        }
+    }
+    let replayable = match body {
+        BodySource::Direct(_) => false,
+        BodySource::Replay(b) => b.is_replayable(),
+    };
+    if !replayable {
+        return Gate::Stop(Outcome::Skipped(SkipReason::BodyConsumed));
+    }
+    if retries >= p.attempts {
+        return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Attempts));
+    }
+    let Some(endpoint) = EndpointPicker::pick(&up.endpoints, &report.tried, p.reuse_endpoints) else {
+        return Gate::Stop(Outcome::Exhausted(ExhaustedBy::NoAlternate));
+    };
+    if !up.budget.has_room() {
+        return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Budget));
+    }
+    let delay = match f.retry_after {
+        Some(wait) if wait > p.retry_after_max => return Gate::Stop(Outcome::Exhausted(ExhaustedBy::RetryAfterTooLong)),
+        Some(wait) => wait,
+        None => full_jitter(p.nominal_backoff(retries + 1)),
+    };
+    if let Some(deadline) = deadline {
+        // A retry that would start at or after the deadline is not made, and not charged.
+        if Instant::now() + delay >= deadline {
+            return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Deadline));
+        }
+    }
+    if !up.budget.try_withdraw() {
+        return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Budget));
+    }
+    Gate::Retry { delay, endpoint }
+}
+
+/// Turns an attempt into a final response or a failure, feeding passive health.
+/// (A `Result` would do, but its error side is large and this runs per attempt.)
+fn classify(
+    up: &UpstreamState,
+    attempted: Attempted,
+    policy: Option<&RetryPolicy>,
+    report: &mut Report,
+) -> Classified {
+    let state = &up.endpoints[attempted.endpoint];
+    match attempted.result {
+        Ok(response) => {
+            // Any response proves the transport works; statuses never eject (rules document).
+            state.record_success();
+            let status = response.status().as_u16();
+            if policy.is_some_and(|p| p.retry_statuses.contains(status)) {
+                let kind = FailureKind::UpstreamStatus(status);
+                report.first_error.get_or_insert(kind);
+                return Classified::Failed(
+                    Failure {
+                        kind,
+                        phase: Phase::Response,
+                        retry_after: failure::retry_after(response.headers()),
+                        response: Some(response),
+                    },
+                    attempted.endpoint,
+                );
+            }
+            Classified::Final(response, attempted.endpoint)
+        }
+        Err((kind, phase)) => {
+            if kind.is_transport() {
+                state.record_failure(&up.config.passive_health);
+            }
+            report.first_error.get_or_insert(kind);
+            Classified::Failed(
+                Failure {
+                    kind,
+                    phase,
+                    response: None,
+                    retry_after: None,
+                },
+                attempted.endpoint,
+            )
+        }
+    }
+}
+
+/// Sends the first attempt and, if no response headers arrive within `delay`,
+/// one speculative duplicate to another endpoint. The first final answer wins
+/// and the other attempt is cancelled (dropped). Returns the deciding attempt
+/// and, when both failed, the one that failed first.
+#[allow(clippy::too_many_arguments)]
+async fn race_with_hedge(
+    up: &UpstreamState,
+    template: &mut RequestTemplate,
+    body: &BodySource,
+    endpoint: usize,
+    timeout: Option<(Duration, FailureKind)>,
+    delay: Duration,
+    deadline: Option<Instant>,
+    policy: Option<&RetryPolicy>,
+    report: &mut Report,
+    retries: &mut u32,
+) -> (Attempted, Option<Attempted>) {
+    let BodySource::Replay(replay) = body else {
+        unreachable!("hedging needs a buffered body");
+    };
+    let first = attempt(up, endpoint, template.request(up, endpoint, replay.for_attempt(), false), timeout);
+    tokio::pin!(first);
+    tokio::select! {
+        done = &mut first => return (done, None),
+        () = tokio::time::sleep(delay) => {}
+    }
+    let deadline_left = deadline.is_none_or(|d| Instant::now() < d);
+    let second_endpoint = EndpointPicker::pick(&up.endpoints, &report.tried, false);
+    let Some(second_endpoint) = second_endpoint.filter(|_| deadline_left) else {
+        return (first.await, None);
+    };
+    if !up.budget.try_withdraw() {
+        up.metrics.budget_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return (first.await, None);
+    }
+    report.tried.insert(second_endpoint);
+    report.attempts += 1;
+    report.hedged = true;
+    *retries += 1;
+    up.metrics.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let timeout = attempt_timeout(policy.and_then(|p| p.attempt_timeout).or(up.config.read_timeout), deadline);
+    let second = attempt(up, second_endpoint, template.request(up, second_endpoint, replay.for_attempt(), false), timeout);
+    tokio::pin!(second);
+    let is_final = |a: &Attempted| match &a.result {
+        Ok(r) => !policy.is_some_and(|p| p.retry_statuses.contains(r.status().as_u16())),
+        Err(_) => false,
+    };
+    let (done, rest) = tokio::select! {
+        a = &mut first => (a, Either::Second),
+        b = &mut second => (b, Either::First),
+    };
+    if is_final(&done) {
+        return (done, None);
+    }
+    let other = match rest {
+        Either::First => first.await,
+        Either::Second => second.await,
+    };
+    (other, Some(done))
+}
+
+enum Either {
+    First,
+    Second,
+}
+
+/// Sends one attempt and waits for its response headers.
+async fn attempt(
+    up: &UpstreamState,
+    endpoint: usize,
+    request: Request<AttemptBody>,
+    timeout: Option<(Duration, FailureKind)>,
+) -> Attempted {
+    let state = &up.endpoints[endpoint];
+    let _in_flight = state.start();
+    let started = Instant::now();
+    let response = up.client.request(request);
+    let result = match timeout {
+        Some((limit, kind)) => match tokio::time::timeout(limit, response).await {
+            Ok(r) => r.map_err(|e| classify_client_error(&e)),
+            Err(_) => Err((kind, Phase::AfterWrite)),
+        },
+        None => response.await.map_err(|e| classify_client_error(&e)),
+    };
+    up.metrics.record_attempt(started.elapsed());
+    Attempted { endpoint, result }
+}
+
+/// The per-attempt timeout, shortened to what is left of the deadline.
+fn attempt_timeout(base: Option<Duration>, deadline: Option<Instant>) -> Option<(Duration, FailureKind)> {
+    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+    match (base, left) {
+        (Some(b), Some(l)) if l < b => Some((l, FailureKind::DeadlineExceeded)),
+        (Some(b), _) => Some((b, FailureKind::ReadTimeout)),
+        (None, Some(l)) => Some((l, FailureKind::DeadlineExceeded)),
+        (None, None) => None,
+    }
+}
+
+/// Full jitter: uniform in `[0, nominal]`.
+pub fn full_jitter(nominal: Duration) -> Duration {
+    let nanos = u64::try_from(nominal.as_nanos()).unwrap_or(u64::MAX);
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(rand::rng().random_range(0..=nanos))
+}
+
+fn next_body(body: &mut BodySource) -> AttemptBody {
+    match body {
+        BodySource::Direct(incoming) => incoming.take().map_or(AttemptBody::Empty, AttemptBody::Direct),
+        BodySource::Replay(replay) => replay.for_attempt(),
+    }
+}
+
+impl RequestTemplate {
+    /// The request for one attempt to `endpoint`. `last` lets the only attempt
+    /// take the headers instead of copying them.
+    fn request(&mut self, up: &UpstreamState, endpoint: usize, body: AttemptBody, last: bool) -> Request<AttemptBody> {
+        self.attempts_sent += 1;
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(Scheme::HTTP);
+        parts.authority = Some(up.endpoints[endpoint].authority.clone());
+        parts.path_and_query = Some(self.path_and_query.clone());
+        let mut request = Request::new(body);
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
+        *request.version_mut() = self.version;
+        *request.headers_mut() = if last { std::mem::take(&mut self.headers) } else { self.headers.clone() };
+        if !last {
+            // Like Envoy's x-envoy-attempt-count: lets an upstream see a retry for what it is.
+            request.headers_mut().insert(ATTEMPT_HEADER, http::HeaderValue::from(self.attempts_sent));
+        }
+        request
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_nominal() {
+        let nominal = Duration::from_millis(100);
+        let samples: Vec<_> = (0..2000).map(|_| full_jitter(nominal)).collect();
+        assert!(samples.iter().all(|d| *d <= nominal));
+        let below_half = samples.iter().filter(|d| **d < nominal / 2).count();
+        // Uniform: about half below the midpoint (the bound is loose, not flaky).
+        assert!((700..1300).contains(&below_half), "{below_half}");
+        assert_eq!(full_jitter(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn attempt_timeout_is_clamped_by_the_deadline() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("rt");
+        rt.block_on(async {
+            let now = Instant::now();
+            let t = attempt_timeout(Some(Duration::from_secs(3)), Some(now + Duration::from_secs(1)));
+            assert_eq!(t, Some((Duration::from_secs(1), FailureKind::DeadlineExceeded)));
+            let t = attempt_timeout(Some(Duration::from_secs(3)), Some(now + Duration::from_secs(10)));
+            assert_eq!(t, Some((Duration::from_secs(3), FailureKind::ReadTimeout)));
+            assert_eq!(attempt_timeout(None, None), None);
+        });
+    }
+}

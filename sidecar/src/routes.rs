@@ -1,0 +1,100 @@
+//! The routing table: which upstream a request goes to and which retry policy
+//! applies. Swapped atomically as a whole on every reload.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderMap;
+use reprise_crds::{Config, RetryPolicy};
+
+use crate::upstream::UpstreamState;
+
+/// A configuration ready to serve.
+#[derive(Debug)]
+pub struct Routes {
+    /// The configuration it was built from.
+    pub config: Arc<Config>,
+    /// Upstreams by lower-case name.
+    pub upstreams: HashMap<String, Arc<UpstreamState>>,
+}
+
+/// The policy chosen for one request and where it came from.
+#[derive(Clone, Copy, Debug)]
+pub struct ChosenPolicy<'a> {
+    /// `rule:<id>` or `upstream:<name>`.
+    pub source: PolicySource<'a>,
+    /// The policy.
+    pub policy: &'a RetryPolicy,
+}
+
+/// Where a policy came from.
+#[derive(Clone, Copy, Debug)]
+pub enum PolicySource<'a> {
+    /// A retry rule, by id.
+    Rule(&'a str),
+    /// The upstream's own `retries` block.
+    Upstream,
+}
+
+impl Routes {
+    /// Builds routes for `config`, carrying live state over from `previous`.
+    pub fn new(config: Config, previous: Option<&Routes>) -> Self {
+        let upstreams = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                let prev = previous.and_then(|p| p.upstreams.get(&u.name)).map(Arc::as_ref);
+                (u.name.clone(), Arc::new(UpstreamState::new(u.clone(), prev)))
+            })
+            .collect();
+        Self {
+            config: Arc::new(config),
+            upstreams,
+        }
+    }
+
+    /// The upstream a host names (case-insensitive; any port already removed).
+    pub fn upstream(&self, host: &str) -> Option<&Arc<UpstreamState>> {
+        match self.upstreams.get(host) {
+            Some(u) => Some(u),
+            None if host.bytes().any(|b| b.is_ascii_uppercase()) => self.upstreams.get(&host.to_ascii_lowercase()),
+            None => None,
+        }
+    }
+
+    /// The first enabled rule matching the request, else the upstream's own
+    /// retries block when it has attempts, else none.
+    pub fn policy_for<'a>(
+        &'a self,
+        upstream: &'a UpstreamState,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Option<ChosenPolicy<'a>> {
+        let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
+        if let Some(rule) = self
+            .config
+            .rules
+            .iter()
+            .find(|r| r.matches(&upstream.config.name, method, path, header))
+        {
+            return Some(ChosenPolicy {
+                source: PolicySource::Rule(&rule.id),
+                policy: &rule.policy,
+            });
+        }
+        upstream.config.retries.enabled().then_some(ChosenPolicy {
+            source: PolicySource::Upstream,
+            policy: &upstream.config.retries,
+        })
+    }
+}
+
+impl std::fmt::Display for PolicySource<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicySource::Rule(id) => write!(f, "rule:{id}"),
+            PolicySource::Upstream => f.write_str("upstream"),
+        }
+    }
+}
