@@ -38,22 +38,32 @@ impl Admin {
     pub async fn handle(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
         let (status, content_type, body) = match (req.method(), req.uri().path()) {
             (&Method::GET, "/live") => (StatusCode::OK, "text/plain", "live\n".to_string()),
-            (&Method::GET, "/ready") if self.proxy.is_draining() => {
-                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".to_string())
-            }
+            (&Method::GET, "/ready") if self.proxy.is_draining() => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "draining\n".to_string(),
+            ),
             (&Method::GET, "/ready") => (StatusCode::OK, "text/plain", "ready\n".to_string()),
             (&Method::GET, "/config") => {
                 let routes = self.proxy.routes();
                 match serde_json::to_string_pretty(routes.config.as_ref()) {
                     Ok(json) => (StatusCode::OK, "application/json", json + "\n"),
-                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
+                    Err(e) => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "text/plain",
+                        format!("{e}\n"),
+                    ),
                 }
             }
-            (&Method::GET, "/metrics") => (StatusCode::OK, "text/plain; version=0.0.4", self.metrics()),
-            (&Method::PUT | &Method::POST, "/log-level") => self.set_log_level(req).await,
-            (_, "/live" | "/ready" | "/config" | "/metrics" | "/log-level") => {
-                (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n".to_string())
+            (&Method::GET, "/metrics") => {
+                (StatusCode::OK, "text/plain; version=0.0.4", self.metrics())
             }
+            (&Method::PUT | &Method::POST, "/log-level") => self.set_log_level(req).await,
+            (_, "/live" | "/ready" | "/config" | "/metrics" | "/log-level") => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "method not allowed\n".to_string(),
+            ),
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",
@@ -70,16 +80,34 @@ impl Admin {
 
     async fn set_log_level(&self, req: Request<Incoming>) -> (StatusCode, &'static str, String) {
         let Some(setter) = &self.set_log_level else {
-            return (StatusCode::NOT_IMPLEMENTED, "text/plain", "log level is fixed\n".to_string());
+            return (
+                StatusCode::NOT_IMPLEMENTED,
+                "text/plain",
+                "log level is fixed\n".to_string(),
+            );
         };
         let body = match Limited::new(req.into_body(), 1024).collect().await {
             Ok(b) => b.to_bytes(),
-            Err(_) => return (StatusCode::BAD_REQUEST, "text/plain", "body too large\n".to_string()),
+            Err(_) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    "text/plain",
+                    "body too large\n".to_string(),
+                )
+            }
         };
         let filter = String::from_utf8_lossy(&body).trim().to_string();
         match setter(&filter) {
-            Ok(()) => (StatusCode::OK, "text/plain", format!("log level: {filter}\n")),
-            Err(e) => (StatusCode::BAD_REQUEST, "text/plain", format!("invalid log filter \"{filter}\": {e}\n")),
+            Ok(()) => (
+                StatusCode::OK,
+                "text/plain",
+                format!("log level: {filter}\n"),
+            ),
+            Err(e) => (
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                format!("invalid log filter \"{filter}\": {e}\n"),
+            ),
         }
     }
 
@@ -91,27 +119,66 @@ impl Admin {
         for name in names {
             let up = &routes.upstreams[name];
             up.metrics.render(name, &mut fams);
-            fams.sample("reprise_retry_budget_remaining", name, up.budget.remaining());
+            fams.sample(
+                "reprise_retry_budget_remaining",
+                name,
+                up.budget.remaining(),
+            );
             for ep in &up.endpoints {
                 let pod = ep.endpoint.name.as_deref().unwrap_or("");
-                let labels = format!("upstream=\"{name}\",endpoint=\"{}\",pod=\"{pod}\"", ep.endpoint.addr);
-                let _ = writeln!(fams.family("reprise_endpoint_in_flight"), "reprise_endpoint_in_flight{{{labels}}} {}", ep.in_flight());
-                let _ = writeln!(fams.family("reprise_endpoint_ejected"), "reprise_endpoint_ejected{{{labels}}} {}", u8::from(ep.is_ejected()));
-                let _ = writeln!(fams.family("reprise_endpoint_ejections_total"), "reprise_endpoint_ejections_total{{{labels}}} {}", ep.ejections());
+                let labels = format!(
+                    "upstream=\"{name}\",endpoint=\"{}\",pod=\"{pod}\"",
+                    ep.endpoint.addr
+                );
+                let _ = writeln!(
+                    fams.family("reprise_endpoint_in_flight"),
+                    "reprise_endpoint_in_flight{{{labels}}} {}",
+                    ep.in_flight()
+                );
+                let _ = writeln!(
+                    fams.family("reprise_endpoint_ejected"),
+                    "reprise_endpoint_ejected{{{labels}}} {}",
+                    u8::from(ep.is_ejected())
+                );
+                let _ = writeln!(
+                    fams.family("reprise_endpoint_ejections_total"),
+                    "reprise_endpoint_ejections_total{{{labels}}} {}",
+                    ep.ejections()
+                );
             }
         }
         let m = &self.proxy.metrics;
-        let _ = writeln!(fams.family("reprise_requests_in_flight"), "reprise_requests_in_flight {}", m.in_flight.load(Ordering::Relaxed));
-        let _ = writeln!(fams.family("reprise_replay_buffer_bytes"), "reprise_replay_buffer_bytes {}", self.proxy.reservation().in_use());
+        let _ = writeln!(
+            fams.family("reprise_requests_in_flight"),
+            "reprise_requests_in_flight {}",
+            m.in_flight.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            fams.family("reprise_replay_buffer_bytes"),
+            "reprise_replay_buffer_bytes {}",
+            self.proxy.reservation().in_use()
+        );
         let _ = writeln!(
             fams.family("reprise_replay_buffer_limit_bytes"),
             "reprise_replay_buffer_limit_bytes {}",
             routes.config.proxy.replay_reservation_bytes
         );
         let reloads = fams.family("reprise_config_reloads_total");
-        let _ = writeln!(reloads, "reprise_config_reloads_total{{result=\"ok\"}} {}", m.reloads_ok.load(Ordering::Relaxed));
-        let _ = writeln!(reloads, "reprise_config_reloads_total{{result=\"refused\"}} {}", m.reloads_failed.load(Ordering::Relaxed));
-        let _ = writeln!(fams.family("reprise_unknown_upstream_total"), "reprise_unknown_upstream_total {}", m.unknown_upstream.load(Ordering::Relaxed));
+        let _ = writeln!(
+            reloads,
+            "reprise_config_reloads_total{{result=\"ok\"}} {}",
+            m.reloads_ok.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            reloads,
+            "reprise_config_reloads_total{{result=\"refused\"}} {}",
+            m.reloads_failed.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            fams.family("reprise_unknown_upstream_total"),
+            "reprise_unknown_upstream_total {}",
+            m.unknown_upstream.load(Ordering::Relaxed)
+        );
         fams.finish()
     }
 }

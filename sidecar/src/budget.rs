@@ -1,8 +1,8 @@
 //! The retry budget: a rolling, lock-free share of an upstream's requests that
 //! may be retries.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use reprise_crds::BudgetSettings;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::Instant;
 
 /// Buckets the window is split into; a bucket older than the window no longer counts.
@@ -33,7 +33,9 @@ struct Bucket {
 impl RetryBudget {
     /// A budget with `settings`, empty.
     pub fn new(settings: &BudgetSettings) -> Self {
-        let window_ms = u64::try_from(settings.window.as_millis()).unwrap_or(u64::MAX).max(BUCKETS as u64);
+        let window_ms = u64::try_from(settings.window.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(BUCKETS as u64);
         Self {
             origin: Instant::now(),
             bucket_ms: window_ms / BUCKETS as u64,
@@ -51,9 +53,12 @@ impl RetryBudget {
 
     /// Applies a reloaded percentage and floor without losing the window's counts.
     pub fn update(&self, settings: &BudgetSettings) {
-        self.percent_bits.store(settings.percent.to_bits(), Ordering::Relaxed);
-        self.min_per_second
-            .store(u64::from(settings.min_retries_per_second), Ordering::Relaxed);
+        self.percent_bits
+            .store(settings.percent.to_bits(), Ordering::Relaxed);
+        self.min_per_second.store(
+            u64::from(settings.min_retries_per_second),
+            Ordering::Relaxed,
+        );
     }
 
     /// Counts one logical request (call once per request, not per attempt).

@@ -76,7 +76,8 @@ impl EndpointState {
             return false;
         }
         self.consecutive_failures.store(0, Ordering::Relaxed);
-        let until = clock::now_ms() + u64::try_from(health.ejection.as_millis()).unwrap_or(u64::MAX / 2);
+        let until =
+            clock::now_ms() + u64::try_from(health.ejection.as_millis()).unwrap_or(u64::MAX / 2);
         self.ejected_until_ms.store(until, Ordering::Relaxed);
         self.ejections.fetch_add(1, Ordering::Relaxed);
         true

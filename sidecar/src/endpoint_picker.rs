@@ -48,13 +48,23 @@ impl EndpointPicker {
     /// Preference: untried and healthy; then untried even if ejected (every
     /// endpoint ejected must not mean no traffic at all); then, only when
     /// `allow_reuse`, a tried one.
-    pub fn pick(endpoints: &[Arc<EndpointState>], tried: &Tried, allow_reuse: bool) -> Option<usize> {
+    pub fn pick(
+        endpoints: &[Arc<EndpointState>],
+        tried: &Tried,
+        allow_reuse: bool,
+    ) -> Option<usize> {
         let untried_healthy = |i: usize, e: &EndpointState| !tried.contains(i) && !e.is_ejected();
         let untried = |i: usize, _: &EndpointState| !tried.contains(i);
         let any = |_: usize, _: &EndpointState| true;
         Self::p2c(endpoints, untried_healthy)
             .or_else(|| Self::p2c(endpoints, untried))
-            .or_else(|| if allow_reuse { Self::p2c(endpoints, any) } else { None })
+            .or_else(|| {
+                if allow_reuse {
+                    Self::p2c(endpoints, any)
+                } else {
+                    None
+                }
+            })
     }
 
     /// True when an endpoint other than those tried exists.
@@ -62,8 +72,15 @@ impl EndpointPicker {
         (0..endpoints.len()).any(|i| !tried.contains(i))
     }
 
-    fn p2c(endpoints: &[Arc<EndpointState>], eligible: impl Fn(usize, &EndpointState) -> bool) -> Option<usize> {
-        let n = endpoints.iter().enumerate().filter(|(i, e)| eligible(*i, e)).count();
+    fn p2c(
+        endpoints: &[Arc<EndpointState>],
+        eligible: impl Fn(usize, &EndpointState) -> bool,
+    ) -> Option<usize> {
+        let n = endpoints
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| eligible(*i, e))
+            .count();
         let nth = |k: usize| {
             endpoints
                 .iter()
@@ -132,22 +149,35 @@ mod tests {
         let eps = endpoints(2);
         let _busy: Vec<_> = (0..5).map(|_| eps[0].start()).collect();
         for _ in 0..50 {
-            assert_eq!(EndpointPicker::pick(&eps, &Tried::default(), false), Some(1));
+            assert_eq!(
+                EndpointPicker::pick(&eps, &Tried::default(), false),
+                Some(1)
+            );
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn ejected_endpoints_are_avoided_until_nothing_else_is_left() {
         let eps = endpoints(2);
-        let health = PassiveHealth { consecutive_failures: 2, ejection: Duration::from_secs(30) };
+        let health = PassiveHealth {
+            consecutive_failures: 2,
+            ejection: Duration::from_secs(30),
+        };
         assert!(!eps[0].record_failure(&health));
         assert!(eps[0].record_failure(&health));
         for _ in 0..50 {
-            assert_eq!(EndpointPicker::pick(&eps, &Tried::default(), false), Some(1));
+            assert_eq!(
+                EndpointPicker::pick(&eps, &Tried::default(), false),
+                Some(1)
+            );
         }
         let mut tried = Tried::default();
         tried.insert(1);
-        assert_eq!(EndpointPicker::pick(&eps, &tried, false), Some(0), "ejected beats nothing");
+        assert_eq!(
+            EndpointPicker::pick(&eps, &tried, false),
+            Some(0),
+            "ejected beats nothing"
+        );
         tokio::time::advance(Duration::from_secs(31)).await;
         assert!(!eps[0].is_ejected());
     }
@@ -155,7 +185,10 @@ mod tests {
     #[test]
     fn a_success_resets_the_failure_count() {
         let eps = endpoints(1);
-        let health = PassiveHealth { consecutive_failures: 2, ejection: Duration::from_secs(30) };
+        let health = PassiveHealth {
+            consecutive_failures: 2,
+            ejection: Duration::from_secs(30),
+        };
         assert!(!eps[0].record_failure(&health));
         eps[0].record_success();
         assert!(!eps[0].record_failure(&health));

@@ -80,7 +80,9 @@ impl FailureKind {
     pub fn is_transport(&self) -> bool {
         !matches!(
             self,
-            FailureKind::UpstreamStatus(_) | FailureKind::RequestBodyError | FailureKind::DeadlineExceeded
+            FailureKind::UpstreamStatus(_)
+                | FailureKind::RequestBodyError
+                | FailureKind::DeadlineExceeded
         )
     }
 
@@ -88,9 +90,9 @@ impl FailureKind {
     /// upstream response exists.
     pub fn status(&self) -> StatusCode {
         match self {
-            FailureKind::ReadTimeout | FailureKind::DeadlineExceeded | FailureKind::ConnectTimeout => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
+            FailureKind::ReadTimeout
+            | FailureKind::DeadlineExceeded
+            | FailureKind::ConnectTimeout => StatusCode::GATEWAY_TIMEOUT,
             FailureKind::RequestBodyError => StatusCode::BAD_REQUEST,
             _ => StatusCode::BAD_GATEWAY,
         }
@@ -124,9 +126,9 @@ pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (Failur
         if let Some(io) = e.downcast_ref::<io::Error>() {
             return (
                 match io.kind() {
-                    io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => {
-                        FailureKind::ConnectionReset
-                    }
+                    io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionAborted => FailureKind::ConnectionReset,
                     io::ErrorKind::UnexpectedEof => FailureKind::ConnectionClosed,
                     io::ErrorKind::TimedOut => FailureKind::ReadTimeout,
                     _ => FailureKind::Other,
@@ -153,7 +155,11 @@ fn find_io<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a io::Error> {
 /// A seconds-form `Retry-After` (RFC 9110 §10.2.3 delay-seconds). The HTTP-date
 /// form and garbage are ignored (the normal backoff applies).
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let value = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
     if value.is_empty() || value.len() > 10 || !value.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -184,7 +190,10 @@ mod tests {
 
     #[test]
     fn names_are_stable() {
-        assert_eq!(FailureKind::UpstreamStatus(503).name(), "upstream_status_503");
+        assert_eq!(
+            FailureKind::UpstreamStatus(503).name(),
+            "upstream_status_503"
+        );
         assert_eq!(FailureKind::ConnectRefused.name(), "connect_refused");
         assert_eq!(FailureKind::ReadTimeout.name(), "read_timeout");
         assert!(!FailureKind::UpstreamStatus(503).is_transport());

@@ -75,7 +75,13 @@ mod tests {
         h.insert(UPGRADE, "websocket".parse().expect("value"));
         assert!(is_upgrade(&h));
         strip(&mut h, true);
-        assert_eq!(h.get(UPGRADE).map(|v| v.as_bytes()), Some(&b"websocket"[..]));
-        assert_eq!(h.get(CONNECTION).map(|v| v.as_bytes()), Some(&b"upgrade"[..]));
+        assert_eq!(
+            h.get(UPGRADE).map(|v| v.as_bytes()),
+            Some(&b"websocket"[..])
+        );
+        assert_eq!(
+            h.get(CONNECTION).map(|v| v.as_bytes()),
+            Some(&b"upgrade"[..])
+        );
     }
 }

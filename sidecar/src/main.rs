@@ -41,7 +41,10 @@ fn main() -> ExitCode {
         return check(&args.config);
     }
     let set_log_level = init_logging(&args.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("reprise-sidecar: cannot start the runtime: {e}");
@@ -87,7 +90,9 @@ fn init_logging(format: &str) -> LogLevelSetter {
     let (filter, handle) = log_reload::Layer::new(filter);
     let registry = tracing_subscriber::registry().with(filter);
     if format == "text" {
-        registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).init();
+        registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .init();
     } else {
         registry
             .with(
@@ -106,8 +111,12 @@ fn init_logging(format: &str) -> LogLevelSetter {
 }
 
 async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCode> {
-    let bytes = std::fs::read(&args.config).with_context(|| format!("{}: cannot read", args.config.display()))?;
-    let config = match reprise_crds::file::parse(&String::from_utf8_lossy(&bytes), &args.config.display().to_string()) {
+    let bytes = std::fs::read(&args.config)
+        .with_context(|| format!("{}: cannot read", args.config.display()))?;
+    let config = match reprise_crds::file::parse(
+        &String::from_utf8_lossy(&bytes),
+        &args.config.display().to_string(),
+    ) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -129,7 +138,11 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
             set_log_level: Some(set_log_level),
         },
     ));
-    tokio::spawn(reload::watch(args.config.clone(), Arc::clone(&proxy), bytes));
+    tokio::spawn(reload::watch(
+        args.config.clone(),
+        Arc::clone(&proxy),
+        bytes,
+    ));
     let drained = server::serve_proxy(listener, Arc::clone(&proxy), shutdown_signal()).await;
     tracing::info!(drained, "reprise-sidecar stopped");
     Ok(ExitCode::SUCCESS)

@@ -85,7 +85,10 @@ impl UpstreamMetrics {
 
     /// Retries issued so far, by failure kind.
     pub fn retries_by_kind(&self) -> BTreeMap<String, u64> {
-        self.retries.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.retries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Requests finished so far with `outcome` name (e.g. `recovered`).
@@ -109,21 +112,49 @@ impl UpstreamMetrics {
         let ok = self.ok.load(Ordering::Relaxed);
         let rec = self.recovered.load(Ordering::Relaxed);
         let f = out.family("reprise_requests_total");
-        let _ = writeln!(f, "reprise_requests_total{{upstream=\"{upstream}\",outcome=\"ok\",reason=\"\"}} {ok}");
+        let _ = writeln!(
+            f,
+            "reprise_requests_total{{upstream=\"{upstream}\",outcome=\"ok\",reason=\"\"}} {ok}"
+        );
         let _ = writeln!(f, "reprise_requests_total{{upstream=\"{upstream}\",outcome=\"recovered\",reason=\"\"}} {rec}");
-        for ((name, reason), n) in self.outcomes.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for ((name, reason), n) in self
+            .outcomes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             let _ = writeln!(
                 f,
                 "reprise_requests_total{{upstream=\"{upstream}\",outcome=\"{name}\",reason=\"{reason}\"}} {n}"
             );
         }
         let f = out.family("reprise_retries_total");
-        for (kind, n) in self.retries.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(f, "reprise_retries_total{{upstream=\"{upstream}\",kind=\"{kind}\"}} {n}");
+        for (kind, n) in self
+            .retries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                f,
+                "reprise_retries_total{{upstream=\"{upstream}\",kind=\"{kind}\"}} {n}"
+            );
         }
-        out.sample("reprise_retry_budget_refusals_total", upstream, self.budget_refusals.load(Ordering::Relaxed));
-        out.sample("reprise_hedges_total", upstream, self.hedges.load(Ordering::Relaxed));
-        out.sample("reprise_response_body_errors_total", upstream, self.mid_stream_errors.load(Ordering::Relaxed));
+        out.sample(
+            "reprise_retry_budget_refusals_total",
+            upstream,
+            self.budget_refusals.load(Ordering::Relaxed),
+        );
+        out.sample(
+            "reprise_hedges_total",
+            upstream,
+            self.hedges.load(Ordering::Relaxed),
+        );
+        out.sample(
+            "reprise_response_body_errors_total",
+            upstream,
+            self.mid_stream_errors.load(Ordering::Relaxed),
+        );
         self.attempt_latency.render(
             "reprise_upstream_attempt_duration_seconds",
             upstream,
@@ -145,7 +176,10 @@ impl Families {
 
     /// Adds `name{upstream="..."} value`.
     pub fn sample(&mut self, name: &'static str, upstream: &str, value: impl std::fmt::Display) {
-        let _ = writeln!(self.family(name), "{name}{{upstream=\"{upstream}\"}} {value}");
+        let _ = writeln!(
+            self.family(name),
+            "{name}{{upstream=\"{upstream}\"}} {value}"
+        );
     }
 
     /// The exposition text, families in [`FAMILIES`] order with HELP and TYPE.
@@ -169,18 +203,26 @@ impl Histogram {
             self.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.sum_micros.fetch_add(
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     fn render(&self, name: &str, upstream: &str, out: &mut String) {
         let mut cumulative = 0;
         for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
             cumulative += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{upstream=\"{upstream}\",le=\"{le}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{upstream=\"{upstream}\",le=\"{le}\"}} {cumulative}"
+            );
         }
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{upstream=\"{upstream}\",le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{upstream=\"{upstream}\",le=\"+Inf\"}} {count}"
+        );
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "{name}_sum{{upstream=\"{upstream}\"}} {sum}");
         let _ = writeln!(out, "{name}_count{{upstream=\"{upstream}\"}} {count}");
@@ -189,19 +231,79 @@ impl Histogram {
 
 /// `# HELP` and `# TYPE` lines for every family, in one place so names stay stable.
 pub const FAMILIES: &[(&str, &str, &str)] = &[
-    ("reprise_requests_total", "counter", "Logical requests by upstream, outcome (ok, recovered, exhausted, skipped) and reason."),
-    ("reprise_retries_total", "counter", "Retries issued, by the error kind of the failed attempt."),
-    ("reprise_retry_budget_refusals_total", "counter", "Retries refused by the upstream's retry budget."),
-    ("reprise_retry_budget_remaining", "gauge", "Retries the upstream's budget still allows in the current window."),
-    ("reprise_hedges_total", "counter", "Speculative duplicate attempts sent."),
-    ("reprise_response_body_errors_total", "counter", "Response bodies that failed mid-stream (never retried)."),
-    ("reprise_upstream_attempt_duration_seconds", "histogram", "Time from sending an attempt to its response headers or failure."),
-    ("reprise_endpoint_in_flight", "gauge", "Attempts waiting on each endpoint."),
-    ("reprise_endpoint_ejected", "gauge", "1 while passive health has the endpoint ejected."),
-    ("reprise_endpoint_ejections_total", "counter", "Times passive health ejected the endpoint."),
-    ("reprise_requests_in_flight", "gauge", "Logical requests being handled, each counted once."),
-    ("reprise_replay_buffer_bytes", "gauge", "Bytes held by request replay buffers."),
-    ("reprise_replay_buffer_limit_bytes", "gauge", "Reservation all replay buffers share."),
-    ("reprise_config_reloads_total", "counter", "Configuration loads by result (ok, refused)."),
-    ("reprise_unknown_upstream_total", "counter", "Requests for a host that names no upstream."),
+    (
+        "reprise_requests_total",
+        "counter",
+        "Logical requests by upstream, outcome (ok, recovered, exhausted, skipped) and reason.",
+    ),
+    (
+        "reprise_retries_total",
+        "counter",
+        "Retries issued, by the error kind of the failed attempt.",
+    ),
+    (
+        "reprise_retry_budget_refusals_total",
+        "counter",
+        "Retries refused by the upstream's retry budget.",
+    ),
+    (
+        "reprise_retry_budget_remaining",
+        "gauge",
+        "Retries the upstream's budget still allows in the current window.",
+    ),
+    (
+        "reprise_hedges_total",
+        "counter",
+        "Speculative duplicate attempts sent.",
+    ),
+    (
+        "reprise_response_body_errors_total",
+        "counter",
+        "Response bodies that failed mid-stream (never retried).",
+    ),
+    (
+        "reprise_upstream_attempt_duration_seconds",
+        "histogram",
+        "Time from sending an attempt to its response headers or failure.",
+    ),
+    (
+        "reprise_endpoint_in_flight",
+        "gauge",
+        "Attempts waiting on each endpoint.",
+    ),
+    (
+        "reprise_endpoint_ejected",
+        "gauge",
+        "1 while passive health has the endpoint ejected.",
+    ),
+    (
+        "reprise_endpoint_ejections_total",
+        "counter",
+        "Times passive health ejected the endpoint.",
+    ),
+    (
+        "reprise_requests_in_flight",
+        "gauge",
+        "Logical requests being handled, each counted once.",
+    ),
+    (
+        "reprise_replay_buffer_bytes",
+        "gauge",
+        "Bytes held by request replay buffers.",
+    ),
+    (
+        "reprise_replay_buffer_limit_bytes",
+        "gauge",
+        "Reservation all replay buffers share.",
+    ),
+    (
+        "reprise_config_reloads_total",
+        "counter",
+        "Configuration loads by result (ok, refused).",
+    ),
+    (
+        "reprise_unknown_upstream_total",
+        "counter",
+        "Requests for a host that names no upstream.",
+    ),
 ];

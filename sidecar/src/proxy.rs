@@ -51,9 +51,11 @@ impl Proxy {
     /// Swaps in a new configuration atomically; budgets, pools and endpoint
     /// health carry over. In-flight requests finish on the routes they started with.
     pub fn reload(&self, config: Config) {
-        self.reservation.set_limit(config.proxy.replay_reservation_bytes);
+        self.reservation
+            .set_limit(config.proxy.replay_reservation_bytes);
         let previous = self.routes.load_full();
-        self.routes.store(Arc::new(Routes::new(config, Some(&previous))));
+        self.routes
+            .store(Arc::new(Routes::new(config, Some(&previous))));
         self.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -78,7 +80,10 @@ impl Proxy {
     }
 
     /// Handles one client request.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, Infallible> {
         self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
         let response = self.route(req).await;
         self.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -89,10 +94,16 @@ impl Proxy {
         let started = Instant::now();
         let routes = self.routes.load_full();
         let Some(host) = request_host(&req) else {
-            return local(StatusCode::BAD_REQUEST, "missing_host", "reprise: the request names no host (absolute URI or Host header)\n".into());
+            return local(
+                StatusCode::BAD_REQUEST,
+                "missing_host",
+                "reprise: the request names no host (absolute URI or Host header)\n".into(),
+            );
         };
         let Some(upstream) = routes.upstream(host).cloned() else {
-            self.metrics.unknown_upstream.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .unknown_upstream
+                .fetch_add(1, Ordering::Relaxed);
             let msg = format!("reprise: no upstream named \"{host}\"\n");
             return local(StatusCode::BAD_GATEWAY, "unknown_upstream", msg);
         };
@@ -103,7 +114,11 @@ impl Proxy {
         let upgrade = hop_by_hop::is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
         if !parts.headers.contains_key(HOST) {
             if let Some(authority) = parts.uri.authority() {
                 if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
@@ -112,7 +127,12 @@ impl Proxy {
             }
         }
         hop_by_hop::strip(&mut parts.headers, upgrade);
-        let chosen = routes.policy_for(&upstream, parts.method.as_str(), path.path(), &parts.headers);
+        let chosen = routes.policy_for(
+            &upstream,
+            parts.method.as_str(),
+            path.path(),
+            &parts.headers,
+        );
         let policy = chosen.map(|c| c.policy);
         let skip = if upgrade {
             Some(SkipReason::Upgrade)
@@ -131,11 +151,17 @@ impl Proxy {
                     .get(CONTENT_LENGTH)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<u64>().ok());
-                match ReplayBody::prepare(body, length, p.replay_limit_bytes, &self.reservation).await {
+                match ReplayBody::prepare(body, length, p.replay_limit_bytes, &self.reservation)
+                    .await
+                {
                     Ok(b) => BodySource::Replay(b),
                     Err(e) => {
                         tracing::info!(upstream = %upstream.config.name, error = %e, "client request body failed while buffering");
-                        return local(StatusCode::BAD_REQUEST, "request_body_error", "reprise: reading the request body failed\n".into());
+                        return local(
+                            StatusCode::BAD_REQUEST,
+                            "request_body_error",
+                            "reprise: reading the request body failed\n".into(),
+                        );
                     }
                 }
             }
@@ -154,7 +180,10 @@ impl Proxy {
         let (fin, report) = retry::run(&upstream, template, body, Plan { policy, skip }).await;
         upstream.metrics.record_outcome(report.outcome);
         let response = match fin {
-            Final::Upstream { mut response, endpoint } => {
+            Final::Upstream {
+                mut response,
+                endpoint,
+            } => {
                 if upgrade && response.status() == StatusCode::SWITCHING_PROTOCOLS {
                     if let Some(client) = client_upgrade {
                         let server = hyper::upgrade::on(&mut response);
@@ -187,32 +216,68 @@ impl Proxy {
             Final::NoEndpoint => local(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no_endpoint",
-                format!("reprise: upstream \"{}\" has no endpoints\n", upstream.config.name),
+                format!(
+                    "reprise: upstream \"{}\" has no endpoints\n",
+                    upstream.config.name
+                ),
             ),
         };
         if routes.config.proxy.access_log {
-            log_request(&upstream, &parts.method, &path, chosen.map(|c| c.source), policy.map_or(0, |p| p.attempts), &report, response.status(), started);
+            log_request(
+                &upstream,
+                &parts.method,
+                &path,
+                chosen.map(|c| c.source),
+                policy.map_or(0, |p| p.attempts),
+                &report,
+                response.status(),
+                started,
+            );
         }
         response
     }
 
     /// CONNECT: a TCP tunnel to one endpoint of the upstream. Never retried.
-    async fn tunnel(&self, req: Request<Incoming>, upstream: &Arc<UpstreamState>) -> Response<ProxyBody> {
+    async fn tunnel(
+        &self,
+        req: Request<Incoming>,
+        upstream: &Arc<UpstreamState>,
+    ) -> Response<ProxyBody> {
         let Some(i) = EndpointPicker::pick(&upstream.endpoints, &Tried::default(), false) else {
-            return local(StatusCode::SERVICE_UNAVAILABLE, "no_endpoint", "reprise: no endpoints\n".into());
+            return local(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_endpoint",
+                "reprise: no endpoints\n".into(),
+            );
         };
         let addr = upstream.endpoints[i].endpoint.addr;
-        let connect = tokio::time::timeout(upstream.config.connect_timeout, tokio::net::TcpStream::connect(addr)).await;
+        let connect = tokio::time::timeout(
+            upstream.config.connect_timeout,
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await;
         let stream = match connect {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 upstream.endpoints[i].record_failure(&upstream.config.passive_health);
-                upstream.metrics.record_outcome(Outcome::Skipped(SkipReason::Method));
-                return local(StatusCode::BAD_GATEWAY, "connect_error", format!("reprise: tunnel connect failed: {e}\n"));
+                upstream
+                    .metrics
+                    .record_outcome(Outcome::Skipped(SkipReason::Method));
+                return local(
+                    StatusCode::BAD_GATEWAY,
+                    "connect_error",
+                    format!("reprise: tunnel connect failed: {e}\n"),
+                );
             }
             Err(_) => {
-                upstream.metrics.record_outcome(Outcome::Skipped(SkipReason::Method));
-                return local(StatusCode::GATEWAY_TIMEOUT, "connect_timeout", "reprise: tunnel connect timed out\n".into());
+                upstream
+                    .metrics
+                    .record_outcome(Outcome::Skipped(SkipReason::Method));
+                return local(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "connect_timeout",
+                    "reprise: tunnel connect timed out\n".into(),
+                );
             }
         };
         upstream.metrics.record_outcome(Outcome::Ok);
@@ -243,7 +308,11 @@ fn request_host(req: &Request<Incoming>) -> Option<&str> {
     }
     let host = req.headers().get(HOST)?.to_str().ok()?;
     let host = match host.rfind(':') {
-        Some(i) if !host[i + 1..].is_empty() && host[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &host[..i],
+        Some(i)
+            if !host[i + 1..].is_empty() && host[i + 1..].bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            &host[..i]
+        }
         _ => host,
     };
     (!host.is_empty()).then_some(host)
@@ -255,9 +324,10 @@ fn local(status: StatusCode, kind: &str, message: String) -> Response<ProxyBody>
     if let Ok(v) = HeaderValue::from_str(kind) {
         response.headers_mut().insert(ERROR_HEADER, v);
     }
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }
 

@@ -114,7 +114,9 @@ impl Reserved {
     /// Gives back what is held beyond `bytes`.
     fn shrink_to(&mut self, bytes: u64) {
         if bytes < self.bytes {
-            self.pool.in_use.fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            self.pool
+                .in_use
+                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
             self.bytes = bytes;
         }
     }
@@ -214,10 +216,14 @@ impl ReplayBody {
     /// view stops working, so two attempts never interleave the client's bytes.
     pub fn for_attempt(&self) -> AttemptBody {
         match self {
-            ReplayBody::Buffered { data, trailers, .. } if data.is_empty() && trailers.is_none() => {
+            ReplayBody::Buffered { data, trailers, .. }
+                if data.is_empty() && trailers.is_none() =>
+            {
                 AttemptBody::Empty
             }
-            ReplayBody::Buffered { data, trailers, .. } => AttemptBody::Full(Some(data.clone()), trailers.clone()),
+            ReplayBody::Buffered { data, trailers, .. } => {
+                AttemptBody::Full(Some(data.clone()), trailers.clone())
+            }
             ReplayBody::Streaming(state) => {
                 let mut s = lock(state);
                 s.generation += 1;
@@ -236,7 +242,10 @@ impl Body for AttemptBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             AttemptBody::Empty => Poll::Ready(None),
             AttemptBody::Full(data, trailers) => {
@@ -294,7 +303,9 @@ impl Body for AttemptBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             AttemptBody::Empty => SizeHint::with_exact(0),
-            AttemptBody::Full(data, _) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            AttemptBody::Full(data, _) => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             AttemptBody::Direct(inner) => inner.size_hint(),
             AttemptBody::Shared(state, _) => {
                 let s = lock(state);

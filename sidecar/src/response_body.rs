@@ -40,7 +40,10 @@ impl Body for ProxyBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             ProxyBody::Local(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             ProxyBody::Upstream {
@@ -50,7 +53,10 @@ impl Body for ProxyBody {
             } => {
                 let polled = Pin::new(inner).poll_frame(cx);
                 if let Poll::Ready(Some(Err(e))) = &polled {
-                    upstream.metrics.mid_stream_errors.fetch_add(1, Ordering::Relaxed);
+                    upstream
+                        .metrics
+                        .mid_stream_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     upstream.endpoints[*endpoint].record_failure(&upstream.config.passive_health);
                     tracing::warn!(upstream = %upstream.config.name, endpoint = %upstream.endpoints[*endpoint].endpoint.addr, error = %e, "response body failed mid-stream; not retried");
                 }

@@ -109,11 +109,18 @@ enum Gate {
 }
 
 /// Runs the request to its final answer.
-pub async fn run(up: &UpstreamState, mut template: RequestTemplate, mut body: BodySource, plan: Plan<'_>) -> (Final, Report) {
+pub async fn run(
+    up: &UpstreamState,
+    mut template: RequestTemplate,
+    mut body: BodySource,
+    plan: Plan<'_>,
+) -> (Final, Report) {
     let start = Instant::now();
     let policy = plan.policy;
     let deadline = policy.and_then(|p| p.total_deadline).map(|d| start + d);
-    let base_timeout = policy.and_then(|p| p.attempt_timeout).or(up.config.read_timeout);
+    let base_timeout = policy
+        .and_then(|p| p.attempt_timeout)
+        .or(up.config.read_timeout);
     let single = plan.skip.is_some() || policy.is_none_or(|p| !p.enabled());
     let mut report = Report {
         outcome: Outcome::Ok,
@@ -133,13 +140,26 @@ pub async fn run(up: &UpstreamState, mut template: RequestTemplate, mut body: Bo
         report.attempts += 1;
         let timeout = attempt_timeout(base_timeout, deadline);
         let hedge = policy
-            .and_then(|p| p.hedge_delay.filter(|_| !report.hedged && retries < p.attempts))
+            .and_then(|p| {
+                p.hedge_delay
+                    .filter(|_| !report.hedged && retries < p.attempts)
+            })
             .filter(|_| matches!(&body, BodySource::Replay(b) if b.is_buffered()));
         let attempted = match hedge {
             Some(delay) => {
-                let (attempted, earlier) =
-                    race_with_hedge(up, &mut template, &body, endpoint, timeout, delay, deadline, policy, &mut report, &mut retries)
-                        .await;
+                let (attempted, earlier) = race_with_hedge(
+                    up,
+                    &mut template,
+                    &body,
+                    endpoint,
+                    timeout,
+                    delay,
+                    deadline,
+                    policy,
+                    &mut report,
+                    &mut retries,
+                )
+                .await;
                 if let Some(earlier) = earlier {
                     // The loser failed first; its failure still counts for health and reporting.
                     let _ = classify(up, earlier, policy, &mut report);
@@ -153,7 +173,11 @@ pub async fn run(up: &UpstreamState, mut template: RequestTemplate, mut body: Bo
         };
         let failure = match classify(up, attempted, policy, &mut report) {
             Classified::Final(response, endpoint) => {
-                report.outcome = if report.first_error.is_some() { Outcome::Recovered } else { Outcome::Ok };
+                report.outcome = if report.first_error.is_some() {
+                    Outcome::Recovered
+                } else {
+                    Outcome::Ok
+                };
                 return (Final::Upstream { response, endpoint }, report);
             }
             Classified::Failed(f, from) => (f, from),
@@ -163,14 +187,25 @@ pub async fn run(up: &UpstreamState, mut template: RequestTemplate, mut body: Bo
             Gate::Stop(outcome) => {
                 report.outcome = outcome;
                 if matches!(outcome, Outcome::Exhausted(ExhaustedBy::Budget)) {
-                    up.metrics.budget_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    up.metrics
+                        .budget_refusals
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 return match failure.response {
-                    Some(response) => (Final::Upstream { response, endpoint: last_endpoint }, report),
+                    Some(response) => (
+                        Final::Upstream {
+                            response,
+                            endpoint: last_endpoint,
+                        },
+                        report,
+                    ),
                     None => (Final::Local(failure.kind), report),
                 };
             }
-            Gate::Retry { delay, endpoint: next } => {
+            Gate::Retry {
+                delay,
+                endpoint: next,
+            } => {
                 // The retryable response (if any) is dropped here: its headers and
                 // body never reach the client.
                 drop(failure.response);
@@ -201,8 +236,12 @@ fn gate(
         return Gate::Stop(Outcome::Skipped(SkipReason::RetriesOff));
     };
     match f.kind {
-        FailureKind::RequestBodyError => return Gate::Stop(Outcome::Skipped(SkipReason::NotRetryable)),
-        FailureKind::DeadlineExceeded => return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Deadline)),
+        FailureKind::RequestBodyError => {
+            return Gate::Stop(Outcome::Skipped(SkipReason::NotRetryable))
+        }
+        FailureKind::DeadlineExceeded => {
+            return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Deadline))
+        }
         _ => {}
     }
     if f.phase != Phase::Response {
@@ -223,14 +262,17 @@ fn gate(
     if retries >= p.attempts {
         return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Attempts));
     }
-    let Some(endpoint) = EndpointPicker::pick(&up.endpoints, &report.tried, p.reuse_endpoints) else {
+    let Some(endpoint) = EndpointPicker::pick(&up.endpoints, &report.tried, p.reuse_endpoints)
+    else {
         return Gate::Stop(Outcome::Exhausted(ExhaustedBy::NoAlternate));
     };
     if !up.budget.has_room() {
         return Gate::Stop(Outcome::Exhausted(ExhaustedBy::Budget));
     }
     let delay = match f.retry_after {
-        Some(wait) if wait > p.retry_after_max => return Gate::Stop(Outcome::Exhausted(ExhaustedBy::RetryAfterTooLong)),
+        Some(wait) if wait > p.retry_after_max => {
+            return Gate::Stop(Outcome::Exhausted(ExhaustedBy::RetryAfterTooLong))
+        }
         Some(wait) => wait,
         None => full_jitter(p.nominal_backoff(retries + 1)),
     };
@@ -313,7 +355,12 @@ async fn race_with_hedge(
     let BodySource::Replay(replay) = body else {
         unreachable!("hedging needs a buffered body");
     };
-    let first = attempt(up, endpoint, template.request(up, endpoint, replay.for_attempt(), false), timeout);
+    let first = attempt(
+        up,
+        endpoint,
+        template.request(up, endpoint, replay.for_attempt(), false),
+        timeout,
+    );
     tokio::pin!(first);
     tokio::select! {
         done = &mut first => return (done, None),
@@ -325,16 +372,30 @@ async fn race_with_hedge(
         return (first.await, None);
     };
     if !up.budget.try_withdraw() {
-        up.metrics.budget_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        up.metrics
+            .budget_refusals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return (first.await, None);
     }
     report.tried.insert(second_endpoint);
     report.attempts += 1;
     report.hedged = true;
     *retries += 1;
-    up.metrics.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let timeout = attempt_timeout(policy.and_then(|p| p.attempt_timeout).or(up.config.read_timeout), deadline);
-    let second = attempt(up, second_endpoint, template.request(up, second_endpoint, replay.for_attempt(), false), timeout);
+    up.metrics
+        .hedges
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let timeout = attempt_timeout(
+        policy
+            .and_then(|p| p.attempt_timeout)
+            .or(up.config.read_timeout),
+        deadline,
+    );
+    let second = attempt(
+        up,
+        second_endpoint,
+        template.request(up, second_endpoint, replay.for_attempt(), false),
+        timeout,
+    );
     tokio::pin!(second);
     let is_final = |a: &Attempted| match &a.result {
         Ok(r) => !policy.is_some_and(|p| p.retry_statuses.contains(r.status().as_u16())),
@@ -382,7 +443,10 @@ async fn attempt(
 }
 
 /// The per-attempt timeout, shortened to what is left of the deadline.
-fn attempt_timeout(base: Option<Duration>, deadline: Option<Instant>) -> Option<(Duration, FailureKind)> {
+fn attempt_timeout(
+    base: Option<Duration>,
+    deadline: Option<Instant>,
+) -> Option<(Duration, FailureKind)> {
     let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
     match (base, left) {
         (Some(b), Some(l)) if l < b => Some((l, FailureKind::DeadlineExceeded)),
@@ -403,7 +467,9 @@ pub fn full_jitter(nominal: Duration) -> Duration {
 
 fn next_body(body: &mut BodySource) -> AttemptBody {
     match body {
-        BodySource::Direct(incoming) => incoming.take().map_or(AttemptBody::Empty, AttemptBody::Direct),
+        BodySource::Direct(incoming) => incoming
+            .take()
+            .map_or(AttemptBody::Empty, AttemptBody::Direct),
         BodySource::Replay(replay) => replay.for_attempt(),
     }
 }
@@ -411,7 +477,13 @@ fn next_body(body: &mut BodySource) -> AttemptBody {
 impl RequestTemplate {
     /// The request for one attempt to `endpoint`. `last` lets the only attempt
     /// take the headers instead of copying them.
-    fn request(&mut self, up: &UpstreamState, endpoint: usize, body: AttemptBody, last: bool) -> Request<AttemptBody> {
+    fn request(
+        &mut self,
+        up: &UpstreamState,
+        endpoint: usize,
+        body: AttemptBody,
+        last: bool,
+    ) -> Request<AttemptBody> {
         self.attempts_sent += 1;
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(Scheme::HTTP);
@@ -421,10 +493,16 @@ impl RequestTemplate {
         *request.method_mut() = self.method.clone();
         *request.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
         *request.version_mut() = self.version;
-        *request.headers_mut() = if last { std::mem::take(&mut self.headers) } else { self.headers.clone() };
+        *request.headers_mut() = if last {
+            std::mem::take(&mut self.headers)
+        } else {
+            self.headers.clone()
+        };
         if !last {
             // Like Envoy's x-envoy-attempt-count: lets an upstream see a retry for what it is.
-            request.headers_mut().insert(ATTEMPT_HEADER, http::HeaderValue::from(self.attempts_sent));
+            request
+                .headers_mut()
+                .insert(ATTEMPT_HEADER, http::HeaderValue::from(self.attempts_sent));
         }
         request
     }
@@ -447,12 +525,25 @@ mod tests {
 
     #[test]
     fn attempt_timeout_is_clamped_by_the_deadline() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("rt");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("rt");
         rt.block_on(async {
             let now = Instant::now();
-            let t = attempt_timeout(Some(Duration::from_secs(3)), Some(now + Duration::from_secs(1)));
-            assert_eq!(t, Some((Duration::from_secs(1), FailureKind::DeadlineExceeded)));
-            let t = attempt_timeout(Some(Duration::from_secs(3)), Some(now + Duration::from_secs(10)));
+            let t = attempt_timeout(
+                Some(Duration::from_secs(3)),
+                Some(now + Duration::from_secs(1)),
+            );
+            assert_eq!(
+                t,
+                Some((Duration::from_secs(1), FailureKind::DeadlineExceeded))
+            );
+            let t = attempt_timeout(
+                Some(Duration::from_secs(3)),
+                Some(now + Duration::from_secs(10)),
+            );
             assert_eq!(t, Some((Duration::from_secs(3), FailureKind::ReadTimeout)));
             assert_eq!(attempt_timeout(None, None), None);
         });

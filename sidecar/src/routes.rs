@@ -43,8 +43,13 @@ impl Routes {
             .upstreams
             .iter()
             .map(|u| {
-                let prev = previous.and_then(|p| p.upstreams.get(&u.name)).map(Arc::as_ref);
-                (u.name.clone(), Arc::new(UpstreamState::new(u.clone(), prev)))
+                let prev = previous
+                    .and_then(|p| p.upstreams.get(&u.name))
+                    .map(Arc::as_ref);
+                (
+                    u.name.clone(),
+                    Arc::new(UpstreamState::new(u.clone(), prev)),
+                )
             })
             .collect();
         Self {
@@ -57,7 +62,9 @@ impl Routes {
     pub fn upstream(&self, host: &str) -> Option<&Arc<UpstreamState>> {
         match self.upstreams.get(host) {
             Some(u) => Some(u),
-            None if host.bytes().any(|b| b.is_ascii_uppercase()) => self.upstreams.get(&host.to_ascii_lowercase()),
+            None if host.bytes().any(|b| b.is_ascii_uppercase()) => {
+                self.upstreams.get(&host.to_ascii_lowercase())
+            }
             None => None,
         }
     }

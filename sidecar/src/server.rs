@@ -17,7 +17,11 @@ use crate::proxy::Proxy;
 /// Serves the proxy on `listener` until `shutdown` resolves, then stops
 /// accepting and gives in-flight requests up to the configured drain timeout.
 /// Returns true when every connection finished within it.
-pub async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, shutdown: impl Future<Output = ()>) -> bool {
+pub async fn serve_proxy(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    shutdown: impl Future<Output = ()>,
+) -> bool {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     let max_head = proxy.routes().config.proxy.max_request_header_bytes;
@@ -26,7 +30,10 @@ pub async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, shutdown: imp
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
         .max_buf_size(max_head.max(8192));
-    builder.http2().timer(TokioTimer::new()).max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -57,7 +64,9 @@ pub async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, shutdown: imp
     drop(listener);
     proxy.start_draining();
     let drain = proxy.routes().config.proxy.drain_timeout;
-    tokio::time::timeout(drain, graceful.shutdown()).await.is_ok()
+    tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_ok()
 }
 
 /// Serves the admin endpoint on `listener` forever.

@@ -54,7 +54,10 @@ impl UpstreamState {
             _ => Arc::new(RetryBudget::new(&config.budget)),
         };
         let client = match previous {
-            Some(p) if p.config.protocol == config.protocol && p.config.connect_timeout == config.connect_timeout => {
+            Some(p)
+                if p.config.protocol == config.protocol
+                    && p.config.connect_timeout == config.connect_timeout =>
+            {
                 p.client.clone()
             }
             _ => client(config.protocol, config.connect_timeout),

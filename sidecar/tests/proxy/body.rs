@@ -1,0 +1,171 @@
+//! Request bodies: buffered replay within the cap, streaming over it, the
+//! zero-consumed rule, and the global reservation.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper_util::rt::TokioIo;
+
+use crate::support::{config, Action, Sidecar, Upstream};
+
+#[tokio::test]
+async fn a_body_within_the_cap_is_replayed_byte_for_byte() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Echo).await;
+    let body: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 1, retry_post: true, buffer_max_bytes: 16384 }\n",
+    ))
+    .await;
+    for _ in 0..6 {
+        let r = sidecar.send("POST", "api", "/orders", &body).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.as_ref().expect("body").as_ref(), body.as_slice());
+    }
+    for rec in a.received().iter().chain(b.received().iter()) {
+        assert_eq!(rec.body, body, "every attempt carried the whole body");
+    }
+    assert_eq!(b.count(), 6);
+    assert_eq!(
+        sidecar.proxy.reservation().in_use(),
+        0,
+        "buffers are given back"
+    );
+}
+
+#[tokio::test]
+async fn a_body_over_the_cap_streams_and_is_not_retried_once_consumed() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 1, retry_post: true, buffer_max_bytes: 100 }\n",
+    ))
+    .await;
+    let body = vec![7u8; 5000];
+    let r = sidecar.send("POST", "api", "/", &body).await;
+    assert_eq!(
+        r.status, 503,
+        "the request was not rejected; its failure passed through"
+    );
+    assert_eq!(
+        a.count() + b.count(),
+        1,
+        "the consumed body could not be replayed"
+    );
+    assert_eq!(
+        a.received()
+            .iter()
+            .chain(b.received().iter())
+            .next()
+            .expect("one")
+            .body
+            .len(),
+        5000
+    );
+    assert_eq!(sidecar.outcomes("api", "skipped"), 1);
+}
+
+#[tokio::test]
+async fn an_unconsumed_streaming_body_is_retried_after_connect_refused() {
+    let down = Upstream::refusing().await;
+    let down2 = Upstream::refusing().await;
+    let good = Upstream::always(Action::Echo).await;
+    let sidecar = Sidecar::start(&config(
+        &[&down, &down2, &good],
+        "    retries: { attempts: 2, retry_post: true }\n",
+    ))
+    .await;
+    let body = vec![9u8; 200_000];
+    for _ in 0..5 {
+        let r = sidecar.send("POST", "api", "/", &body).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.body.as_ref().expect("body").len(),
+            200_000,
+            "no byte was lost to the failed attempts"
+        );
+    }
+}
+
+#[tokio::test]
+async fn buffer_zero_replays_only_empty_bodies() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 1, retry_post: true }\n",
+    ))
+    .await;
+    assert_eq!(sidecar.send("POST", "api", "/", b"").await.status, 503);
+    assert_eq!(a.count() + b.count(), 2, "an empty body is replayable");
+    assert_eq!(sidecar.send("POST", "api", "/", b"x").await.status, 503);
+    assert_eq!(
+        a.count() + b.count(),
+        3,
+        "a one-byte body is over the default cap of 0"
+    );
+}
+
+#[tokio::test]
+async fn a_chunked_body_within_the_cap_is_buffered_and_replayed() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Echo).await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 1, retry_post: true, buffer_max_bytes: 1024 }\n",
+    ))
+    .await;
+    for _ in 0..4 {
+        let stream = tokio::net::TcpStream::connect(sidecar.addr)
+            .await
+            .expect("connect");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"hello "))),
+            Ok(http_body::Frame::data(Bytes::from_static(b"chunked "))),
+            Ok(http_body::Frame::data(Bytes::from_static(b"world"))),
+        ];
+        let body = StreamBody::new(futures_util::stream::iter(chunks));
+        let req = http::Request::post("/")
+            .header("host", "api")
+            .body(body)
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("response");
+        assert_eq!(resp.status(), 200);
+        let got = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&got[..], b"hello chunked world");
+    }
+    assert_eq!(b.count(), 4);
+}
+
+#[tokio::test]
+async fn without_a_reservation_the_body_streams_and_the_request_is_not_rejected() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Reply(503)).await;
+    let yaml = format!(
+        "{}proxy: {{ replay_reservation_bytes: 0 }}\n",
+        config(
+            &[&a, &b],
+            "    retries: { attempts: 1, retry_post: true, buffer_max_bytes: 4096 }\n"
+        )
+    );
+    let sidecar = Sidecar::start(&yaml).await;
+    let r = sidecar.send("POST", "api", "/", &[1u8; 100]).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(a.count() + b.count(), 1);
+}
+
+#[tokio::test]
+async fn with_retries_off_a_large_body_streams_through_without_buffering() {
+    let echo = Upstream::always(Action::Echo).await;
+    let sidecar = Sidecar::start(&config(&[&echo], "")).await;
+    let body = vec![3u8; 8 << 20];
+    let r = sidecar.send("POST", "api", "/", &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.as_ref().expect("body").len(), 8 << 20);
+    assert_eq!(sidecar.proxy.reservation().in_use(), 0);
+}

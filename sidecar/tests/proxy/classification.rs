@@ -1,0 +1,340 @@
+//! Which failures are retried: statuses, 429 with Retry-After, transport
+//! errors, read timeouts, failure boundaries, mid-stream body errors.
+
+use std::time::Duration;
+
+use crate::support::{config, Action, Sidecar, Upstream};
+
+const RETRY2: &str = "    retries: { attempts: 2 }\n";
+
+#[tokio::test]
+async fn gateway_statuses_are_retried_on_an_untried_endpoint() {
+    for status in [502, 503, 504] {
+        let a = Upstream::always(Action::Reply(status)).await;
+        let b = Upstream::always(Action::Reply(status)).await;
+        let good = Upstream::always(Action::Reply(200)).await;
+        let sidecar = Sidecar::start(&config(&[&a, &b, &good], RETRY2)).await;
+        for _ in 0..10 {
+            let r = sidecar.send("GET", "api", "/", b"").await;
+            assert_eq!(
+                r.status, 200,
+                "status {status}: the client never sees the retryable response"
+            );
+            assert!(
+                r.text().starts_with("from "),
+                "the final body is the good endpoint's"
+            );
+        }
+        assert_eq!(
+            good.count(),
+            10,
+            "every request ends on the good endpoint exactly once"
+        );
+        for bad in [&a, &b] {
+            for rec in bad.received() {
+                assert!(
+                    rec.attempt.is_some_and(|n| n <= 2),
+                    "a bad endpoint only sees attempts 1 or 2"
+                );
+            }
+        }
+        assert_eq!(
+            sidecar.outcomes("api", "ok") + sidecar.outcomes("api", "recovered"),
+            10
+        );
+        // Each request whose first pick was bad is recovered (all ten picking the
+        // good one first has a chance of 3^-10).
+        assert!(sidecar.outcomes("api", "recovered") >= 1);
+    }
+}
+
+#[tokio::test]
+async fn other_4xx_and_500_are_not_retried_by_default() {
+    for status in [400, 404, 409, 500] {
+        let a = Upstream::always(Action::Reply(status)).await;
+        let b = Upstream::always(Action::Reply(status)).await;
+        let sidecar = Sidecar::start(&config(&[&a, &b], RETRY2)).await;
+        let r = sidecar.send("GET", "api", "/", b"").await;
+        assert_eq!(r.status, status);
+        assert_eq!(
+            a.count() + b.count(),
+            1,
+            "status {status} is passed through after one attempt"
+        );
+    }
+}
+
+#[tokio::test]
+async fn exhausted_status_retries_return_the_last_response_unchanged() {
+    let a = Upstream::always(Action::ReplyWith(
+        503,
+        vec![("x-from", "a".into())],
+        "a is down",
+    ))
+    .await;
+    let b = Upstream::always(Action::ReplyWith(
+        503,
+        vec![("x-from", "b".into())],
+        "b is down",
+    ))
+    .await;
+    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 5 }\n")).await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 503);
+    let from = r
+        .headers
+        .get("x-from")
+        .expect("upstream header kept")
+        .to_str()
+        .expect("text")
+        .to_string();
+    assert_eq!(
+        r.text(),
+        format!("{from} is down"),
+        "headers and body belong to the same, last attempt"
+    );
+    assert_eq!(
+        (a.count(), b.count()),
+        (1, 1),
+        "no alternate left after two endpoints"
+    );
+    assert_eq!(sidecar.outcomes("api", "exhausted"), 1);
+}
+
+#[tokio::test]
+async fn status_429_honours_a_seconds_retry_after() {
+    let limited = Upstream::always(Action::ReplyWith(
+        429,
+        vec![("retry-after", "1".into())],
+        "slow down",
+    ))
+    .await;
+    let good = Upstream::start(|_| Action::Reply(200)).await;
+    let sidecar = Sidecar::start(&config(&[&limited, &good], RETRY2)).await;
+    // Requests until one hits the limited endpoint first (the pick is random).
+    for _ in 0..20 {
+        let r = sidecar.send("GET", "api", "/", b"").await;
+        assert_eq!(r.status, 200);
+        if limited.count() == 1 {
+            assert!(
+                r.elapsed >= Duration::from_millis(990),
+                "waited {:?}, Retry-After said 1 s",
+                r.elapsed
+            );
+            return;
+        }
+    }
+    panic!("the limited endpoint was never picked first in 20 requests");
+}
+
+#[tokio::test]
+async fn retry_after_longer_than_the_maximum_ends_retries_with_the_429() {
+    let limited = Upstream::always(Action::ReplyWith(
+        429,
+        vec![("retry-after", "120".into())],
+        "later",
+    ))
+    .await;
+    let other = Upstream::always(Action::ReplyWith(
+        429,
+        vec![("retry-after", "120".into())],
+        "later",
+    ))
+    .await;
+    let sidecar = Sidecar::start(&config(
+        &[&limited, &other],
+        "    retries: { attempts: 2, retry_after_max_ms: 5000 }\n",
+    ))
+    .await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.headers.get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"120"[..])
+    );
+    assert_eq!(limited.count() + other.count(), 1);
+    assert!(r.elapsed < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn garbage_retry_after_falls_back_to_backoff() {
+    let a = Upstream::always(Action::ReplyWith(
+        503,
+        vec![("retry-after", "soon-ish".into())],
+        "x",
+    ))
+    .await;
+    let b = Upstream::always(Action::ReplyWith(
+        503,
+        vec![("retry-after", "soon-ish".into())],
+        "x",
+    ))
+    .await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 1, backoff_base_ms: 1, backoff_cap_ms: 1 }\n",
+    ))
+    .await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(a.count() + b.count(), 2, "retried with normal backoff");
+    assert!(r.elapsed < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn connect_refused_is_retried_even_at_the_connect_boundary() {
+    let down = Upstream::refusing().await;
+    let down2 = Upstream::refusing().await;
+    let good = Upstream::always(Action::Reply(200)).await;
+    let yaml = format!(
+        "{}rules:\n  - {{ id: reads, attempts: 2 }}\n",
+        config(&[&down, &down2, &good], "")
+    );
+    let sidecar = Sidecar::start(&yaml).await;
+    for _ in 0..10 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    assert_eq!(good.count(), 10);
+}
+
+#[tokio::test]
+async fn reset_after_the_request_was_written_needs_the_before_headers_boundary() {
+    // Rule with the safe default boundary (connect): a reset after writing is not retried.
+    let a = Upstream::always(Action::Reset).await;
+    let b = Upstream::always(Action::Reset).await;
+    let yaml = format!(
+        "{}rules:\n  - {{ id: reads, attempts: 1 }}\n",
+        config(&[&a, &b], "")
+    );
+    let sidecar = Sidecar::start(&yaml).await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
+        Some(&b"connection_reset"[..])
+    );
+    assert_eq!(
+        a.count() + b.count(),
+        1,
+        "the request reached an upstream once and was not duplicated"
+    );
+    assert_eq!(sidecar.outcomes("api", "skipped"), 1);
+
+    // With before_headers and the acknowledgement, it is retried.
+    let a = Upstream::always(Action::Reset).await;
+    let good = Upstream::always(Action::Reply(200)).await;
+    let yaml = format!(
+        "{}rules:\n  - {{ id: reads, attempts: 1, failure_boundary: before_headers, acknowledge_duplicate_risk: true }}\n",
+        config(&[&a, &good], "")
+    );
+    let sidecar = Sidecar::start(&yaml).await;
+    for _ in 0..6 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    assert_eq!(good.count(), 6);
+}
+
+#[tokio::test]
+async fn close_before_headers_is_a_transport_failure() {
+    let a = Upstream::always(Action::Close).await;
+    let good = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(&config(&[&a, &good], RETRY2)).await;
+    for _ in 0..6 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    assert_eq!(good.count(), 6);
+}
+
+#[tokio::test]
+async fn read_timeout_is_retried_on_another_endpoint() {
+    let slow = Upstream::always(Action::Stall(Duration::from_secs(3))).await;
+    let fast = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(&config(
+        &[&slow, &fast],
+        "    timeouts: { read_ms: 200 }\n    retries: { attempts: 1 }\n",
+    ))
+    .await;
+    for _ in 0..4 {
+        let r = sidecar.send("GET", "api", "/", b"").await;
+        assert_eq!(r.status, 200);
+        assert!(
+            r.elapsed < Duration::from_millis(2500),
+            "the stall was cut by read_ms: {:?}",
+            r.elapsed
+        );
+    }
+    assert_eq!(fast.count(), 4);
+}
+
+#[tokio::test]
+async fn read_timeout_without_retries_answers_504() {
+    let slow = Upstream::always(Action::Stall(Duration::from_secs(3))).await;
+    let sidecar = Sidecar::start(&config(&[&slow], "    timeouts: { read_ms: 100 }\n")).await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 504);
+    assert_eq!(
+        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
+        Some(&b"read_timeout"[..])
+    );
+}
+
+#[tokio::test]
+async fn retry_transport_false_leaves_transport_errors_alone() {
+    let a = Upstream::refusing().await;
+    let b = Upstream::refusing().await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 2, retry_transport: false }\n",
+    ))
+    .await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
+        Some(&b"connect_refused"[..])
+    );
+    assert_eq!(sidecar.outcomes("api", "skipped"), 1);
+}
+
+#[tokio::test]
+async fn a_body_failing_mid_stream_is_never_retried_and_feeds_passive_health() {
+    let a = Upstream::always(Action::AbortMidBody).await;
+    let b = Upstream::always(Action::AbortMidBody).await;
+    let sidecar = Sidecar::start(&config(&[&a, &b], RETRY2)).await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 200, "headers were already on their way");
+    assert!(
+        r.body.is_err(),
+        "the client sees the body fail, not a spliced retry"
+    );
+    assert_eq!(a.count() + b.count(), 1, "never retried");
+    // Give the response body wrapper a moment to record the error.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let routes = sidecar.proxy.routes();
+    let m = &routes.upstreams["api"].metrics;
+    assert_eq!(
+        m.mid_stream_errors
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn passive_health_ejects_after_consecutive_transport_failures() {
+    let bad = Upstream::always(Action::Reset).await;
+    let good = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(&config(
+        &[&bad, &good],
+        "    passive_health: { consecutive_failures: 2, ejection_ms: 60000 }\n    retries: { attempts: 1 }\n",
+    ))
+    .await;
+    for _ in 0..40 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    assert_eq!(
+        bad.count(),
+        2,
+        "after two resets the endpoint is ejected and never picked again"
+    );
+    assert!(sidecar.proxy.routes().upstreams["api"].endpoints[0].is_ejected());
+}

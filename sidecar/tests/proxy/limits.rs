@@ -1,0 +1,182 @@
+//! The three bounds: attempt cap, rolling budget, total deadline; and endpoint
+//! exclusion.
+
+use std::time::Duration;
+
+use crate::support::{config, Action, Sidecar, Upstream};
+
+#[tokio::test]
+async fn the_attempt_cap_bounds_retries_to_distinct_endpoints() {
+    let eps: Vec<Upstream> =
+        futures_util::future::join_all((0..4).map(|_| Upstream::always(Action::Reply(503)))).await;
+    let refs: Vec<&Upstream> = eps.iter().collect();
+    let sidecar = Sidecar::start(&config(
+        &refs,
+        "    retries: { attempts: 2, backoff_base_ms: 1, backoff_cap_ms: 2 }\n",
+    ))
+    .await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 503);
+    let counts: Vec<usize> = eps.iter().map(Upstream::count).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 3, "1 + attempts");
+    assert!(
+        counts.iter().all(|c| *c <= 1),
+        "each attempt went to an untried endpoint: {counts:?}"
+    );
+    let mut attempts: Vec<u32> = eps
+        .iter()
+        .flat_map(|e| e.received())
+        .filter_map(|r| r.attempt)
+        .collect();
+    attempts.sort_unstable();
+    assert_eq!(attempts, vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn without_an_alternate_the_retries_stop_unless_reuse_is_allowed() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 5, backoff_base_ms: 1, backoff_cap_ms: 1 }\n",
+    ))
+    .await;
+    sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(a.count() + b.count(), 2);
+
+    let a = Upstream::always(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(&config(&[&a], "    retries: { attempts: 3, backoff_base_ms: 1, backoff_cap_ms: 1, reuse_endpoints: true }\n")).await;
+    sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(
+        a.count(),
+        4,
+        "reuse allowed: every attempt went to the only endpoint"
+    );
+}
+
+#[tokio::test]
+async fn the_budget_caps_retries_during_an_outage() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 1, budget_percent: 10, backoff_base_ms: 0, backoff_cap_ms: 0 }\n",
+    ))
+    .await;
+    for _ in 0..100 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 503);
+    }
+    // (retries + 1) * 100 <= 10 * requests allows exactly 10 retries in 100 requests.
+    assert_eq!(a.count() + b.count(), 110, "amplification 1.1");
+    let routes = sidecar.proxy.routes();
+    assert_eq!(routes.upstreams["api"].budget.totals(), (100, 10));
+    assert_eq!(
+        routes.upstreams["api"]
+            .metrics
+            .budget_refusals
+            .load(std::sync::atomic::Ordering::Relaxed),
+        90
+    );
+}
+
+#[tokio::test]
+async fn the_budget_is_shared_by_concurrent_requests() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Reply(503)).await;
+    let sidecar = std::sync::Arc::new(
+        Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 1, budget_percent: 20, backoff_base_ms: 0, backoff_cap_ms: 0 }\n")).await,
+    );
+    // Record the requests first so the budget has room for 20 retries.
+    let routes = sidecar.proxy.routes();
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let s = std::sync::Arc::clone(&sidecar);
+            tokio::spawn(async move { s.send("GET", "api", "/", b"").await.status })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.expect("task"), 503);
+    }
+    let (requests, retries) = routes.upstreams["api"].budget.totals();
+    assert_eq!(requests, 100);
+    assert!(
+        retries * 100 <= 20 * requests,
+        "never overdrawn: {retries} retries"
+    );
+    assert_eq!(a.count() + b.count(), 100 + retries as usize);
+}
+
+#[tokio::test]
+async fn the_total_deadline_bounds_the_whole_chain() {
+    let a = Upstream::always(Action::Stall(Duration::from_secs(2))).await;
+    let b = Upstream::always(Action::Stall(Duration::from_secs(2))).await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    timeouts: { read_ms: 1500 }\n    retries: { attempts: 2, total_deadline_ms: 300 }\n",
+    ))
+    .await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 504);
+    assert_eq!(
+        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
+        Some(&b"deadline_exceeded"[..])
+    );
+    assert!(r.elapsed >= Duration::from_millis(290), "{:?}", r.elapsed);
+    assert!(
+        r.elapsed < Duration::from_millis(1200),
+        "the deadline, not read_ms, ended it: {:?}",
+        r.elapsed
+    );
+    assert_eq!(sidecar.outcomes("api", "exhausted"), 1);
+}
+
+#[tokio::test]
+async fn a_retry_that_would_cross_the_deadline_is_not_made_and_not_charged() {
+    let a = Upstream::always(Action::ReplyWith(
+        503,
+        vec![("retry-after", "1".into())],
+        "busy",
+    ))
+    .await;
+    let b = Upstream::always(Action::ReplyWith(
+        503,
+        vec![("retry-after", "1".into())],
+        "busy",
+    ))
+    .await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 2, total_deadline_ms: 300, budget_percent: 100 }\n",
+    ))
+    .await;
+    let r = sidecar.send("GET", "api", "/", b"").await;
+    assert_eq!(r.status, 503, "the last response goes to the client");
+    assert_eq!(r.text(), "busy");
+    assert!(
+        r.elapsed < Duration::from_millis(900),
+        "no sleep past the deadline: {:?}",
+        r.elapsed
+    );
+    assert_eq!(a.count() + b.count(), 1);
+    assert_eq!(
+        sidecar.proxy.routes().upstreams["api"].budget.totals(),
+        (1, 0),
+        "not charged"
+    );
+}
+
+#[tokio::test]
+async fn backoff_sleeps_at_most_the_nominal_delay() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 1, backoff_base_ms: 300, backoff_cap_ms: 300, budget_percent: 100 }\n")).await;
+    for _ in 0..5 {
+        let r = sidecar.send("GET", "api", "/", b"").await;
+        assert!(
+            r.elapsed < Duration::from_millis(900),
+            "full jitter never exceeds the 300 ms nominal: {:?}",
+            r.elapsed
+        );
+    }
+    assert_eq!(a.count() + b.count(), 10);
+}

@@ -1,0 +1,11 @@
+//! Integration tests: the sidecar in front of real upstream servers on
+//! loopback, one test per retry behaviour of the two product documents.
+
+mod support;
+
+mod body;
+mod classification;
+mod hedging;
+mod limits;
+mod methods;
+mod routing;

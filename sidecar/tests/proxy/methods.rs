@@ -1,0 +1,112 @@
+//! Methods: safe ones by default, POST only with retry_post, others only with
+//! the duplicate-risk acknowledgement, CONNECT/TRACE/upgrades never.
+
+use crate::support::{config, Action, Sidecar, Upstream};
+
+async fn two_failing() -> (Upstream, Upstream) {
+    (
+        Upstream::always(Action::Reply(503)).await,
+        Upstream::always(Action::Reply(503)).await,
+    )
+}
+
+#[tokio::test]
+async fn post_is_not_retried_without_retry_post() {
+    let (a, b) = two_failing().await;
+    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 2 }\n")).await;
+    assert_eq!(sidecar.send("POST", "api", "/", b"").await.status, 503);
+    assert_eq!(a.count() + b.count(), 1, "POST reached the upstream once");
+    assert_eq!(sidecar.outcomes("api", "skipped"), 1);
+}
+
+#[tokio::test]
+async fn post_is_retried_with_retry_post() {
+    let (a, b) = two_failing().await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 2, retry_post: true }\n",
+    ))
+    .await;
+    assert_eq!(sidecar.send("POST", "api", "/", b"").await.status, 503);
+    assert_eq!(a.count() + b.count(), 2);
+}
+
+#[tokio::test]
+async fn put_and_delete_need_the_acknowledgement_and_then_are_retried() {
+    let (a, b) = two_failing().await;
+    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 1 }\n")).await;
+    assert_eq!(sidecar.send("PUT", "api", "/", b"").await.status, 503);
+    assert_eq!(
+        a.count() + b.count(),
+        1,
+        "PUT is not retried by default (the safer of the two documents)"
+    );
+
+    let (a, b) = two_failing().await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 1, methods: [GET, PUT, DELETE], acknowledge_duplicate_risk: true }\n",
+    ))
+    .await;
+    assert_eq!(sidecar.send("PUT", "api", "/", b"").await.status, 503);
+    assert_eq!(sidecar.send("DELETE", "api", "/", b"").await.status, 503);
+    assert_eq!(a.count() + b.count(), 4);
+}
+
+#[tokio::test]
+async fn trace_is_never_retried_even_under_the_wildcard() {
+    let (a, b) = two_failing().await;
+    let yaml = format!(
+        "{}rules:\n  - {{ id: all, methods: ['*'], statuses: [503], acknowledge_duplicate_risk: true }}\n",
+        config(&[&a, &b], "")
+    );
+    let sidecar = Sidecar::start(&yaml).await;
+    assert_eq!(sidecar.send("PATCH", "api", "/", b"").await.status, 503);
+    assert_eq!(a.count() + b.count(), 2, "the wildcard retries PATCH");
+    assert_eq!(sidecar.send("TRACE", "api", "/", b"").await.status, 503);
+    assert_eq!(a.count() + b.count(), 3, "TRACE went once");
+}
+
+#[tokio::test]
+async fn upgrade_requests_are_never_retried() {
+    let (a, b) = two_failing().await;
+    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 2 }\n")).await;
+    let r = sidecar
+        .send_with(
+            "GET",
+            "api",
+            "/ws",
+            b"",
+            &[("connection", "Upgrade"), ("upgrade", "websocket")],
+        )
+        .await;
+    assert_eq!(r.status, 503);
+    assert_eq!(a.count() + b.count(), 1);
+    let upgrade_seen = a.received().iter().chain(b.received().iter()).any(|r| {
+        r.headers
+            .iter()
+            .any(|(k, v)| k == "upgrade" && v == "websocket")
+    });
+    assert!(upgrade_seen, "the upgrade request itself was forwarded");
+}
+
+#[tokio::test]
+async fn status_retries_in_a_rule_go_to_a_different_endpoint_each_time() {
+    let (a, b) = two_failing().await;
+    let c = Upstream::always(Action::Reply(200)).await;
+    let yaml = format!(
+        "{}rules:\n  - {{ id: reads, attempts: 2, statuses: [gateway], acknowledge_duplicate_risk: true }}\n",
+        config(&[&a, &b, &c], "")
+    );
+    let sidecar = Sidecar::start(&yaml).await;
+    for _ in 0..10 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    assert_eq!(c.count(), 10);
+    let a_attempts: Vec<_> = a.received().iter().map(|r| r.attempt).collect();
+    let b_attempts: Vec<_> = b.received().iter().map(|r| r.attempt).collect();
+    assert!(
+        a.count() <= 10 && b.count() <= 10,
+        "{a_attempts:?} {b_attempts:?}"
+    );
+}
