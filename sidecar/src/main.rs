@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     if args.check {
         return check(&args.config);
     }
-    let set_log_level = init_logging(&args.log_format);
+    let (set_log_level, _log_flush) = init_logging(&args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -85,13 +85,20 @@ fn check(path: &std::path::Path) -> ExitCode {
     }
 }
 
-fn init_logging(format: &str) -> LogLevelSetter {
+/// Logs go through a bounded in-memory queue drained by a dedicated thread, so a
+/// slow or blocked stdout never stalls the proxy: when the queue is full, lines
+/// are dropped instead. The guard flushes what is queued at exit.
+fn init_logging(format: &str) -> (LogLevelSetter, tracing_appender::non_blocking::WorkerGuard) {
     let filter = EnvFilter::try_from_env("REPRISE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = log_reload::Layer::new(filter);
     let registry = tracing_subscriber::registry().with(filter);
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(64 * 1024)
+        .finish(std::io::stdout());
     if format == "text" {
         registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(tracing_subscriber::fmt::layer().with_writer(writer))
             .init();
     } else {
         registry
@@ -100,14 +107,15 @@ fn init_logging(format: &str) -> LogLevelSetter {
                     .json()
                     .flatten_event(true)
                     .with_current_span(false)
-                    .with_writer(std::io::stdout),
+                    .with_writer(writer),
             )
             .init();
     }
-    Arc::new(move |spec: &str| {
+    let setter: LogLevelSetter = Arc::new(move |spec: &str| {
         let filter = EnvFilter::try_new(spec).map_err(|e| e.to_string())?;
         handle.reload(filter).map_err(|e| e.to_string())
-    })
+    });
+    (setter, guard)
 }
 
 async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCode> {

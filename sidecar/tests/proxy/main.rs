@@ -5,6 +5,7 @@ mod support;
 
 mod body;
 mod classification;
+mod cli;
 mod hedging;
 mod limits;
 mod methods;
