@@ -268,6 +268,20 @@ mod tests {
     }
 
     #[test]
+    fn nominal_backoff_doubles_up_to_the_cap() {
+        let yaml = "upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n    retries: { attempts: 10, backoff_base_ms: 25, backoff_cap_ms: 250 }\n";
+        let cfg = crate::file::parse(yaml, "t").expect("valid");
+        let p = &cfg.upstreams[0].retries;
+        let ms: Vec<u128> = (1..=10).map(|n| p.nominal_backoff(n).as_millis()).collect();
+        assert_eq!(ms, vec![25, 50, 100, 200, 250, 250, 250, 250, 250, 250]);
+        assert_eq!(
+            p.nominal_backoff(40).as_millis(),
+            250,
+            "no overflow past 2^31"
+        );
+    }
+
+    #[test]
     fn status_set_bounds() {
         let set = StatusSet::from_statuses([400, 429, 503, 599, 600, 200]);
         assert_eq!(set.statuses(), vec![400, 429, 503, 599]);

@@ -510,7 +510,261 @@ impl RequestTemplate {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+    use reprise_crds::file::parse;
+
     use super::*;
+
+    fn upstream(retries: &str) -> UpstreamState {
+        let yaml = format!(
+            "upstreams:\n  - name: api\n    endpoints: [{{ address: 127.0.0.1, port: 1 }}, {{ address: 127.0.0.1, port: 2 }}, {{ address: 127.0.0.1, port: 3 }}]\n    retries: {retries}\n"
+        );
+        let config = parse(&yaml, "t").expect("valid");
+        UpstreamState::new(config.upstreams[0].clone(), None)
+    }
+
+    fn failure(
+        kind: FailureKind,
+        phase: Phase,
+        retry_after: Option<Duration>,
+    ) -> Failure<Incoming> {
+        Failure {
+            kind,
+            phase,
+            response: None,
+            retry_after,
+        }
+    }
+
+    fn empty_body() -> BodySource {
+        BodySource::Replay(ReplayBody::Buffered {
+            data: Bytes::new(),
+            trailers: None,
+            reserved: None,
+        })
+    }
+
+    fn report(tried: &[usize]) -> Report {
+        let mut t = Tried::default();
+        tried.iter().for_each(|i| t.insert(*i));
+        Report {
+            outcome: Outcome::Ok,
+            attempts: 1,
+            tried: t,
+            first_error: None,
+            backoffs: Vec::new(),
+            hedged: false,
+        }
+    }
+
+    fn plan(up: &UpstreamState) -> Plan<'_> {
+        Plan {
+            policy: Some(&up.config.retries),
+            skip: None,
+        }
+    }
+
+    fn delay(g: Gate) -> Duration {
+        match g {
+            Gate::Retry { delay, .. } => delay,
+            Gate::Stop(o) => panic!("expected a retry, got {o:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn backoff_is_full_jitter_under_the_exponential_nominal() {
+        let up = upstream("{ attempts: 10, backoff_base_ms: 100, backoff_cap_ms: 400, budget_percent: 100, budget_min_retries_per_second: 100000 }");
+        let f = failure(FailureKind::UpstreamStatus(503), Phase::Response, None);
+        for (retry, nominal_ms) in [(0u32, 100u64), (1, 200), (2, 400), (3, 400), (9, 400)] {
+            let samples: Vec<Duration> = (0..200)
+                .map(|_| {
+                    delay(gate(
+                        &up,
+                        &f,
+                        &empty_body(),
+                        plan(&up),
+                        retry,
+                        None,
+                        &report(&[0]),
+                    ))
+                })
+                .collect();
+            let nominal = Duration::from_millis(nominal_ms);
+            assert!(
+                samples.iter().all(|d| *d <= nominal),
+                "retry {}: over {nominal:?}",
+                retry + 1
+            );
+            assert!(
+                samples.iter().any(|d| *d >= nominal * 8 / 10),
+                "retry {}: never near {nominal:?}",
+                retry + 1
+            );
+            assert!(
+                samples.iter().any(|d| *d <= nominal * 2 / 10),
+                "retry {}: never near 0",
+                retry + 1
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_crossing_the_deadline_is_refused_and_not_charged() {
+        let up = upstream("{ attempts: 3, budget_percent: 100 }");
+        up.budget.record_request();
+        let deadline = Some(Instant::now() + Duration::from_millis(300));
+        tokio::time::advance(Duration::from_millis(250)).await;
+        let slow = failure(
+            FailureKind::UpstreamStatus(503),
+            Phase::Response,
+            Some(Duration::from_millis(100)),
+        );
+        let g = gate(
+            &up,
+            &slow,
+            &empty_body(),
+            plan(&up),
+            0,
+            deadline,
+            &report(&[0]),
+        );
+        assert!(matches!(
+            g,
+            Gate::Stop(Outcome::Exhausted(ExhaustedBy::Deadline))
+        ));
+        assert_eq!(up.budget.totals(), (1, 0), "not charged");
+        let quick = failure(
+            FailureKind::UpstreamStatus(503),
+            Phase::Response,
+            Some(Duration::from_millis(10)),
+        );
+        assert_eq!(
+            delay(gate(
+                &up,
+                &quick,
+                &empty_body(),
+                plan(&up),
+                0,
+                deadline,
+                &report(&[0])
+            )),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            up.budget.totals(),
+            (1, 1),
+            "charged once the retry is certain"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gates_in_order() {
+        let up = upstream("{ attempts: 2, budget_percent: 10, failure_boundary: connect }");
+        let status = failure(FailureKind::UpstreamStatus(503), Phase::Response, None);
+        // Budget: 9 requests do not allow a 10% retry; 10 do.
+        (0..9).for_each(|_| up.budget.record_request());
+        assert!(matches!(
+            gate(
+                &up,
+                &status,
+                &empty_body(),
+                plan(&up),
+                0,
+                None,
+                &report(&[0])
+            ),
+            Gate::Stop(Outcome::Exhausted(ExhaustedBy::Budget))
+        ));
+        up.budget.record_request();
+        assert!(matches!(
+            gate(
+                &up,
+                &status,
+                &empty_body(),
+                plan(&up),
+                0,
+                None,
+                &report(&[0])
+            ),
+            Gate::Retry { .. }
+        ));
+        // Attempt cap, then alternate endpoint.
+        assert!(matches!(
+            gate(
+                &up,
+                &status,
+                &empty_body(),
+                plan(&up),
+                2,
+                None,
+                &report(&[0])
+            ),
+            Gate::Stop(Outcome::Exhausted(ExhaustedBy::Attempts))
+        ));
+        assert!(matches!(
+            gate(
+                &up,
+                &status,
+                &empty_body(),
+                plan(&up),
+                0,
+                None,
+                &report(&[0, 1, 2])
+            ),
+            Gate::Stop(Outcome::Exhausted(ExhaustedBy::NoAlternate))
+        ));
+        // Boundary: a reset after writing is outside `connect`; a refused connect is inside.
+        let reset = failure(FailureKind::ConnectionReset, Phase::AfterWrite, None);
+        assert!(matches!(
+            gate(
+                &up,
+                &reset,
+                &empty_body(),
+                plan(&up),
+                0,
+                None,
+                &report(&[0])
+            ),
+            Gate::Stop(Outcome::Skipped(SkipReason::FailureBoundary))
+        ));
+        // Body: a direct (streaming, consumed) body cannot be replayed.
+        let refused = failure(FailureKind::ConnectRefused, Phase::Connect, None);
+        assert!(matches!(
+            gate(
+                &up,
+                &refused,
+                &BodySource::Direct(None),
+                plan(&up),
+                0,
+                None,
+                &report(&[0])
+            ),
+            Gate::Stop(Outcome::Skipped(SkipReason::BodyConsumed))
+        ));
+        // The client's own body failing is never retried.
+        let body_err = failure(FailureKind::RequestBodyError, Phase::AfterWrite, None);
+        assert!(matches!(
+            gate(
+                &up,
+                &body_err,
+                &empty_body(),
+                plan(&up),
+                0,
+                None,
+                &report(&[0])
+            ),
+            Gate::Stop(Outcome::Skipped(SkipReason::NotRetryable))
+        ));
+        // A reason known up front wins.
+        let skip = Plan {
+            policy: Some(&up.config.retries),
+            skip: Some(SkipReason::Method),
+        };
+        assert!(matches!(
+            gate(&up, &status, &empty_body(), skip, 0, None, &report(&[0])),
+            Gate::Stop(Outcome::Skipped(SkipReason::Method))
+        ));
+    }
 
     #[test]
     fn jitter_stays_within_nominal() {
