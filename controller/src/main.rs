@@ -1,7 +1,26 @@
 //! `reprise-controller`: reconciles RetryPolicy resources and pushes validated
-//! configuration to sidecars. This is a skeleton; the controller is built in
-//! its own issue.
+//! configuration to sidecars.
+
+use clap::{Parser, Subcommand};
+
+/// Reprise controller.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the RetryPolicy CustomResourceDefinition as YAML.
+    Crd,
+}
 
 fn main() -> anyhow::Result<()> {
-    anyhow::bail!("reprise-controller is not implemented yet; run reprise-sidecar --config FILE for the standalone proxy")
+    let args = Args::parse();
+    match args.command {
+        Command::Crd => print!("{}", reprise_controller::crd::crd_yaml()?),
+    }
+    Ok(())
 }

@@ -6,7 +6,7 @@
 //! snake_case as in the gateway document; unknown fields are refused so a typo
 //! never silently turns a setting off.
 
-mod common;
+pub(crate) mod common;
 mod retries;
 mod rules;
 

@@ -11,6 +11,9 @@ pub mod config;
 pub mod file;
 pub mod matching;
 pub mod policy;
+#[cfg(feature = "resource")]
+pub mod resource;
+pub mod retry_rule;
 pub mod validation;
 
 pub use config::{BudgetSettings, Config, Endpoint, PassiveHealth, ProxySettings, Rule, Upstream};

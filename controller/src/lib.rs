@@ -1,0 +1,14 @@
+//! Reprise's controller: reconciles `RetryPolicy` resources, resolves their
+//! target Services' endpoints, writes status, and pushes validated snapshots to
+//! the sidecars they apply to.
+#![forbid(unsafe_code)]
+
+pub mod crd;
+
+/// Errors of the controller library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The CRD could not be rendered as YAML.
+    #[error("cannot render the CRD: {0}")]
+    Render(#[source] serde_yaml::Error),
+}

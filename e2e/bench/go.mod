@@ -1,0 +1,3 @@
+module reprise.local/bench
+
+go 1.24
