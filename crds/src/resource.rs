@@ -11,6 +11,8 @@ use crate::retry_rule::RetryRule;
 /// requests, on which failures, how many times, within which budget and
 /// deadline. The Service's ready pods are the alternate endpoints: each retry
 /// goes to a pod the request has not tried yet.
+// Each printcolumn repeats `type_`; clippy takes that for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "reprise.dev",
