@@ -41,19 +41,27 @@ fn cel_error(rule: RetryRule) -> Option<String> {
 #[test]
 fn cel_accepts_the_safe_defaults() {
     assert_eq!(cel_error(RetryRule::default()), None);
-    let mut rule = RetryRule::default();
-    rule.methods = vec![HttpMethod::Get, HttpMethod::Head, HttpMethod::Options];
+    let rule = RetryRule {
+        methods: vec![HttpMethod::Get, HttpMethod::Head, HttpMethod::Options],
+        ..RetryRule::default()
+    };
     assert_eq!(cel_error(rule), None);
 }
 
 #[test]
 fn cel_requires_the_acknowledgement_for_duplicate_risk() {
-    let mut post = RetryRule::default();
-    post.methods = vec![HttpMethod::Post];
-    let mut statuses = RetryRule::default();
-    statuses.statuses = vec![503];
-    let mut broad = RetryRule::default();
-    broad.failure_boundary = Boundary::BeforeHeaders;
+    let post = RetryRule {
+        methods: vec![HttpMethod::Post],
+        ..RetryRule::default()
+    };
+    let statuses = RetryRule {
+        statuses: vec![503],
+        ..RetryRule::default()
+    };
+    let broad = RetryRule {
+        failure_boundary: Boundary::BeforeHeaders,
+        ..RetryRule::default()
+    };
     for rule in [post, statuses, broad] {
         let err = cel_error(rule.clone()).expect("refused without acknowledgement");
         assert!(

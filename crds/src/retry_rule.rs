@@ -16,7 +16,7 @@ use crate::validation::ValidationErrors;
 
 /// Which requests are retried and how (the rules document's rule fields and the
 /// gateway document's retries block).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "resource", derive(kube::KubeSchema))]
 #[cfg_attr(
     feature = "resource",
@@ -232,6 +232,24 @@ fn retry_after_max() -> i64 {
 }
 fn default_methods() -> Vec<HttpMethod> {
     vec![HttpMethod::Get, HttpMethod::Head]
+}
+
+impl Default for RetryRule {
+    /// The same defaults the API server applies from the schema.
+    fn default() -> Self {
+        Self {
+            priority: 0,
+            enabled: true,
+            methods: default_methods(),
+            request_match: None,
+            failure_boundary: Boundary::Connect,
+            statuses: Vec::new(),
+            status_presets: Vec::new(),
+            replay_limit_bytes: 0,
+            acknowledge_duplicate_risk: false,
+            retries: Retries::default(),
+        }
+    }
 }
 
 impl Default for Retries {
