@@ -26,6 +26,9 @@ pub struct Config {
 pub struct Upstream {
     /// The name requests address (the host of the request).
     pub name: String,
+    /// Other host names for the same upstream (e.g. a Service's DNS forms).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
     /// Interchangeable endpoints; a retry goes to one not yet tried.
     pub endpoints: Vec<Endpoint>,
     /// Protocol to the endpoints.

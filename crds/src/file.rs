@@ -45,6 +45,9 @@ pub struct UpstreamSpec {
     pub name: String,
     /// Endpoints, as `{ address, port }`.
     pub endpoints: Vec<EndpointSpec>,
+    /// Other host names that route to this upstream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
     /// `http1` (default) or `h2c`.
     #[serde(default)]
     pub protocol: Protocol,
@@ -212,6 +215,14 @@ impl UpstreamSpec {
         if self.endpoints.is_empty() {
             errs.push(format!("{p}.endpoints"), "must list at least one endpoint");
         }
+        for (i, alias) in self.aliases.iter().enumerate() {
+            if !common::is_dns_name(alias) {
+                errs.push(
+                    format!("{p}.aliases[{i}]"),
+                    format!("must be a DNS name (got \"{alias}\")"),
+                );
+            }
+        }
         let mut endpoints = Vec::with_capacity(self.endpoints.len());
         for (i, e) in self.endpoints.iter().enumerate() {
             let ep = format!("{p}.endpoints[{i}]");
@@ -277,6 +288,7 @@ impl UpstreamSpec {
         );
         Upstream {
             name: self.name.to_ascii_lowercase(),
+            aliases: self.aliases.clone(),
             endpoints,
             protocol: self.protocol,
             connect_timeout: Duration::from_millis(connect_ms),

@@ -14,6 +14,7 @@ pub mod policy;
 #[cfg(feature = "resource")]
 pub mod resource;
 pub mod retry_rule;
+pub mod snapshot;
 pub mod validation;
 
 pub use config::{BudgetSettings, Config, Endpoint, PassiveHealth, ProxySettings, Rule, Upstream};

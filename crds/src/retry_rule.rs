@@ -385,7 +385,7 @@ impl RetryRule {
         );
         // The shared checks name fields as the file does; rename them to the resource's camelCase.
         for e in camel.0 {
-            errs.push(snake_to_camel(&e.field), e.rule);
+            errs.push(snake_to_camel(&e.field), snake_to_camel(&e.rule));
         }
         if !(r.budget_percent > 0.0 && r.budget_percent <= 100.0) {
             errs.push(

@@ -114,10 +114,13 @@ impl Admin {
     fn metrics(&self) -> String {
         let routes = self.proxy.routes();
         let mut fams = Families::default();
-        let mut names: Vec<_> = routes.upstreams.keys().collect();
+        // By configured name only: aliases point at the same state.
+        let mut names: Vec<&String> = routes.config.upstreams.iter().map(|u| &u.name).collect();
         names.sort();
         for name in names {
-            let up = &routes.upstreams[name];
+            let Some(up) = routes.upstreams.get(name) else {
+                continue;
+            };
             up.metrics.render(name, &mut fams);
             fams.sample(
                 "reprise_retry_budget_remaining",

@@ -14,7 +14,7 @@ use crate::upstream::UpstreamState;
 pub struct Routes {
     /// The configuration it was built from.
     pub config: Arc<Config>,
-    /// Upstreams by lower-case name.
+    /// Upstreams by lower-case name and by each alias.
     pub upstreams: HashMap<String, Arc<UpstreamState>>,
 }
 

@@ -1,0 +1,186 @@
+//! The configuration snapshot the controller pushes to one sidecar: the
+//! policies that apply to it and the ready endpoints of their targets.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, Endpoint, PassiveHealth, ProxySettings, Upstream};
+use crate::file::{DEFAULT_CONNECT_MS, DEFAULT_READ_MS};
+use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
+use crate::retry_rule::RetryRule;
+use crate::validation::ValidationErrors;
+
+/// A versioned snapshot for one sidecar.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    /// Content hash of everything below; equal snapshots have equal versions on
+    /// every controller replica, so a reconnecting sidecar can resume.
+    pub version: String,
+    /// Target Services and their ready endpoints.
+    pub upstreams: Vec<SnapshotUpstream>,
+    /// Policies that apply to this sidecar.
+    pub policies: Vec<SnapshotPolicy>,
+}
+
+/// A target Service.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotUpstream {
+    /// `service.namespace`.
+    pub name: String,
+    /// Host names clients use for it (`service`, `service.namespace`, `...svc`, `...svc.cluster.local`).
+    pub hosts: Vec<String>,
+    /// Protocol to the pods (`http1` or `h2c`, from the Service port's appProtocol).
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Ready endpoints.
+    pub endpoints: Vec<SnapshotEndpoint>,
+}
+
+/// A ready pod endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotEndpoint {
+    /// Pod IP.
+    pub address: String,
+    /// Target port.
+    pub port: u16,
+    /// Pod name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Topology zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+/// One RetryPolicy as a sidecar needs it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotPolicy {
+    /// Namespace of the RetryPolicy.
+    pub namespace: String,
+    /// Name of the RetryPolicy.
+    pub name: String,
+    /// Its metadata.generation, so ACKs can be counted per generation.
+    pub generation: i64,
+    /// The `name` of the upstream it targets.
+    pub upstream: String,
+    /// The rule.
+    pub rule: RetryRule,
+}
+
+impl Snapshot {
+    /// A snapshot with its version computed from its content.
+    pub fn new(
+        mut upstreams: Vec<SnapshotUpstream>,
+        mut policies: Vec<SnapshotPolicy>,
+    ) -> Snapshot {
+        upstreams.sort_by(|a, b| a.name.cmp(&b.name));
+        for u in &mut upstreams {
+            u.endpoints
+                .sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
+        }
+        policies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        let mut s = Snapshot {
+            version: String::new(),
+            upstreams,
+            policies,
+        };
+        s.version = s.content_hash();
+        s
+    }
+
+    /// FNV-1a over the canonical JSON of the content (stable across processes).
+    pub fn content_hash(&self) -> String {
+        let json = serde_json::to_vec(&(&self.upstreams, &self.policies)).unwrap_or_default();
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in json {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+
+    /// Validates every policy with the shared rules and resolves the sidecar
+    /// configuration. A sidecar NACKs a snapshot this refuses.
+    pub fn resolve(&self) -> Result<Config, ValidationErrors> {
+        let mut errs = ValidationErrors::default();
+        if self.version != self.content_hash() {
+            errs.push("version", "does not match the snapshot's content");
+        }
+        let mut rules = Vec::with_capacity(self.policies.len());
+        let mut budgets = Vec::new();
+        for p in &self.policies {
+            let id = format!("{}/{}", p.namespace, p.name);
+            if !self.upstreams.iter().any(|u| u.name == p.upstream) {
+                errs.push(
+                    format!("{id}.upstream"),
+                    format!("no upstream named \"{}\" in the snapshot", p.upstream),
+                );
+            }
+            let (rule, budget) =
+                p.rule
+                    .resolve(&id, &p.upstream, &format!("{id}: spec"), &mut errs);
+            budgets.push((rule.priority, id, p.upstream.clone(), budget));
+            rules.push(rule);
+        }
+        rules.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.id.cmp(&b.id)));
+        // An upstream's budget comes from the first policy (by priority, then id) that targets it.
+        budgets.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        let mut upstreams = Vec::with_capacity(self.upstreams.len());
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let mut endpoints = Vec::with_capacity(u.endpoints.len());
+            for (j, e) in u.endpoints.iter().enumerate() {
+                match e.address.parse::<IpAddr>() {
+                    Ok(ip) => endpoints.push(Endpoint {
+                        addr: SocketAddr::new(ip, e.port),
+                        name: e.pod.clone(),
+                        zone: e.zone.clone(),
+                    }),
+                    Err(_) => errs.push(
+                        format!("upstreams[{i}].endpoints[{j}].address"),
+                        format!("must be an IPv4 or IPv6 address (got \"{}\")", e.address),
+                    ),
+                }
+            }
+            let budget = budgets
+                .iter()
+                .find(|b| b.2 == u.name)
+                .map(|b| b.3)
+                .unwrap_or(crate::config::BudgetSettings {
+                    percent: 10.0,
+                    window: Duration::from_secs(10),
+                    min_retries_per_second: 0,
+                });
+            upstreams.push(Upstream {
+                name: u.name.clone(),
+                aliases: u.hosts.clone(),
+                endpoints,
+                protocol: u.protocol,
+                connect_timeout: Duration::from_millis(DEFAULT_CONNECT_MS),
+                read_timeout: Some(Duration::from_millis(DEFAULT_READ_MS)),
+                retries: crate::file::RetriesSpec::default()
+                    .resolve("", &mut ValidationErrors::default())
+                    .0,
+                budget,
+                passive_health: PassiveHealth {
+                    consecutive_failures: 5,
+                    ejection: Duration::from_secs(30),
+                },
+            });
+        }
+        errs.into_result(Config {
+            upstreams,
+            rules,
+            proxy: ProxySettings {
+                replay_reservation_bytes: DEFAULT_REPLAY_RESERVATION_BYTES,
+                drain_timeout: Duration::from_secs(15),
+                max_request_header_bytes: 65_536,
+                access_log: true,
+            },
+        })
+    }
+}

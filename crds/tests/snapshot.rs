@@ -1,0 +1,172 @@
+//! Snapshots: content-addressed versions, shared validation of pushed policies,
+//! and resolution into the configuration a sidecar runs.
+
+use reprise_crds::retry_rule::{Boundary, Hedge, HttpMethod, RetryRule, StatusPreset};
+use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
+use reprise_crds::FailureBoundary;
+
+fn upstream(name: &str, ports: &[u16]) -> SnapshotUpstream {
+    SnapshotUpstream {
+        name: name.into(),
+        hosts: vec![name.split('.').next().unwrap_or(name).into()],
+        protocol: Default::default(),
+        endpoints: ports
+            .iter()
+            .map(|p| SnapshotEndpoint {
+                address: "127.0.0.1".into(),
+                port: *p,
+                pod: Some(format!("pod-{p}")),
+                zone: None,
+            })
+            .collect(),
+    }
+}
+
+fn policy(name: &str, upstream: &str, rule: RetryRule) -> SnapshotPolicy {
+    SnapshotPolicy {
+        namespace: "default".into(),
+        name: name.into(),
+        generation: 1,
+        upstream: upstream.into(),
+        rule,
+    }
+}
+
+#[test]
+fn versions_are_content_hashes_independent_of_order() {
+    let a = Snapshot::new(
+        vec![
+            upstream("api.default", &[1, 2]),
+            upstream("web.default", &[3]),
+        ],
+        vec![policy("p", "api.default", RetryRule::default())],
+    );
+    let b = Snapshot::new(
+        vec![
+            upstream("web.default", &[3]),
+            upstream("api.default", &[2, 1]),
+        ],
+        vec![policy("p", "api.default", RetryRule::default())],
+    );
+    assert_eq!(a.version, b.version);
+    let c = Snapshot::new(
+        vec![upstream("api.default", &[1])],
+        vec![policy("p", "api.default", RetryRule::default())],
+    );
+    assert_ne!(a.version, c.version, "an endpoint change is a new version");
+    let mut tampered = a.clone();
+    tampered.upstreams[0].endpoints.pop();
+    let err = tampered.resolve().expect_err("version mismatch");
+    assert_eq!(
+        err.to_string(),
+        "version: does not match the snapshot's content"
+    );
+}
+
+#[test]
+fn a_valid_snapshot_resolves_rules_budget_and_aliases() {
+    let rule = RetryRule {
+        priority: 5,
+        status_presets: vec![StatusPreset::Gateway],
+        acknowledge_duplicate_risk: true,
+        failure_boundary: Boundary::BeforeHeaders,
+        retries: reprise_crds::retry_rule::Retries {
+            attempts: 3,
+            budget_percent: 25.0,
+            hedge: Some(Hedge { delay_ms: 50 }),
+            ..Default::default()
+        },
+        ..RetryRule::default()
+    };
+    let snap = Snapshot::new(
+        vec![upstream("api.default", &[1, 2, 3])],
+        vec![policy("p", "api.default", rule)],
+    );
+    let cfg = snap.resolve().expect("valid");
+    let up = cfg.upstream("api.default").expect("upstream");
+    assert_eq!(up.aliases, vec!["api".to_string()]);
+    assert_eq!(up.endpoints.len(), 3);
+    assert_eq!(up.endpoints[0].name.as_deref(), Some("pod-1"));
+    assert!((up.budget.percent - 25.0).abs() < 1e-9);
+    assert!(!up.retries.enabled(), "only the rule retries");
+    let r = &cfg.rules[0];
+    assert_eq!(r.id, "default/p");
+    assert_eq!(r.upstreams, vec!["api.default".to_string()]);
+    assert_eq!(r.policy.attempts, 3);
+    assert_eq!(r.policy.failure_boundary, FailureBoundary::BeforeHeaders);
+    assert_eq!(r.policy.retry_statuses.statuses(), vec![502, 503, 504]);
+    assert_eq!(
+        r.policy.hedge_delay,
+        Some(std::time::Duration::from_millis(50))
+    );
+}
+
+#[test]
+fn the_shared_validation_refuses_what_the_schema_should_have() {
+    // A snapshot from a misbehaving or older controller must still be refused by
+    // the sidecar with the field named, so the last good config stays.
+    let bad = RetryRule {
+        methods: vec![HttpMethod::Post],
+        statuses: vec![200],
+        replay_limit_bytes: 5_000_000,
+        retries: reprise_crds::retry_rule::Retries {
+            attempts: 11,
+            backoff_base_ms: 100,
+            backoff_cap_ms: 50,
+            total_deadline_ms: Some(0),
+            budget_percent: 0.0,
+            ..Default::default()
+        },
+        ..RetryRule::default()
+    };
+    let snap = Snapshot::new(
+        vec![upstream("api.default", &[1])],
+        vec![policy("bad", "web.default", bad)],
+    );
+    let err = snap.resolve().expect_err("refused");
+    let got: Vec<String> = err.0.iter().map(ToString::to_string).collect();
+    let want = [
+        "default/bad.upstream: no upstream named \"web.default\" in the snapshot",
+        "default/bad: spec.statuses[0]: must be a 4xx or 5xx status in 400..=599 (got 200)",
+        "default/bad: spec.acknowledgeDuplicateRisk: must be true for methods other than GET, HEAD and OPTIONS (a retry may duplicate an upstream operation)",
+        "default/bad: spec.retries.attempts: must be in 0..=10 (got 11)",
+        "default/bad: spec.retries.backoffCapMs: must be >= backoffBaseMs (100) (got 50)",
+        "default/bad: spec.retries.totalDeadlineMs: must not be 0; omit the field for an unbounded deadline",
+        "default/bad: spec.replayLimitBytes: must be at most 4194304 (4 MiB) (got 5000000)",
+        "default/bad: spec.retries.budgetPercent: must be in (0, 100] (got 0)",
+    ];
+    for w in want {
+        assert!(got.iter().any(|g| g == w), "missing {w:?} in {got:#?}");
+    }
+}
+
+#[test]
+fn the_first_policy_by_priority_sets_the_budget() {
+    let low = RetryRule {
+        priority: 1,
+        retries: reprise_crds::retry_rule::Retries {
+            budget_percent: 20.0,
+            ..Default::default()
+        },
+        ..RetryRule::default()
+    };
+    let high = RetryRule {
+        priority: 0,
+        retries: reprise_crds::retry_rule::Retries {
+            budget_percent: 30.0,
+            ..Default::default()
+        },
+        ..RetryRule::default()
+    };
+    let snap = Snapshot::new(
+        vec![upstream("api.default", &[1])],
+        vec![
+            policy("a", "api.default", low),
+            policy("b", "api.default", high),
+        ],
+    );
+    let cfg = snap.resolve().expect("valid");
+    assert!((cfg.upstreams[0].budget.percent - 30.0).abs() < 1e-9);
+    let ids: Vec<&str> = cfg.rules.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["default/b", "default/a"]);
+}

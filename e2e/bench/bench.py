@@ -1,0 +1,846 @@
+#!/usr/bin/env python3
+"""Runs the benchmark scenarios of issue 7 against reprise-sidecar and its
+peers (Envoy, HAProxy, nginx, Traefik), with the direct (no proxy) figure
+alongside. Started by run.sh, which installs the peers and builds the binaries
+first; see README.md in this folder.
+
+Everything listens on 127.0.0.1. Every proxy runs one worker thread pinned to
+CPU PROXY_CPU; load generators and upstreams are pinned to CPU LOAD_CPU. Every
+load run is bounded in time (and every subprocess has a timeout).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONF = os.path.join(HERE, "configs")
+CACHE = os.environ.get("REPRISE_BENCH_CACHE", os.path.expanduser("~/.cache/reprise-bench"))
+
+PROXY_CPU = os.environ.get("PROXY_CPU", "0")
+LOAD_CPU = os.environ.get("LOAD_CPU", "1")
+
+PEERS = ["envoy", "haproxy", "nginx", "traefik"]
+PORTS = {
+    "reprise": 17001,
+    "reprise+log": 17011,
+    "envoy": 17002,
+    "haproxy": 17003,
+    "nginx": 17004,
+    "traefik": 17005,
+}
+# Direct (no proxy) addresses of each upstream pool, by Host.
+DIRECT = {
+    "bench": ["127.0.0.1:18080"],
+    "flaky": ["127.0.0.1:18101", "127.0.0.1:18102", "127.0.0.1:18103"],
+    "outage": ["127.0.0.1:18111", "127.0.0.1:18112", "127.0.0.1:18113"],
+    "big": ["127.0.0.1:18121", "127.0.0.1:18122"],
+    "h2": ["127.0.0.1:18082"],
+}
+FLAKY_ADMIN = "127.0.0.1:18100"
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- processes
+
+
+class Proc:
+    """A process this harness started; stopped by its own pid only."""
+
+    def __init__(self, name, argv, cpu, env=None, cwd=None, stdout=None):
+        self.name = name
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.logpath = os.path.join(RUN_DIR, f"{name.replace('+', '_')}.log")
+        self.logf = open(self.logpath, "ab")
+        out = self.logf if stdout is None else stdout
+        self.p = subprocess.Popen(
+            ["taskset", "-c", cpu] + argv,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=self.logf,
+            start_new_session=True,
+        )
+        self.pid = self.p.pid  # taskset execs the program: same pid
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def stop(self):
+        if self.p.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+                self.p.wait(timeout=8)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.p.wait(timeout=5)
+        self.logf.close()
+
+
+def children_of():
+    kids = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def rss_kib(pid):
+    """VmRSS of pid and all its descendants (nginx: master + worker), KiB."""
+    kids = children_of()
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(kids.get(p, []))
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def http_get(addr, host, path="/", timeout=2.0):
+    req = urllib.request.Request(f"http://{addr}{path}", headers={"Host": host})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def wait_ready(addr, host, proc, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{proc.name} exited; see {proc.logpath}")
+        if http_get(addr, host, timeout=1.0) == 200:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{addr} (Host {host}) not ready after {timeout}s")
+
+
+def run(argv, timeout, cpu=LOAD_CPU, check=True):
+    r = subprocess.run(
+        ["taskset", "-c", cpu] + argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {r.returncode}: {r.stdout[-2000:]}")
+    return r.stdout
+
+
+# ---------------------------------------------------------------- fleet
+
+
+def start_upstreams():
+    ups = []
+    os.makedirs(os.path.join(RUN_DIR, "nginx-upstream"), exist_ok=True)
+    ups.append(Proc("nginx-upstream", ["nginx", "-p", os.path.join(RUN_DIR, "nginx-upstream") + "/",
+                                       "-e", "stderr", "-c", os.path.join(CONF, "nginx-upstream.conf")], LOAD_CPU))
+    ups.append(Proc("haproxy-upstream-h2", ["haproxy", "-db", "-f", os.path.join(CONF, "haproxy-upstream-h2.cfg")], LOAD_CPU))
+    listen = ",".join([
+        "127.0.0.1:18101=0", "127.0.0.1:18102=0", "127.0.0.1:18103=50",
+        "127.0.0.1:18111=100", "127.0.0.1:18112=100", "127.0.0.1:18113=100",
+        "127.0.0.1:18121=0", "127.0.0.1:18122=0",
+    ])
+    ups.append(Proc("flaky", [os.path.join(CACHE, "bin", "flaky"), "-admin", FLAKY_ADMIN, "-listen", listen],
+                    LOAD_CPU, env={"GOMAXPROCS": "1"}))
+    wait_ready("127.0.0.1:18080", "bench", ups[0])
+    wait_ready("127.0.0.1:18101", "flaky", ups[2])
+    return ups
+
+
+def reprise_log_config():
+    path = os.path.join(RUN_DIR, "reprise-log.yaml")
+    with open(os.path.join(CONF, "reprise.yaml")) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace("access_log: false", "access_log: true"))
+    return path
+
+
+def start_proxy(name):
+    port = PORTS[name]
+    if name in ("reprise", "reprise+log"):
+        cfg = os.path.join(CONF, "reprise.yaml") if name == "reprise" else reprise_log_config()
+        # Access log lines go to /dev/null: the cost measured is producing them.
+        out = subprocess.DEVNULL if name == "reprise+log" else None
+        p = Proc(name, [TOOLS["reprise"], "--config", cfg, "--listen", f"127.0.0.1:{port}",
+                        "--admin", f"127.0.0.1:{port + 100}"], PROXY_CPU,
+                 env={"TOKIO_WORKER_THREADS": "1", "REPRISE_LOG": "info"}, stdout=out)
+    elif name == "envoy":
+        p = Proc(name, [TOOLS["envoy"], "-c", os.path.join(CONF, "envoy.yaml"), "--concurrency", "1",
+                        "--disable-hot-restart", "-l", "error"], PROXY_CPU)
+    elif name == "haproxy":
+        p = Proc(name, ["haproxy", "-db", "-f", os.path.join(CONF, "haproxy.cfg")], PROXY_CPU)
+    elif name == "nginx":
+        prefix = os.path.join(RUN_DIR, "nginx-proxy") + "/"
+        os.makedirs(prefix, exist_ok=True)
+        p = Proc(name, ["nginx", "-p", prefix, "-e", "stderr", "-c", os.path.join(CONF, "nginx-proxy.conf")], PROXY_CPU)
+    elif name == "traefik":
+        p = Proc(name, [TOOLS["traefik"], "--configfile=traefik.yml"], PROXY_CPU, cwd=CONF,
+                 env={"GOMAXPROCS": "1"})
+    else:
+        raise ValueError(name)
+    return p
+
+
+class Fleet:
+    def __init__(self, names):
+        self.names = list(names)
+        self.procs = {}
+
+    def start(self):
+        for n in self.names:
+            self.procs[n] = start_proxy(n)
+        for n in self.names:
+            wait_ready(f"127.0.0.1:{PORTS[n]}", "bench", self.procs[n])
+
+    def stop(self):
+        for p in self.procs.values():
+            p.stop()
+        self.procs = {}
+
+    def pid(self, name):
+        return self.procs[name].pid
+
+
+# ---------------------------------------------------------------- load tools
+
+
+def to_ms(s):
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", s)
+    v, u = float(m.group(1)), m.group(2)
+    return v * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[u]
+
+
+def wrk(addr, host, seconds, conns=50):
+    out = run(["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", "-H", f"Host: {host}",
+               f"http://{addr}/"], timeout=seconds + 30)
+    res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
+    for pct, key in (("50", "p50"), ("99", "p99")):
+        res[key] = to_ms(re.search(rf"^\s+{pct}%\s+(\S+)", out, re.M).group(1))
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    errs = re.search(r"Socket errors: (.*)", out)
+    res["errors"] = int(bad.group(1)) if bad else 0
+    if errs:
+        res["errors"] += sum(int(x) for x in re.findall(r"\d+", errs.group(1)))
+    return res
+
+
+def pct(sorted_vals, p):
+    if not sorted_vals:
+        return float("nan")
+    k = min(len(sorted_vals) - 1, max(0, int(round(p / 100.0 * len(sorted_vals) + 0.5)) - 1))
+    return sorted_vals[k]
+
+
+def h2load(addr, authority, seconds, clients, rps=None, streams=1, h1=True, skip_s=1.0, tag="h2load"):
+    """Runs h2load for `seconds`; latencies (ms) from its per-request log, skipping
+    the first skip_s seconds (warm-up). Returns a dict."""
+    logfile = os.path.join(RUN_DIR, f"{tag}.tsv")
+    if os.path.exists(logfile):
+        os.remove(logfile)
+    argv = ["h2load", "-t1", f"-c{clients}", f"-m{streams}", "-D", str(seconds), "-H", f":authority: {authority}",
+            f"--log-file={logfile}", "-T", "10"]
+    if h1:
+        argv.append("--h1")
+    if rps:
+        argv.append(f"--rps={rps}")
+    argv.append(f"http://{addr}/")
+    out = run(argv, timeout=seconds + 40)
+    m = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", out)
+    codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    res = {
+        "done": int(m.group(3)),
+        "failed": int(m.group(5)) + int(m.group(6)) + int(m.group(7)),
+        "2xx": int(codes.group(1)),
+        "4xx": int(codes.group(3)),
+        "5xx": int(codes.group(4)),
+    }
+    rows = []
+    with open(logfile) as f:
+        for line in f:
+            parts = line.split("\t")
+            if len(parts) >= 3:
+                rows.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    if rows:
+        t0 = min(r[0] for r in rows)
+        t1 = max(r[0] for r in rows)
+        window = [r for r in rows if r[0] >= t0 + skip_s * 1e6]
+        lat = sorted(r[2] / 1000.0 for r in window)
+        span = max(1e-6, (t1 - (t0 + skip_s * 1e6)) / 1e6)
+        res.update({
+            "rps": len(window) / span,
+            "p50": pct(lat, 50),
+            "p99": pct(lat, 99),
+            "p999": pct(lat, 99.9),
+            "logged": len(rows),
+        })
+    return res
+
+
+def flaky_counts():
+    with urllib.request.urlopen(f"http://{FLAKY_ADMIN}/counts", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def flaky_reset():
+    with urllib.request.urlopen(urllib.request.Request(f"http://{FLAKY_ADMIN}/reset", method="POST"), timeout=5) as r:
+        r.read()
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def interleave(systems, rounds, fn, label):
+    """Runs fn(system, round) for every round, systems rotated each round."""
+    results = {s: [] for s in systems}
+    for r in range(rounds):
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        for s in order:
+            res = fn(s, r)
+            log(f"{label} round {r + 1}/{rounds} {s}: {fmt_res(res)}")
+            results[s].append(res)
+    return results
+
+
+def fmt_res(res):
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items())
+
+
+def addr_of(system, pool="bench"):
+    return DIRECT[pool][0] if system == "direct" else f"127.0.0.1:{PORTS[system]}"
+
+
+def s1_passthrough(args, systems):
+    fleet = Fleet([s for s in systems if s != "direct"])
+    fleet.start()
+    try:
+        for s in systems:  # warm-up: pools, caches, JIT-free but allocator warm
+            wrk(addr_of(s), "bench", 1)
+        return interleave(systems, args.rounds, lambda s, r: wrk(addr_of(s), "bench", args.s1_seconds, args.s1_conns),
+                          "s1 pass-through")
+    finally:
+        fleet.stop()
+
+
+def s2_fixed_rate(args, systems):
+    fleet = Fleet([s for s in systems if s != "direct"])
+    fleet.start()
+    clients = 50
+    per_client = max(1, args.rate // clients)
+    try:
+        for s in systems:
+            h2load(addr_of(s), "bench", 1, clients, rps=per_client, skip_s=0)
+
+        def one(s, r):
+            return h2load(addr_of(s), "bench", args.s2_seconds, clients, rps=per_client, tag=f"s2-{s}")
+
+        res = interleave(systems, args.rounds, one, "s2 fixed rate")
+    finally:
+        fleet.stop()
+    # Added latency over direct, per round, then the median over rounds.
+    for s in systems:
+        for r, row in enumerate(res[s]):
+            d = res["direct"][r]
+            for k in ("p50", "p99", "p999"):
+                row[f"add_{k}"] = row[k] - d[k]
+    return res
+
+
+def retry_scenario(args, systems, pool, label):
+    fleet = Fleet([s for s in systems if s != "direct"])
+    fleet.start()
+    clients, per_client = 12, max(1, args.retry_rate // 12)
+    ports = [a.rsplit(":", 1)[1] for a in DIRECT[pool]]
+
+    def one(s, r):
+        flaky_reset()
+        if s == "direct":
+            # No proxy: the client spreads its requests evenly over the endpoints, no retries.
+            outs = []
+            threads = []
+            for i, a in enumerate(DIRECT[pool]):
+                def go(a=a, i=i):
+                    outs.append(h2load(a, pool, args.retry_seconds, clients // len(DIRECT[pool]), rps=per_client,
+                                       skip_s=0, tag=f"{pool}-direct-{i}"))
+                t = threading.Thread(target=go)
+                t.start()
+                threads.append(t)
+            for t in threads:
+                t.join()
+            out = {k: sum(o[k] for o in outs) for k in ("done", "2xx", "5xx", "failed")}
+            out["p99"] = max(o.get("p99", 0) for o in outs)
+        else:
+            out = h2load(addr_of(s), pool, args.retry_seconds, clients, rps=per_client, skip_s=0, tag=f"{pool}-{s}")
+        time.sleep(0.3)  # let cancelled/backed-off attempts land before counting
+        counts = flaky_counts()
+        attempts = sum(v for k, v in counts.items() if k.rsplit(":", 1)[1] in ports)
+        done = max(1, out["done"])
+        return {
+            "success": 100.0 * out["2xx"] / done,
+            "attempts": attempts / done,
+            "requests": out["done"],
+            "p99": out.get("p99", float("nan")),
+            "upstream": attempts,
+        }
+
+    try:
+        return interleave(systems, args.rounds, one, label)
+    finally:
+        fleet.stop()
+
+
+def s3_flaky(args, systems):
+    return retry_scenario(args, systems, "flaky", "s3 flaky pool")
+
+
+def s4_outage(args, systems):
+    return retry_scenario(args, systems, "outage", "s4 outage")
+
+
+def big_file(nbytes):
+    path = os.path.join(CACHE, f"upload-{nbytes}.bin")
+    if not os.path.exists(path) or os.path.getsize(path) != nbytes:
+        with open(path, "wb") as f:
+            f.truncate(nbytes)  # sparse: reads as zeros, costs no disk
+    return path
+
+
+class RssSampler:
+    def __init__(self, pid):
+        self.pid = pid
+        self.peak = 0
+        self.stop_ev = threading.Event()
+        self.t = threading.Thread(target=self.loop, daemon=True)
+
+    def loop(self):
+        while not self.stop_ev.is_set():
+            self.peak = max(self.peak, rss_kib(self.pid))
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_ev.set()
+        self.t.join()
+        self.peak = max(self.peak, rss_kib(self.pid))
+
+
+def curl(argv, timeout):
+    out = run(["curl", "-sS", "-o", "/dev/null", "--max-time", str(timeout),
+               "-w", "%{http_code} %{size_upload} %{size_download} %{time_total}"] + argv,
+              timeout=timeout + 10)
+    code, up, down, t = out.split()[-4:]
+    return int(code), int(up), int(down), float(t)
+
+
+def s5_large(args, systems):
+    fleet = Fleet([s for s in systems if s != "direct"])
+    fleet.start()
+    nbytes = args.big_mib << 20
+    path = big_file(nbytes)
+    tmo = 600
+
+    def one(s, r):
+        addr = addr_of(s, "big")
+        pid = None if s == "direct" else fleet.pid(s)
+        res = {}
+        for kind in ("up", "down"):
+            base = rss_kib(pid) if pid else 0
+            sampler = RssSampler(pid) if pid else None
+            if sampler:
+                sampler.__enter__()
+            try:
+                if kind == "up":
+                    code, up, _, t = curl(["-T", path, "-H", "Host: big", "-H", "Expect:", f"http://{addr}/upload"], tmo)
+                    ok = code == 200 and up == nbytes
+                else:
+                    code, _, down, t = curl(["-H", "Host: big", f"http://{addr}/big?bytes={nbytes}"], tmo)
+                    ok = code == 200 and down == nbytes
+            finally:
+                if sampler:
+                    sampler.__exit__(None, None, None)
+            res[f"{kind}_mibs"] = (nbytes / (1 << 20)) / t if ok else 0.0
+            res[f"{kind}_ok"] = ok
+            res[f"{kind}_rss_growth"] = (sampler.peak - base) / 1024.0 if sampler else float("nan")
+        return res
+
+    try:
+        return interleave(systems, args.rounds, one, "s5 large bodies")
+    finally:
+        fleet.stop()
+
+
+def s6_memory(args, systems):
+    proxies = [s for s in systems if s != "direct"]
+    results = {s: [] for s in proxies}
+    for r in range(args.rounds):
+        fleet = Fleet(proxies)
+        fleet.start()  # fresh processes every round
+        try:
+            for s in proxies:
+                for _ in range(10):
+                    http_get(addr_of(s), "bench")
+            time.sleep(2)
+            order = proxies[r % len(proxies):] + proxies[:r % len(proxies)]
+            for s in order:
+                pid = fleet.pid(s)
+                idle = rss_kib(pid) / 1024.0
+                p = subprocess.Popen(["taskset", "-c", LOAD_CPU, os.path.join(CACHE, "bin", "conns"),
+                                      "-addr", addr_of(s), "-host", "bench", "-n", str(args.conns), "-hold", "60s"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                try:
+                    line = p.stdout.readline()
+                    m = re.match(r"ready (\d+) failed (\d+)", line)
+                    opened = int(m.group(1)) if m else 0
+                    time.sleep(1.0)
+                    loaded = rss_kib(pid) / 1024.0
+                finally:
+                    p.stdin.close()
+                    try:
+                        p.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+                res = {"idle_mib": idle, "conns_mib": loaded, "opened": opened}
+                log(f"s6 memory round {r + 1}/{args.rounds} {s}: {fmt_res(res)}")
+                results[s].append(res)
+                time.sleep(1.0)
+        finally:
+            fleet.stop()
+    return results
+
+
+def s7_h2(args, systems):
+    systems = [s for s in systems if s != "nginx"]  # nginx cannot speak HTTP/2 to upstreams
+    fleet = Fleet([s for s in systems if s != "direct"])
+    fleet.start()
+    try:
+        probe = {s: http_get(addr_of(s), "h2nginx") for s in systems if s != "direct"}
+        for s in systems:
+            h2load(addr_of(s, "h2"), "h2", 1, args.h2_clients, streams=args.h2_streams, h1=False, skip_s=0)
+
+        def one(s, r):
+            out = h2load(addr_of(s, "h2"), "h2", args.h2_seconds, args.h2_clients, streams=args.h2_streams,
+                         h1=False, skip_s=1.0, tag=f"s7-{s}")
+            out["ok_pct"] = 100.0 * out["2xx"] / max(1, out["done"])
+            return out
+
+        res = interleave(systems, args.rounds, one, "s7 h2")
+        for s in systems:
+            for row in res[s]:
+                row["nginx_h2c_probe"] = probe.get(s)
+        return res
+    finally:
+        fleet.stop()
+
+
+# ---------------------------------------------------------------- report
+
+
+def med(rows, key):
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def fmt(v, digits):
+    if v is None or (isinstance(v, float) and v != v):
+        return "—"
+    if isinstance(v, float) and abs(v) >= 1000 and digits == 0:
+        return f"{v:,.0f}"
+    return f"{v:,.{digits}f}"
+
+
+def table(res, metrics, ratio_keys, note=""):
+    """metrics: [(key, label, digits, higher_is_better)]."""
+    systems = list(res.keys())
+    medians = {s: {k: med(res[s], k) for k, *_ in metrics} for s in systems}
+    peers = [s for s in systems if s in PEERS]
+    best = {}
+    for key, _, _, hib in metrics:
+        vals = [(medians[s][key], s) for s in peers if medians[s][key] == medians[s][key]]
+        if vals:
+            best[key] = (max if hib else min)(vals)
+    head = ["system"]
+    for key, label, _, _ in metrics:
+        head.append(label)
+        if key in ratio_keys:
+            head += [f"{label} ÷ best peer", f"{label} ÷ direct"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in systems:
+        cells = [f"**{s}**" if s.startswith("reprise") else s]
+        for key, label, digits, _ in metrics:
+            v = medians[s][key]
+            cells.append(fmt(v, digits))
+            if key in ratio_keys:
+                b = best.get(key)
+                d = medians.get("direct", {}).get(key)
+                cells.append(f"{v / b[0]:.2f}× ({b[1]})" if b and b[0] and v == v else "—")
+                cells.append(f"{v / d:.2f}×" if d and d == d and v == v else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    if note:
+        lines.append("")
+        lines.append(note)
+    return "\n".join(lines), medians
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 3)))
+    ap.add_argument("--scenarios", default=os.environ.get("SCENARIOS", "6,1,2,3,4,5,7"))
+    ap.add_argument("--s1-seconds", type=int, default=5)
+    ap.add_argument("--s1-conns", type=int, default=50)
+    ap.add_argument("--rate", type=int, default=int(os.environ.get("RATE", 5000)))
+    ap.add_argument("--s2-seconds", type=int, default=6)
+    ap.add_argument("--retry-rate", type=int, default=960)
+    ap.add_argument("--retry-seconds", type=int, default=4)
+    ap.add_argument("--big-mib", type=int, default=int(os.environ.get("BIG_MIB", 1024)))
+    ap.add_argument("--conns", type=int, default=1000)
+    ap.add_argument("--h2-clients", type=int, default=4)
+    ap.add_argument("--h2-streams", type=int, default=64)
+    ap.add_argument("--h2-seconds", type=int, default=5)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    if args.rounds < 1:
+        sys.exit("rounds must be >= 1")
+
+    global RUN_DIR, TOOLS
+    RUN_DIR = os.path.join(CACHE, "run")
+    os.makedirs(RUN_DIR, exist_ok=True)
+    TOOLS = {
+        "reprise": os.path.join(CACHE, "target", "release", "reprise-sidecar"),
+        "envoy": os.environ["ENVOY_BIN"],
+        "traefik": os.path.join(CACHE, "venv", "bin", "traefik"),
+    }
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    t_start = time.time()
+    base = ["direct", "reprise"] + PEERS
+    scen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+
+    def version(argv, pattern):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+            m = re.search(pattern, out.stdout + out.stderr)
+            return m.group(1) if m else "?"
+        except (OSError, subprocess.TimeoutExpired):
+            return "?"
+
+    versions = {
+        "reprise": git_rev(),
+        "envoy": version([TOOLS["envoy"], "--version"], r"/(\d+\.\d+\.\d+)/"),
+        "haproxy": version(["haproxy", "-v"], r"version (\S+)"),
+        "nginx": version(["nginx", "-v"], r"nginx/(\S+)"),
+        "traefik": version([TOOLS["traefik"], "version"], r"Version:\s+(\S+)"),
+        "wrk": version(["wrk", "-v"], r"wrk (\S+)"),
+        "h2load": version(["h2load", "--version"], r"nghttp2/(\S+)"),
+    }
+    log(f"versions: {versions}")
+
+    ups = start_upstreams()
+    raw, sections, medians_all = {}, [], {}
+    try:
+        for sc in scen:
+            t0 = time.time()
+            load0 = os.getloadavg()[0]
+            if sc == "1":
+                res = s1_passthrough(args, base + ["reprise+log"])
+                md, m = table(res, [("rps", "req/s", 0, True), ("p50", "p50 ms", 3, False),
+                                    ("p99", "p99 ms", 3, False), ("errors", "errors", 0, False)], {"rps", "p99"},
+                              f"wrk, 1 thread, {args.s1_conns} keep-alive connections, {args.s1_seconds} s per round, "
+                              f"128-byte body from nginx. `reprise+log` is Reprise with its default per-request access "
+                              f"log on (to /dev/null); every other proxy has access logs off.")
+                title = "1. Pass-through, HTTP/1.1 keep-alive, small body"
+            elif sc == "2":
+                res = s2_fixed_rate(args, base + ["reprise+log"])
+                md, m = table(res, [("rps", "achieved req/s", 0, True), ("p50", "p50 ms", 3, False),
+                                    ("p99", "p99 ms", 3, False), ("p999", "p99.9 ms", 3, False),
+                                    ("add_p50", "added p50 ms", 3, False), ("add_p99", "added p99 ms", 3, False),
+                                    ("add_p999", "added p99.9 ms", 3, False)], {"add_p99"},
+                              f"h2load --h1, 50 keep-alive connections at {args.rate // 50} req/s each "
+                              f"(= {args.rate} req/s), {args.s2_seconds} s per round, first second dropped. "
+                              f"Added = proxy percentile − direct percentile of the same round.")
+                title = f"2. Fixed rate {args.rate} req/s: latency added over direct"
+            elif sc == "3":
+                res = s3_flaky(args, base)
+                md, m = table(res, [("success", "client success %", 3, True), ("attempts", "upstream attempts / request", 3, False),
+                                    ("requests", "client requests", 0, True), ("p99", "p99 ms", 2, False)],
+                              {"success", "attempts"},
+                              f"Three endpoints, one answers 503 to 50% of requests. h2load --h1, 12 connections, "
+                              f"{args.retry_rate} req/s in all, {args.retry_seconds} s per round. Attempts counted by the upstreams.")
+                title = "3. Flaky pool (one of three endpoints fails half its requests with 503)"
+            elif sc == "4":
+                res = s4_outage(args, base)
+                md, m = table(res, [("attempts", "upstream attempts / request", 3, False),
+                                    ("success", "client success %", 1, True), ("requests", "client requests", 0, True),
+                                    ("p99", "p99 ms", 2, False)], {"attempts"},
+                              f"All three endpoints answer 503. Same load as scenario 3. Retry budget 10% where the "
+                              f"proxy has one (Reprise: rolling 10 s window; Envoy: concurrent retries ≤ 10% of active "
+                              f"requests, min 3); HAProxy, nginx and Traefik have none.")
+                title = "4. Full outage: retry amplification"
+            elif sc == "5":
+                res = s5_large(args, base)
+                md, m = table(res, [("up_mibs", "upload MiB/s", 0, True), ("down_mibs", "download MiB/s", 0, True),
+                                    ("up_rss_growth", "RSS growth upload MiB", 1, False),
+                                    ("down_rss_growth", "RSS growth download MiB", 1, False)],
+                              {"up_mibs", "down_mibs"},
+                              f"One {args.big_mib} MiB PUT upload and one {args.big_mib} MiB GET download per round with curl; "
+                              f"retries on, body far over the 16 KiB replay cap. RSS growth = peak RSS during the transfer "
+                              f"(sampled every 20 ms, all processes of the proxy) − RSS before it. 0 MiB/s = transfer failed.")
+                title = f"5. Large bodies ({args.big_mib} MiB) with retries on"
+            elif sc == "6":
+                res = s6_memory(args, base)
+                md, m = table(res, [("idle_mib", "RSS idle MiB", 1, False), ("conns_mib", f"RSS with {args.conns} conns MiB", 1, False),
+                                    ("opened", "connections open", 0, True)], {"idle_mib", "conns_mib"},
+                              f"Fresh process each round, after 10 requests; then {args.conns} keep-alive client "
+                              f"connections, each having made one request, held open. RSS of all the proxy's processes "
+                              f"(nginx: master + worker).")
+                title = "6. Memory"
+            elif sc == "7":
+                res = s7_h2(args, base)
+                probe = {s: res[s][0].get("nginx_h2c_probe") for s in res if s != "direct"}
+                md, m = table(res, [("rps", "req/s", 0, True), ("p50", "p50 ms", 3, False), ("p99", "p99 ms", 3, False),
+                                    ("ok_pct", "2xx %", 2, True)], {"rps", "p99"},
+                              f"h2load, h2c prior knowledge, {args.h2_clients} connections × {args.h2_streams} concurrent "
+                              f"streams, {args.h2_seconds} s per round; proxy → upstream h2c (HAProxy answering from memory). "
+                              f"nginx is n/a: it cannot speak HTTP/2 to upstreams.\n\n"
+                              f"Probe, one request to nginx's h2c listener through each proxy (status): "
+                              + ", ".join(f"{k}: {v}" for k, v in probe.items()))
+                title = f"7. HTTP/2 (h2c) to the upstream, {args.h2_clients}×{args.h2_streams} concurrent streams"
+            else:
+                log(f"unknown scenario {sc}, skipped")
+                continue
+            raw[sc] = res
+            medians_all[sc] = m
+            secs = time.time() - t0
+            sections.append(f"## {title}\n\n{md}\n\n_{secs:.0f} s; load average at start {load0:.2f}_\n")
+            log(f"scenario {sc} done in {secs:.0f} s")
+            print(f"\n## {title}\n\n{md}\n", flush=True)
+    finally:
+        for u in ups:
+            u.stop()
+
+    targets = check_targets(medians_all)
+    total = time.time() - t_start
+    header = (f"# Reprise benchmark, {stamp}\n\n"
+              f"Machine: {os.cpu_count()} CPUs ({cpu_model()}), {mem_gib():.0f} GiB. Proxies pinned to CPU {PROXY_CPU} "
+              f"with one worker each (Reprise TOKIO_WORKER_THREADS=1, Envoy --concurrency 1, HAProxy nbthread 1, "
+              f"nginx worker_processes 1, Traefik GOMAXPROCS=1); load generators and upstreams pinned to CPU {LOAD_CPU}. "
+              f"{args.rounds} rounds interleaved across systems; medians shown. "
+              f"\"÷ best peer\" divides by the best of Envoy, HAProxy, nginx and Traefik (named in brackets); "
+              f"\"÷ direct\" by the no-proxy figure.\n\n"
+              f"Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f". Total run time {total / 60:.1f} min.\n")
+    doc = header + "\n" + "\n".join(sections) + "\n" + targets
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{stamp}.md")
+    with open(path, "w") as f:
+        f.write(doc)
+    with open(os.path.join(args.out, f"{stamp}.json"), "w") as f:
+        json.dump({"versions": versions, "args": vars(args), "rounds": raw}, f, indent=1, default=str)
+    print("\n" + targets)
+    log(f"results: {path}")
+
+
+def check_targets(m):
+    lines = ["## Issue 7 targets (Reprise, medians of this run)", "", "| target | measured | met |", "|---|---|---|"]
+
+    def row(name, val, ok):
+        lines.append(f"| {name} | {val} | {'yes' if ok else '**no**'} |")
+
+    def g(sc, s, k):
+        return m.get(sc, {}).get(s, {}).get(k, float("nan"))
+
+    if "1" in m:
+        best = max(g("1", p, "rps") for p in PEERS)
+        r = g("1", "reprise", "rps")
+        row("pass-through req/s ≥ 1.1 × best peer", f"{r:,.0f} vs {best:,.0f} ({r / best:.2f}×)", r >= 1.1 * best)
+    if "2" in m:
+        r, e = g("2", "reprise", "add_p99"), g("2", "envoy", "add_p99")
+        row("added p99 at fixed rate ≤ 0.7 × Envoy's", f"{r:.3f} ms vs {e:.3f} ms",
+            e == e and r <= 0.7 * e)
+    if "6" in m:
+        row("RSS idle ≤ 10 MB", f"{g('6', 'reprise', 'idle_mib'):.1f} MiB", g("6", "reprise", "idle_mib") * 1.048576 <= 10)
+        row("RSS with 1,000 connections ≤ 40 MB", f"{g('6', 'reprise', 'conns_mib'):.1f} MiB",
+            g("6", "reprise", "conns_mib") * 1.048576 <= 40)
+    if "5" in m:
+        gr = max(g("5", "reprise", "up_rss_growth"), g("5", "reprise", "down_rss_growth"))
+        row("RSS growth for a large stream ≤ 8 MB", f"{gr:.1f} MiB", gr * 1.048576 <= 8)
+    if "3" in m:
+        sr = g("3", "reprise", "success")
+        row("flaky pool success ≥ 99.9%", f"{sr:.3f}%", sr >= 99.9)
+    if "4" in m:
+        a = g("4", "reprise", "attempts")
+        row("outage amplification ≤ 1.1", f"{a:.3f}", a <= 1.1)
+    return "\n".join(lines) + "\n"
+
+
+def git_rev():
+    def git(*a):
+        return subprocess.run(["git", "-C", HERE] + list(a), capture_output=True, text=True, timeout=30).stdout.strip()
+    try:
+        rev = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "../../sidecar", "../../crds", "../../Cargo.lock")
+        return rev + ("+uncommitted-changes" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def mem_gib():
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1]) / (1 << 20)
+
+
+RUN_DIR = None
+TOOLS = {}
+
+if __name__ == "__main__":
+    main()
