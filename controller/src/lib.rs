@@ -4,6 +4,8 @@
 #![forbid(unsafe_code)]
 
 pub mod crd;
+pub mod endpoints;
+pub mod status;
 
 /// Errors of the controller library.
 #[derive(Debug, thiserror::Error)]

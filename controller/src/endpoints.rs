@@ -1,0 +1,204 @@
+//! From a Service and its EndpointSlices to the upstream a sidecar calls: the
+//! port clients use, the host names that reach it, and the ready pod endpoints.
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use reprise_crds::snapshot::{SnapshotEndpoint, SnapshotUpstream};
+use reprise_crds::Protocol;
+
+/// Why a target could not be resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetProblem {
+    /// No such Service.
+    NotFound,
+    /// The Service has no port matching `targetRef.port` (or several and none chosen).
+    Port(String),
+}
+
+/// The upstream name used for a Service in snapshots.
+pub fn upstream_name(service: &str, namespace: &str) -> String {
+    format!("{service}.{namespace}")
+}
+
+/// The host names clients in `client_namespace` may use for the Service.
+pub fn hosts(service: &str, namespace: &str, client_namespace: &str) -> Vec<String> {
+    let mut hosts = Vec::with_capacity(4);
+    if namespace == client_namespace {
+        hosts.push(service.to_string());
+    }
+    hosts.push(format!("{service}.{namespace}"));
+    hosts.push(format!("{service}.{namespace}.svc"));
+    hosts.push(format!("{service}.{namespace}.svc.cluster.local"));
+    hosts
+}
+
+/// Resolves the Service port clients call and the upstream it leads to.
+pub fn resolve(
+    service: Option<&Service>,
+    slices: &[EndpointSlice],
+    port: Option<i32>,
+    client_namespace: &str,
+) -> Result<SnapshotUpstream, TargetProblem> {
+    let service = service.ok_or(TargetProblem::NotFound)?;
+    let name = service.metadata.name.clone().unwrap_or_default();
+    let namespace = service.metadata.namespace.clone().unwrap_or_default();
+    let ports = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .unwrap_or_default();
+    let chosen = match port {
+        Some(p) => ports.iter().find(|sp| sp.port == p).ok_or_else(|| {
+            let have: Vec<String> = ports.iter().map(|sp| sp.port.to_string()).collect();
+            TargetProblem::Port(format!(
+                "Service {name} has no port {p} (ports: {})",
+                have.join(", ")
+            ))
+        })?,
+        None if ports.len() == 1 => &ports[0],
+        None => {
+            return Err(TargetProblem::Port(format!(
+                "Service {name} has {} ports: set targetRef.port",
+                ports.len()
+            )))
+        }
+    };
+    let protocol = match chosen.app_protocol.as_deref() {
+        Some("kubernetes.io/h2c") | Some("h2c") => Protocol::H2c,
+        _ => Protocol::Http1,
+    };
+    let mut endpoints = Vec::new();
+    for slice in slices {
+        // The slice port that serves this Service port, matched by name.
+        let Some(target) = slice
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| {
+                p.name == chosen.name
+                    || (chosen.name.is_none() && slice.ports.as_ref().is_some_and(|v| v.len() == 1))
+            })
+            .and_then(|p| p.port)
+        else {
+            continue;
+        };
+        for ep in &slice.endpoints {
+            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            let terminating = ep
+                .conditions
+                .as_ref()
+                .and_then(|c| c.terminating)
+                .unwrap_or(false);
+            if !ready || terminating {
+                continue;
+            }
+            let pod = ep
+                .target_ref
+                .as_ref()
+                .filter(|r| r.kind.as_deref() == Some("Pod"))
+                .and_then(|r| r.name.clone());
+            for address in &ep.addresses {
+                endpoints.push(SnapshotEndpoint {
+                    address: address.clone(),
+                    port: u16::try_from(target).unwrap_or(0),
+                    pod: pod.clone(),
+                    zone: ep.zone.clone(),
+                });
+            }
+        }
+    }
+    endpoints.sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
+    endpoints.dedup();
+    Ok(SnapshotUpstream {
+        name: upstream_name(&name, &namespace),
+        hosts: hosts(&name, &namespace, client_namespace),
+        protocol,
+        endpoints,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(ports: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "api", "namespace": "shop" },
+            "spec": { "ports": ports }
+        }))
+        .expect("service")
+    }
+
+    fn slice(endpoints: serde_json::Value) -> EndpointSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "api-abc", "namespace": "shop", "labels": { "kubernetes.io/service-name": "api" } },
+            "addressType": "IPv4",
+            "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+            "endpoints": endpoints
+        }))
+        .expect("slice")
+    }
+
+    #[test]
+    fn ready_endpoints_with_pod_names_and_target_port() {
+        let svc = service(serde_json::json!([{ "name": "http", "port": 80, "targetPort": 8080 }]));
+        let s = slice(serde_json::json!([
+            { "addresses": ["127.0.0.12"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-2" }, "zone": "z1" },
+            { "addresses": ["127.0.0.11"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-1" } },
+            { "addresses": ["127.0.0.13"], "conditions": { "ready": false }, "targetRef": { "kind": "Pod", "name": "api-3" } },
+            { "addresses": ["127.0.0.14"], "conditions": { "ready": true, "terminating": true }, "targetRef": { "kind": "Pod", "name": "api-4" } }
+        ]));
+        let up = resolve(Some(&svc), &[s], None, "shop").expect("resolved");
+        assert_eq!(up.name, "api.shop");
+        assert_eq!(
+            up.hosts,
+            vec![
+                "api",
+                "api.shop",
+                "api.shop.svc",
+                "api.shop.svc.cluster.local"
+            ]
+        );
+        let got: Vec<(&str, u16, Option<&str>)> = up
+            .endpoints
+            .iter()
+            .map(|e| (e.address.as_str(), e.port, e.pod.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("127.0.0.11", 8080, Some("api-1")),
+                ("127.0.0.12", 8080, Some("api-2"))
+            ]
+        );
+        assert_eq!(up.endpoints[1].zone.as_deref(), Some("z1"));
+    }
+
+    #[test]
+    fn port_must_be_chosen_when_ambiguous() {
+        let svc = service(
+            serde_json::json!([{ "name": "http", "port": 80 }, { "name": "grpc", "port": 9090, "appProtocol": "kubernetes.io/h2c" }]),
+        );
+        assert!(
+            matches!(resolve(Some(&svc), &[], None, "shop"), Err(TargetProblem::Port(m)) if m.contains("set targetRef.port"))
+        );
+        assert!(
+            matches!(resolve(Some(&svc), &[], Some(81), "shop"), Err(TargetProblem::Port(m)) if m.contains("no port 81"))
+        );
+        assert_eq!(
+            resolve(Some(&svc), &[], Some(9090), "shop")
+                .expect("grpc")
+                .protocol,
+            Protocol::H2c
+        );
+        assert_eq!(
+            resolve(None, &[], None, "shop"),
+            Err(TargetProblem::NotFound)
+        );
+        let other_ns = resolve(Some(&svc), &[], Some(80), "web").expect("resolved");
+        assert_eq!(
+            other_ns.hosts[0], "api.shop",
+            "the short name only works in the same namespace"
+        );
+    }
+}
