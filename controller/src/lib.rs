@@ -5,6 +5,10 @@
 
 pub mod crd;
 pub mod endpoints;
+pub mod metrics;
+pub mod reconcile;
+pub mod selection;
+pub mod sidecars;
 pub mod status;
 
 /// Errors of the controller library.
@@ -13,4 +17,10 @@ pub enum Error {
     /// The CRD could not be rendered as YAML.
     #[error("cannot render the CRD: {0}")]
     Render(#[source] serde_yaml::Error),
+    /// A Kubernetes API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[source] kube::Error),
+    /// A namespaced object arrived without a namespace.
+    #[error("object has no namespace")]
+    MissingNamespace,
 }

@@ -207,8 +207,7 @@ class ForeignCpu:
 
 def start_upstreams():
     ups = []
-    os.makedirs(os.path.join(RUN_DIR, "nginx-upstream"), exist_ok=True)
-    ups.append(Proc("nginx-upstream", ["nginx", "-p", os.path.join(RUN_DIR, "nginx-upstream") + "/",
+    ups.append(Proc("nginx-upstream", ["nginx", "-p", nginx_prefix("nginx-upstream"),
                                        "-e", "stderr", "-c", os.path.join(CONF, "nginx-upstream.conf")], LOAD_CPU))
     ups.append(Proc("haproxy-upstream-h2", ["haproxy", "-db", "-f", os.path.join(CONF, "haproxy-upstream-h2.cfg")], LOAD_CPU))
     listen = ",".join([
@@ -221,6 +220,15 @@ def start_upstreams():
     wait_ready("127.0.0.1:18080", "bench", ups[0])
     wait_ready("127.0.0.1:18101", "flaky", ups[2])
     return ups
+
+
+def nginx_prefix(name):
+    """nginx's prefix (pid file, temp dirs). Under /tmp, because nginx's workers
+    run as nobody and could not enter a private home directory."""
+    path = os.path.join(NGINX_TMP, name)
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o755)
+    return path + "/"
 
 
 def reprise_log_config():
@@ -247,9 +255,7 @@ def start_proxy(name):
     elif name == "haproxy":
         p = Proc(name, ["haproxy", "-db", "-f", os.path.join(CONF, "haproxy.cfg")], PROXY_CPU)
     elif name == "nginx":
-        prefix = os.path.join(RUN_DIR, "nginx-proxy") + "/"
-        os.makedirs(prefix, exist_ok=True)
-        p = Proc(name, ["nginx", "-p", prefix, "-e", "stderr", "-c", os.path.join(CONF, "nginx-proxy.conf")], PROXY_CPU)
+        p = Proc(name, ["nginx", "-p", nginx_prefix("nginx-proxy"), "-e", "stderr", "-c", os.path.join(CONF, "nginx-proxy.conf")], PROXY_CPU)
     elif name == "traefik":
         p = Proc(name, [TOOLS["traefik"], "--configfile=traefik.yml"], PROXY_CPU, cwd=CONF,
                  env={"GOMAXPROCS": "1"})
@@ -262,12 +268,20 @@ class Fleet:
     def __init__(self, names):
         self.names = list(names)
         self.procs = {}
+        self.failed = set()
 
     def start(self):
+        """Starts every proxy; one that does not come up is left out of the
+        scenario (its cells show a dash) instead of ending the run."""
+        self.failed = set()
         for n in self.names:
             self.procs[n] = start_proxy(n)
         for n in self.names:
-            wait_ready(f"127.0.0.1:{PORTS[n]}", "bench", self.procs[n])
+            try:
+                wait_ready(f"127.0.0.1:{PORTS[n]}", "bench", self.procs[n])
+            except RuntimeError as e:
+                log(f"{n} did not start: {e}")
+                self.failed.add(n)
 
     def stop(self):
         for p in self.procs.values():
@@ -366,13 +380,21 @@ def flaky_reset():
 # ---------------------------------------------------------------- scenarios
 
 
-def interleave(systems, rounds, fn, label):
-    """Runs fn(system, round) for every round, systems rotated each round."""
+def interleave(systems, rounds, fn, label, skip=()):
+    """Runs fn(system, round) for every round, systems rotated each round. A
+    system in skip, or whose run raises, gets an empty result for that round."""
     results = {s: [] for s in systems}
     for r in range(rounds):
         order = systems[r % len(systems):] + systems[:r % len(systems)]
         for s in order:
-            res = fn(s, r)
+            if s in skip:
+                results[s].append({})
+                continue
+            try:
+                res = fn(s, r)
+            except (RuntimeError, subprocess.TimeoutExpired, OSError, AttributeError, ValueError) as e:
+                log(f"{label} round {r + 1}/{rounds} {s}: FAILED: {e}")
+                res = {}
             log(f"{label} round {r + 1}/{rounds} {s}: {fmt_res(res)}")
             results[s].append(res)
     return results
@@ -390,10 +412,11 @@ def s1_passthrough(args, systems):
     fleet = Fleet([s for s in systems if s != "direct"])
     fleet.start()
     try:
-        for s in systems:  # warm-up: pools, caches, JIT-free but allocator warm
-            wrk(addr_of(s), "bench", 1)
+        for s in systems:  # warm-up: connection pools, allocators
+            if s not in fleet.failed:
+                wrk(addr_of(s), "bench", 1)
         return interleave(systems, args.rounds, lambda s, r: wrk(addr_of(s), "bench", args.s1_seconds, args.s1_conns),
-                          "s1 pass-through")
+                          "s1 pass-through", fleet.failed)
     finally:
         fleet.stop()
 
@@ -405,12 +428,13 @@ def s2_fixed_rate(args, systems):
     per_client = max(1, args.rate // clients)
     try:
         for s in systems:
-            h2load(addr_of(s), "bench", 1, clients, rps=per_client, skip_s=0)
+            if s not in fleet.failed:
+                warm_fixed_rate(addr_of(s), args)
 
         def one(s, r):
             return h2load(addr_of(s), "bench", args.s2_seconds, clients, rps=per_client, tag=f"s2-{s}")
 
-        res = interleave(systems, args.rounds, one, "s2 fixed rate")
+        res = interleave(systems, args.rounds, one, "s2 fixed rate", fleet.failed)
     finally:
         fleet.stop()
     # Added latency over direct, per round, then the median over rounds.
@@ -418,7 +442,8 @@ def s2_fixed_rate(args, systems):
         for r, row in enumerate(res[s]):
             d = res["direct"][r]
             for k in ("p50", "p99", "p999"):
-                row[f"add_{k}"] = row[k] - d[k]
+                if k in row and k in d:
+                    row[f"add_{k}"] = row[k] - d[k]
     return res
 
 
@@ -460,7 +485,7 @@ def retry_scenario(args, systems, pool, label):
         }
 
     try:
-        return interleave(systems, args.rounds, one, label)
+        return interleave(systems, args.rounds, one, label, fleet.failed)
     finally:
         fleet.stop()
 
@@ -504,11 +529,20 @@ class RssSampler:
 
 
 def curl(argv, timeout):
+    """Returns (status, bytes up, bytes down, seconds); a failed transfer
+    (curl exits non-zero) comes back with status 0."""
     out = run(["curl", "-sS", "-o", "/dev/null", "--max-time", str(timeout),
-               "-w", "%{http_code} %{size_upload} %{size_download} %{time_total}"] + argv,
-              timeout=timeout + 10)
-    code, up, down, t = out.split()[-4:]
-    return int(code), int(up), int(down), float(t)
+               "-w", "\n%{http_code} %{size_upload} %{size_download} %{time_total}"] + argv,
+              timeout=timeout + 10, check=False)
+    last = out.strip().splitlines()[-1].split()
+    try:
+        code, up, down, t = int(last[0]), int(last[1]), int(last[2]), float(last[3])
+    except (IndexError, ValueError):
+        return 0, 0, 0, 0.0
+    if "curl: (" in out:
+        log(f"curl: {out.strip().splitlines()[0]}")
+        code = 0
+    return code, up, down, t
 
 
 def s5_large(args, systems):
@@ -543,7 +577,7 @@ def s5_large(args, systems):
         return res
 
     try:
-        return interleave(systems, args.rounds, one, "s5 large bodies")
+        return interleave(systems, args.rounds, one, "s5 large bodies", fleet.failed)
     finally:
         fleet.stop()
 
@@ -561,6 +595,9 @@ def s6_memory(args, systems):
             time.sleep(2)
             order = proxies[r % len(proxies):] + proxies[:r % len(proxies)]
             for s in order:
+                if s in fleet.failed:
+                    results[s].append({})
+                    continue
                 pid = fleet.pid(s)
                 idle = rss_kib(pid) / 1024.0
                 p = subprocess.Popen(["nice", "-n", NICE, "taskset", "-c", LOAD_CPU, os.path.join(CACHE, "bin", "conns"),
@@ -595,7 +632,8 @@ def s7_h2(args, systems):
     try:
         probe = {s: http_get(addr_of(s), "h2nginx") for s in systems if s != "direct"}
         for s in systems:
-            h2load(addr_of(s, "h2"), "h2", 1, args.h2_clients, streams=args.h2_streams, h1=False, skip_s=0)
+            if s not in fleet.failed:
+                h2load(addr_of(s, "h2"), "h2", 1, args.h2_clients, streams=args.h2_streams, h1=False, skip_s=0)
 
         def one(s, r):
             out = h2load(addr_of(s, "h2"), "h2", args.h2_seconds, args.h2_clients, streams=args.h2_streams,
@@ -603,7 +641,7 @@ def s7_h2(args, systems):
             out["ok_pct"] = 100.0 * out["2xx"] / max(1, out["done"])
             return out
 
-        res = interleave(systems, args.rounds, one, "s7 h2")
+        res = interleave(systems, args.rounds, one, "s7 h2", fleet.failed)
         for s in systems:
             for row in res[s]:
                 row["nginx_h2c_probe"] = probe.get(s)
@@ -681,9 +719,12 @@ def main():
     if args.rounds < 1:
         sys.exit("rounds must be >= 1")
 
-    global RUN_DIR, TOOLS
+    global RUN_DIR, TOOLS, NGINX_TMP
     RUN_DIR = os.path.join(CACHE, "run")
     os.makedirs(RUN_DIR, exist_ok=True)
+    NGINX_TMP = "/tmp/reprise-bench-nginx"
+    os.makedirs(NGINX_TMP, exist_ok=True)
+    os.chmod(NGINX_TMP, 0o755)
     TOOLS = {
         "reprise": os.path.join(CACHE, "target", "release", "reprise-sidecar"),
         "envoy": os.environ["ENVOY_BIN"],
@@ -881,6 +922,7 @@ def mem_gib():
 
 
 RUN_DIR = None
+NGINX_TMP = None
 TOOLS = {}
 
 if __name__ == "__main__":
