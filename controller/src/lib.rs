@@ -3,13 +3,16 @@
 //! the sidecars they apply to.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod crd;
 pub mod endpoints;
 pub mod metrics;
+pub mod push;
 pub mod reconcile;
 pub mod selection;
 pub mod sidecars;
 pub mod status;
+pub mod tls;
 
 /// Errors of the controller library.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +23,9 @@ pub enum Error {
     /// A Kubernetes API call failed.
     #[error("kubernetes API: {0}")]
     Kube(#[source] kube::Error),
+    /// TLS material could not be loaded or generated.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// A namespaced object arrived without a namespace.
     #[error("object has no namespace")]
     MissingNamespace,

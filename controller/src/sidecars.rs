@@ -3,7 +3,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use reprise_crds::resource::RetryPolicy;
 
@@ -14,12 +13,16 @@ pub struct SidecarState {
     pub labels: BTreeMap<String, String>,
     /// Version last sent.
     pub sent: Option<String>,
+    /// Policies in the snapshot last sent (`namespace/name` → generation).
+    pub sent_policies: HashMap<String, i64>,
     /// Version last ACKed.
     pub acked: Option<String>,
-    /// `namespace/name` → generation of every policy in the ACKed snapshot.
+    /// Policies in the ACKed snapshot.
     pub acked_policies: HashMap<String, i64>,
     /// Error of the last NACK, if the last answer was a NACK.
     pub nack: Option<String>,
+    /// Which connection owns this entry (a reconnect replaces it).
+    pub connection: u64,
 }
 
 /// Every sidecar connected to this replica, by `namespace/pod`.
@@ -29,49 +32,87 @@ pub struct SidecarRegistry {
 }
 
 impl SidecarRegistry {
-    /// Registers a connection for a pod.
-    pub fn connect(&self, namespace: &str, pod: &Pod) {
-        let mut map = self.sidecars.lock().unwrap_or_else(|e| e.into_inner());
-        map.insert(
-            (namespace.to_string(), pod.name_any()),
+    /// Registers connection `connection` for a pod, replacing an older one.
+    pub fn connect(
+        &self,
+        namespace: &str,
+        pod: &str,
+        labels: BTreeMap<String, String>,
+        connection: u64,
+    ) {
+        self.lock().insert(
+            (namespace.to_string(), pod.to_string()),
             SidecarState {
-                labels: pod.labels().clone(),
+                labels,
+                connection,
                 ..Default::default()
             },
         );
     }
 
-    /// Forgets a pod's connection.
-    pub fn disconnect(&self, namespace: &str, pod: &str) {
-        let mut map = self.sidecars.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(&(namespace.to_string(), pod.to_string()));
+    /// Forgets a pod's connection, unless a newer connection replaced it.
+    /// Returns the policies that pod had ACKed (their sync counts changed).
+    pub fn disconnect(&self, namespace: &str, pod: &str, connection: u64) -> Vec<String> {
+        let mut map = self.lock();
+        let key = (namespace.to_string(), pod.to_string());
+        if map.get(&key).is_some_and(|s| s.connection == connection) {
+            return map
+                .remove(&key)
+                .map(|s| s.acked_policies.into_keys().collect())
+                .unwrap_or_default();
+        }
+        Vec::new()
     }
 
     /// Records what was sent.
-    pub fn sent(&self, namespace: &str, pod: &str, version: &str) {
-        self.update(namespace, pod, |s| s.sent = Some(version.to_string()));
+    pub fn sent(&self, namespace: &str, pod: &str, version: &str, policies: HashMap<String, i64>) {
+        if let Some(s) = self
+            .lock()
+            .get_mut(&(namespace.to_string(), pod.to_string()))
+        {
+            s.sent = Some(version.to_string());
+            s.sent_policies = policies;
+        }
     }
 
-    /// Records an ACK of `version` whose policies are `policies`.
-    pub fn ack(&self, namespace: &str, pod: &str, version: &str, policies: HashMap<String, i64>) {
-        self.update(namespace, pod, |s| {
-            s.acked = Some(version.to_string());
-            s.acked_policies = policies;
-            s.nack = None;
-        });
+    /// Records an ACK of `version`; returns the policies whose sync may have
+    /// changed, or `None` for a stale ACK (not the version last sent).
+    pub fn ack(&self, namespace: &str, pod: &str, version: &str) -> Option<Vec<String>> {
+        let mut map = self.lock();
+        let s = map.get_mut(&(namespace.to_string(), pod.to_string()))?;
+        if s.sent.as_deref() != Some(version) {
+            return None;
+        }
+        let mut touched: Vec<String> = s.acked_policies.keys().cloned().collect();
+        touched.extend(s.sent_policies.keys().cloned());
+        touched.sort();
+        touched.dedup();
+        s.acked = Some(version.to_string());
+        s.acked_policies = s.sent_policies.clone();
+        s.nack = None;
+        Some(touched)
     }
 
     /// Records a NACK.
     pub fn nack(&self, namespace: &str, pod: &str, error: &str) {
-        self.update(namespace, pod, |s| s.nack = Some(error.to_string()));
+        if let Some(s) = self
+            .lock()
+            .get_mut(&(namespace.to_string(), pod.to_string()))
+        {
+            s.nack = Some(error.to_string());
+        }
+    }
+
+    /// The state of one sidecar.
+    pub fn get(&self, namespace: &str, pod: &str) -> Option<SidecarState> {
+        self.lock()
+            .get(&(namespace.to_string(), pod.to_string()))
+            .cloned()
     }
 
     /// Connected sidecars.
     pub fn connected(&self) -> usize {
-        self.sidecars
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.lock().len()
     }
 
     /// Sidecars `policy` selects, and how many ACKed its current generation.
@@ -79,9 +120,8 @@ impl SidecarRegistry {
         let ns = policy.namespace().unwrap_or_default();
         let id = format!("{ns}/{}", policy.name_any());
         let generation = policy.metadata.generation.unwrap_or(0);
-        let map = self.sidecars.lock().unwrap_or_else(|e| e.into_inner());
         let mut counts = crate::status::SyncCounts::default();
-        for ((pod_ns, _), s) in map.iter() {
+        for ((pod_ns, _), s) in self.lock().iter() {
             if *pod_ns != ns || !crate::selection::selects(policy, &s.labels) {
                 continue;
             }
@@ -93,10 +133,7 @@ impl SidecarRegistry {
         counts
     }
 
-    fn update(&self, namespace: &str, pod: &str, f: impl FnOnce(&mut SidecarState)) {
-        let mut map = self.sidecars.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = map.get_mut(&(namespace.to_string(), pod.to_string())) {
-            f(s);
-        }
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), SidecarState>> {
+        self.sidecars.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -117,6 +117,9 @@ pub struct ProxySettings {
     pub max_request_header_bytes: usize,
     /// Emit one structured log event per request.
     pub access_log: bool,
+    /// Forward requests for hosts that name no upstream as a plain proxy
+    /// (Kubernetes mode, where HTTP_PROXY sends every host here) instead of refusing them.
+    pub forward_unknown_hosts: bool,
 }
 
 impl Config {

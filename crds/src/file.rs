@@ -334,6 +334,7 @@ impl ProxySpec {
             drain_timeout: Duration::from_millis(drain),
             max_request_header_bytes: usize::try_from(header).unwrap_or(65_536),
             access_log: self.access_log.unwrap_or(true),
+            forward_unknown_hosts: false,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod file;
 pub mod matching;
 pub mod policy;
+pub mod protocol;
 #[cfg(feature = "resource")]
 pub mod resource;
 pub mod retry_rule;

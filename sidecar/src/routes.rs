@@ -39,19 +39,19 @@ pub enum PolicySource<'a> {
 impl Routes {
     /// Builds routes for `config`, carrying live state over from `previous`.
     pub fn new(config: Config, previous: Option<&Routes>) -> Self {
-        let upstreams = config
-            .upstreams
-            .iter()
-            .map(|u| {
-                let prev = previous
-                    .and_then(|p| p.upstreams.get(&u.name))
-                    .map(Arc::as_ref);
-                (
-                    u.name.clone(),
-                    Arc::new(UpstreamState::new(u.clone(), prev)),
-                )
-            })
-            .collect();
+        let mut upstreams = HashMap::new();
+        for u in &config.upstreams {
+            let prev = previous
+                .and_then(|p| p.upstreams.get(&u.name))
+                .map(Arc::as_ref);
+            let state = Arc::new(UpstreamState::new(u.clone(), prev));
+            for alias in &u.aliases {
+                upstreams
+                    .entry(alias.to_ascii_lowercase())
+                    .or_insert_with(|| Arc::clone(&state));
+            }
+            upstreams.insert(u.name.clone(), state);
+        }
         Self {
             config: Arc::new(config),
             upstreams,

@@ -72,6 +72,11 @@ impl UpstreamState {
     }
 }
 
+/// A client for hosts outside any upstream (resolves names with the system resolver).
+pub fn passthrough_client() -> UpstreamClient {
+    client(Protocol::Http1, Duration::from_secs(5))
+}
+
 fn client(protocol: Protocol, connect_timeout: Duration) -> UpstreamClient {
     let mut http = HttpConnector::new();
     http.set_connect_timeout(Some(connect_timeout));

@@ -1,0 +1,350 @@
+//! The push server: sidecars hold a TLS stream open and receive their snapshot
+//! on every change (debounced); they answer with ACK or NACK. See
+//! [`reprise_crds::protocol`] for the wire format.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use reprise_crds::protocol::{
+    Ack, ACKS_PATH, HEARTBEAT_SECS, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH, VERSION_PARAM,
+};
+use reprise_crds::snapshot::Snapshot;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use crate::auth::{AuthError, Authenticator, Identity};
+use crate::metrics::Metrics;
+use crate::sidecars::SidecarRegistry;
+
+/// Computes snapshots and announces changes. A trait so the protocol can be
+/// tested without an API server.
+pub trait SnapshotSource: Send + Sync + 'static {
+    /// The snapshot for one sidecar.
+    fn snapshot_for(&self, id: &Identity) -> Snapshot;
+    /// Bumped on every change to anything snapshots are made of.
+    fn changes(&self) -> watch::Receiver<u64>;
+}
+
+/// Changes closer together than this are pushed once.
+pub const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// The push server's shared state.
+pub struct PushServer {
+    /// Checks sidecar tokens.
+    pub auth: Arc<dyn Authenticator>,
+    /// Computes snapshots.
+    pub source: Arc<dyn SnapshotSource>,
+    /// Connected sidecars.
+    pub registry: Arc<SidecarRegistry>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Policies (`namespace/name`) whose sync counts changed, for the reconciler.
+    pub on_sync: Option<mpsc::UnboundedSender<String>>,
+    connections: AtomicU64,
+}
+
+type PushBody = BoxBody<Bytes, Infallible>;
+
+/// Ends a sidecar's registration when its stream is dropped.
+struct Registration {
+    server: Arc<PushServer>,
+    namespace: String,
+    pod: String,
+    connection: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let touched = self
+            .server
+            .registry
+            .disconnect(&self.namespace, &self.pod, self.connection);
+        self.server.notify(touched);
+        tracing::info!(namespace = %self.namespace, pod = %self.pod, "sidecar disconnected");
+    }
+}
+
+impl std::fmt::Debug for PushServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushServer").finish_non_exhaustive()
+    }
+}
+
+impl PushServer {
+    /// A push server.
+    pub fn new(
+        auth: Arc<dyn Authenticator>,
+        source: Arc<dyn SnapshotSource>,
+        registry: Arc<SidecarRegistry>,
+        metrics: Arc<Metrics>,
+        on_sync: Option<mpsc::UnboundedSender<String>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            auth,
+            source,
+            registry,
+            metrics,
+            on_sync,
+            connections: AtomicU64::new(0),
+        })
+    }
+
+    /// Serves TLS connections on `listener` until `shutdown` resolves.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "push accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => return,
+            };
+            let acceptor = acceptor.clone();
+            let server = Arc::clone(&self);
+            tokio::spawn(async move {
+                let tls =
+                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                let service = service_fn(move |req| Arc::clone(&server).handle(req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    }
+
+    /// Handles one request.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<PushBody>, Infallible> {
+        let path = req.uri().path().to_string();
+        let response = match (req.method(), path.as_str()) {
+            (&Method::GET, SNAPSHOTS_PATH) => self.stream(req).await,
+            (&Method::POST, ACKS_PATH) => self.ack(req).await,
+            _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        };
+        Ok(response)
+    }
+
+    async fn identify<B>(&self, req: &Request<B>) -> Result<Identity, Response<PushBody>> {
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let token =
+            header("authorization").and_then(|v| v.strip_prefix("Bearer ").map(str::to_string));
+        let (Some(token), Some(ns), Some(pod)) =
+            (token, header(NAMESPACE_HEADER), header(POD_HEADER))
+        else {
+            return Err(text(
+                StatusCode::UNAUTHORIZED,
+                &format!("{}\n", AuthError::Missing),
+            ));
+        };
+        match self.auth.authenticate(&token, &ns, &pod).await {
+            Ok(id) => Ok(id),
+            Err(AuthError::Api(e)) => {
+                tracing::warn!(namespace = %ns, pod = %pod, error = %e, "cannot check a sidecar token");
+                Err(text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cannot check the token now\n",
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %ns, pod = %pod, reason = %e, "sidecar refused");
+                Err(text(StatusCode::FORBIDDEN, &format!("{e}\n")))
+            }
+        }
+    }
+
+    async fn stream(self: Arc<Self>, req: Request<Incoming>) -> Response<PushBody> {
+        let id = match self.identify(&req).await {
+            Ok(id) => id,
+            Err(resp) => return resp,
+        };
+        let resume = req.uri().query().and_then(|q| {
+            q.split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .find(|(k, _)| *k == VERSION_PARAM)
+                .map(|(_, v)| v.to_string())
+        });
+        let connection = self.connections.fetch_add(1, Ordering::Relaxed);
+        self.registry
+            .connect(&id.namespace, &id.pod, id.labels.clone(), connection);
+        tracing::info!(namespace = %id.namespace, pod = %id.pod, resume = ?resume, "sidecar connected");
+        let registration = Registration {
+            server: Arc::clone(&self),
+            namespace: id.namespace.clone(),
+            pod: id.pod.clone(),
+            connection,
+        };
+        let rx = self.source.changes();
+        // Resume: when the sidecar already runs the current version, it is in sync without a push.
+        let current = self.source.snapshot_for(&id);
+        let mut last = None;
+        if resume.as_deref() == Some(current.version.as_str()) {
+            self.registry.sent(
+                &id.namespace,
+                &id.pod,
+                &current.version,
+                policies_of(&current),
+            );
+            let touched = self
+                .registry
+                .ack(&id.namespace, &id.pod, &current.version)
+                .unwrap_or_default();
+            self.notify(touched);
+            last = Some(current.version);
+        }
+        let state = StreamState {
+            server: self,
+            id,
+            last,
+            rx,
+            first: true,
+            _registration: registration,
+        };
+        let frames = futures_util::stream::unfold(state, next_frame);
+        let mut response = Response::new(BodyExt::boxed(StreamBody::new(frames)));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/x-ndjson"),
+        );
+        response
+    }
+
+    async fn ack(self: Arc<Self>, req: Request<Incoming>) -> Response<PushBody> {
+        let id = match self.identify(&req).await {
+            Ok(id) => id,
+            Err(resp) => return resp,
+        };
+        let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "ack body too large or unreadable\n",
+                )
+            }
+        };
+        let ack: Ack = match serde_json::from_slice(&body) {
+            Ok(a) => a,
+            Err(e) => return text(StatusCode::BAD_REQUEST, &format!("invalid ack: {e}\n")),
+        };
+        match &ack.error {
+            Some(error) => {
+                self.metrics.nacks.fetch_add(1, Ordering::Relaxed);
+                self.registry.nack(&id.namespace, &id.pod, error);
+                tracing::warn!(namespace = %id.namespace, pod = %id.pod, version = %ack.version, error = %error, "sidecar NACKed a snapshot");
+            }
+            None => {
+                self.metrics.acks.fetch_add(1, Ordering::Relaxed);
+                if let Some(touched) = self.registry.ack(&id.namespace, &id.pod, &ack.version) {
+                    self.notify(touched);
+                }
+            }
+        }
+        Response::builder()
+            .status(StatusCode::NO_CONTENT)
+            .body(BodyExt::boxed(Full::new(Bytes::new())))
+            .unwrap_or_default()
+    }
+
+    fn notify(&self, policies: Vec<String>) {
+        if let Some(tx) = &self.on_sync {
+            for p in policies {
+                let _ = tx.send(p);
+            }
+        }
+    }
+}
+
+struct StreamState {
+    server: Arc<PushServer>,
+    id: Identity,
+    last: Option<String>,
+    rx: watch::Receiver<u64>,
+    first: bool,
+    _registration: Registration,
+}
+
+async fn next_frame(
+    mut st: StreamState,
+) -> Option<(Result<Frame<Bytes>, Infallible>, StreamState)> {
+    loop {
+        if !st.first {
+            tokio::select! {
+                changed = st.rx.changed() => {
+                    changed.ok()?;
+                    tokio::time::sleep(DEBOUNCE).await;
+                    st.rx.borrow_and_update();
+                }
+                () = tokio::time::sleep(Duration::from_secs(HEARTBEAT_SECS)) => {
+                    return Some((Ok(Frame::data(Bytes::from_static(b"\n"))), st));
+                }
+            }
+        }
+        st.first = false;
+        let snapshot = st.server.source.snapshot_for(&st.id);
+        if st.last.as_deref() == Some(snapshot.version.as_str()) {
+            continue;
+        }
+        st.server.registry.sent(
+            &st.id.namespace,
+            &st.id.pod,
+            &snapshot.version,
+            policies_of(&snapshot),
+        );
+        st.server.metrics.pushes.fetch_add(1, Ordering::Relaxed);
+        st.last = Some(snapshot.version.clone());
+        let mut line = serde_json::to_vec(&snapshot).unwrap_or_default();
+        line.push(b'\n');
+        return Some((Ok(Frame::data(Bytes::from(line))), st));
+    }
+}
+
+fn policies_of(s: &Snapshot) -> HashMap<String, i64> {
+    s.policies
+        .iter()
+        .map(|p| (format!("{}/{}", p.namespace, p.name), p.generation))
+        .collect()
+}
+
+fn text(status: StatusCode, body: &str) -> Response<PushBody> {
+    let mut r = Response::new(BodyExt::boxed(Full::new(Bytes::from(body.to_string()))));
+    *r.status_mut() = status;
+    r
+}

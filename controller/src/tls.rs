@@ -1,0 +1,113 @@
+//! TLS for the push stream: load the serving certificate from a directory, or
+//! generate a private CA and a serving certificate there on first start.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::Error;
+
+/// PEM material for the push server.
+#[derive(Clone)]
+pub struct TlsMaterial {
+    /// The CA sidecars trust.
+    pub ca_pem: String,
+    /// Serving certificate.
+    pub cert_pem: String,
+    /// Serving key.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.debug_struct("TlsMaterial").finish_non_exhaustive()
+    }
+}
+
+/// Reads `ca.crt`, `tls.crt`, `tls.key` from `dir`, generating all three when absent.
+pub fn load_or_generate(dir: &Path, sans: &[String]) -> Result<TlsMaterial, Error> {
+    let (ca, cert, key) = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
+    if cert.exists() && key.exists() {
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|e| Error::Tls(format!("{}: {e}", p.display())))
+        };
+        return Ok(TlsMaterial {
+            ca_pem: if ca.exists() {
+                read(&ca)?
+            } else {
+                String::new()
+            },
+            cert_pem: read(&cert)?,
+            key_pem: read(&key)?,
+        });
+    }
+    let material = generate(sans)?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::Tls(format!("{}: {e}", dir.display())))?;
+    write(&ca, &material.ca_pem, 0o644)?;
+    write(&cert, &material.cert_pem, 0o644)?;
+    write(&key, &material.key_pem, 0o600)?;
+    Ok(material)
+}
+
+/// A new private CA and a serving certificate for `sans`.
+pub fn generate(sans: &[String]) -> Result<TlsMaterial, Error> {
+    let tls = |e: rcgen::Error| Error::Tls(e.to_string());
+    let ca_key = KeyPair::generate().map_err(tls)?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(tls)?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "reprise push CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca_params.self_signed(&ca_key).map_err(tls)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().map_err(tls)?;
+    let mut params = CertificateParams::new(sans.to_vec()).map_err(tls)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "reprise-controller");
+    let cert = params.signed_by(&key, &issuer).map_err(tls)?;
+    Ok(TlsMaterial {
+        ca_pem: ca_cert.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// A rustls server configuration (h2 and http/1.1) from the material.
+pub fn server_config(material: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, Error> {
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(material.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::Tls(format!("serving certificate: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(material.key_pem.as_bytes())
+        .map_err(|e| Error::Tls(format!("serving key: {e}")))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| Error::Tls(e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn write(path: &Path, text: &str, mode: u32) -> Result<(), Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))
+}

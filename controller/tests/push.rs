@@ -1,0 +1,340 @@
+//! The push protocol over loopback TLS: the real push server and the real
+//! sidecar subscription, with fixed identities instead of TokenReview (the API
+//! server's part is covered end to end).
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reprise_controller::auth::{AuthError, Authenticator, Identity};
+use reprise_controller::metrics::Metrics;
+use reprise_controller::push::{PushServer, SnapshotSource};
+use reprise_controller::sidecars::SidecarRegistry;
+use reprise_crds::retry_rule::{Retries, RetryRule};
+use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
+use reprise_sidecar::proxy::Proxy;
+use reprise_sidecar::subscription::{Subscription, SubscriptionError};
+use tokio::sync::watch;
+
+struct FixedTokens(HashMap<String, (String, String)>);
+
+impl Authenticator for FixedTokens {
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+        namespace: &'a str,
+        pod: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>> {
+        Box::pin(async move {
+            match self.0.get(token) {
+                Some((ns, p)) if ns == namespace && p == pod => Ok(Identity {
+                    namespace: ns.clone(),
+                    pod: p.clone(),
+                    labels: BTreeMap::new(),
+                }),
+                Some(_) => Err(AuthError::WrongPod(format!("{namespace}/{pod}"))),
+                None => Err(AuthError::Rejected("unknown token".into())),
+            }
+        })
+    }
+}
+
+struct Source {
+    snapshot: Mutex<Snapshot>,
+    tx: watch::Sender<u64>,
+}
+
+impl Source {
+    fn set(&self, s: Snapshot) {
+        *self.snapshot.lock().expect("lock") = s;
+        self.tx.send_modify(|n| *n += 1);
+    }
+}
+
+impl SnapshotSource for Source {
+    fn snapshot_for(&self, _id: &Identity) -> Snapshot {
+        self.snapshot.lock().expect("lock").clone()
+    }
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.tx.subscribe()
+    }
+}
+
+fn snapshot(ports: &[u16], attempts: i32) -> Snapshot {
+    let upstream = SnapshotUpstream {
+        name: "api.shop".into(),
+        hosts: vec!["api".into()],
+        protocol: Default::default(),
+        endpoints: ports
+            .iter()
+            .map(|p| SnapshotEndpoint {
+                address: "127.0.0.1".into(),
+                port: *p,
+                pod: Some(format!("api-{p}")),
+                zone: None,
+            })
+            .collect(),
+    };
+    let rule = RetryRule {
+        retries: Retries {
+            attempts,
+            ..Default::default()
+        },
+        ..RetryRule::default()
+    };
+    Snapshot::new(
+        vec![upstream],
+        vec![SnapshotPolicy {
+            namespace: "shop".into(),
+            name: "reads".into(),
+            generation: 1,
+            upstream: "api.shop".into(),
+            rule,
+        }],
+    )
+}
+
+struct Harness {
+    source: Arc<Source>,
+    registry: Arc<SidecarRegistry>,
+    metrics: Arc<Metrics>,
+    subscription: Subscription,
+}
+
+async fn harness(name: &str) -> Harness {
+    let dir = std::env::temp_dir().join(format!("reprise-push-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let material = reprise_controller::tls::generate(&["localhost".to_string()]).expect("certs");
+    std::fs::write(dir.join("ca.crt"), &material.ca_pem).expect("ca");
+    std::fs::write(dir.join("token"), "token-a\n").expect("token");
+    let _ = std::fs::remove_file(dir.join("snapshot.json"));
+    let (tx, _) = watch::channel(0);
+    let source = Arc::new(Source {
+        snapshot: Mutex::new(snapshot(&[1001], 1)),
+        tx,
+    });
+    let registry = Arc::new(SidecarRegistry::default());
+    let metrics = Arc::new(Metrics::default());
+    let auth = Arc::new(FixedTokens(HashMap::from([(
+        "token-a".to_string(),
+        ("shop".to_string(), "client-a".to_string()),
+    )])));
+    let server = PushServer::new(
+        auth,
+        Arc::clone(&source) as Arc<dyn SnapshotSource>,
+        Arc::clone(&registry),
+        Arc::clone(&metrics),
+        None,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let tls = reprise_controller::tls::server_config(&material).expect("tls config");
+    tokio::spawn(server.serve(listener, tls, std::future::pending()));
+    let subscription = Subscription {
+        controller: format!("https://127.0.0.1:{}", addr.port())
+            .parse()
+            .expect("uri"),
+        server_name: Some("localhost".into()),
+        pod: "client-a".into(),
+        namespace: "shop".into(),
+        token_path: dir.join("token"),
+        ca_path: dir.join("ca.crt"),
+        snapshot_path: dir.join("snapshot.json"),
+    };
+    Harness {
+        source,
+        registry,
+        metrics,
+        subscription,
+    }
+}
+
+fn empty_proxy() -> Arc<Proxy> {
+    let proxy = Proxy::new(Snapshot::new(vec![], vec![]).resolve().expect("empty"));
+    proxy.set_ready(false);
+    proxy
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..100 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+fn endpoint_ports(proxy: &Proxy) -> Vec<u16> {
+    proxy
+        .routes()
+        .config
+        .upstreams
+        .iter()
+        .flat_map(|u| u.endpoints.iter().map(|e| e.addr.port()))
+        .collect()
+}
+
+#[tokio::test]
+async fn snapshots_are_pushed_acked_nacked_and_resumed() {
+    let h = harness("flow").await;
+    let proxy = empty_proxy();
+    let task = tokio::spawn(h.subscription.clone().run(Arc::clone(&proxy), None));
+
+    // First snapshot: applied, ACKed, saved.
+    let v1 = h
+        .source
+        .snapshot_for(&Identity {
+            namespace: String::new(),
+            pod: String::new(),
+            labels: BTreeMap::new(),
+        })
+        .version;
+    eventually("first snapshot applied and ACKed", || {
+        h.registry.get("shop", "client-a").and_then(|s| s.acked) == Some(v1.clone())
+    })
+    .await;
+    assert_eq!(endpoint_ports(&proxy), vec![1001]);
+    assert!(proxy.is_ready());
+    assert!(
+        proxy.routes().upstream("api").is_some(),
+        "the Service's short name routes"
+    );
+    assert!(
+        h.subscription.snapshot_path.exists(),
+        "the last good snapshot is on disk"
+    );
+
+    // A change is pushed without polling.
+    h.source.set(snapshot(&[1001, 1002], 1));
+    eventually("second snapshot applied", || {
+        endpoint_ports(&proxy) == vec![1001, 1002]
+    })
+    .await;
+    let v2 = h
+        .source
+        .snapshot_for(&Identity {
+            namespace: String::new(),
+            pod: String::new(),
+            labels: BTreeMap::new(),
+        })
+        .version;
+    eventually("second snapshot ACKed", || {
+        h.registry.get("shop", "client-a").and_then(|s| s.acked) == Some(v2.clone())
+    })
+    .await;
+
+    // An invalid snapshot is NACKed with the field named; the running config stays.
+    h.source.set(snapshot(&[1003], 11));
+    eventually("NACK recorded", || {
+        h.registry
+            .get("shop", "client-a")
+            .and_then(|s| s.nack)
+            .is_some()
+    })
+    .await;
+    let nack = h
+        .registry
+        .get("shop", "client-a")
+        .and_then(|s| s.nack)
+        .expect("nack");
+    assert!(
+        nack.contains("shop/reads: spec.retries.attempts: must be in 0..=10 (got 11)"),
+        "{nack}"
+    );
+    assert_eq!(
+        endpoint_ports(&proxy),
+        vec![1001, 1002],
+        "the last good config keeps serving"
+    );
+    assert_eq!(h.metrics.nacks.load(Ordering::Relaxed), 1);
+    let saved: Snapshot =
+        serde_json::from_slice(&std::fs::read(&h.subscription.snapshot_path).expect("saved"))
+            .expect("json");
+    assert_eq!(saved.version, v2, "a refused snapshot is never saved");
+
+    // Reconnect with the version already running: in sync without a push.
+    task.abort();
+    h.source.set(snapshot(&[1001, 1002], 1));
+    eventually("old connection gone", || {
+        h.registry.get("shop", "client-a").is_none()
+    })
+    .await;
+    let pushes = h.metrics.pushes.load(Ordering::Relaxed);
+    let task = tokio::spawn(
+        h.subscription
+            .clone()
+            .run(Arc::clone(&proxy), Some(v2.clone())),
+    );
+    eventually("resumed in sync", || {
+        h.registry.get("shop", "client-a").and_then(|s| s.acked) == Some(v2.clone())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        h.metrics.pushes.load(Ordering::Relaxed),
+        pushes,
+        "nothing re-sent on resume"
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_sidecar_restarts_from_its_saved_snapshot() {
+    let h = harness("restart").await;
+    let proxy = empty_proxy();
+    let task = tokio::spawn(h.subscription.clone().run(Arc::clone(&proxy), None));
+    eventually("applied", || endpoint_ports(&proxy) == vec![1001]).await;
+    task.abort();
+    let (snapshot, config) = h.subscription.load_saved().expect("saved snapshot loads");
+    assert_eq!(config.upstreams[0].endpoints[0].addr.port(), 1001);
+    assert_eq!(snapshot.version, snapshot_version(&h));
+
+    // A corrupt file is ignored, not trusted.
+    std::fs::write(&h.subscription.snapshot_path, b"{ not json").expect("corrupt");
+    assert!(h.subscription.load_saved().is_none());
+}
+
+fn snapshot_version(h: &Harness) -> String {
+    h.source
+        .snapshot_for(&Identity {
+            namespace: String::new(),
+            pod: String::new(),
+            labels: BTreeMap::new(),
+        })
+        .version
+}
+
+#[tokio::test]
+async fn unknown_tokens_and_other_pods_are_refused() {
+    let h = harness("auth").await;
+    let proxy = empty_proxy();
+    let mut version = None;
+    let mut wrong_token = h.subscription.clone();
+    let token = std::env::temp_dir().join(format!(
+        "reprise-push-{}-auth/bad-token",
+        std::process::id()
+    ));
+    std::fs::write(&token, "forged").expect("token");
+    wrong_token.token_path = token;
+    match wrong_token.session(&proxy, &mut version).await {
+        Err(SubscriptionError::Refused { status, message }) => {
+            assert_eq!(status, 403);
+            assert!(message.contains("unknown token"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let mut other_pod = h.subscription.clone();
+    other_pod.pod = "client-b".into();
+    match other_pod.session(&proxy, &mut version).await {
+        Err(SubscriptionError::Refused { status, .. }) => assert_eq!(status, 403),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(h.registry.connected(), 0);
+    assert!(!proxy.is_ready(), "nothing was applied");
+}

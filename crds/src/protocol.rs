@@ -1,0 +1,39 @@
+//! The config push protocol between controller and sidecars.
+//!
+//! HTTPS (rustls). A sidecar holds `GET /v1/snapshots` open: the response is a
+//! stream of newline-delimited JSON [`Snapshot`](crate::snapshot::Snapshot)s,
+//! the current one first, then one per change; an empty line every
+//! [`HEARTBEAT_SECS`] keeps idle connections honest. The sidecar answers each
+//! snapshot with `POST /v1/acks` carrying an [`Ack`]. Both requests carry the
+//! pod's projected ServiceAccount token (audience [`AUDIENCE`]) as a bearer
+//! token and name the pod in [`POD_HEADER`] and [`NAMESPACE_HEADER`]; the
+//! controller checks the token with the TokenReview API and that it is bound to
+//! that very pod.
+
+use serde::{Deserialize, Serialize};
+
+/// Path of the snapshot stream.
+pub const SNAPSHOTS_PATH: &str = "/v1/snapshots";
+/// Path ACKs and NACKs are posted to.
+pub const ACKS_PATH: &str = "/v1/acks";
+/// Header naming the sidecar's pod.
+pub const POD_HEADER: &str = "x-reprise-pod";
+/// Header naming the sidecar's namespace.
+pub const NAMESPACE_HEADER: &str = "x-reprise-namespace";
+/// Query parameter with the version the sidecar already runs (for resume).
+pub const VERSION_PARAM: &str = "version";
+/// Token audience the controller accepts.
+pub const AUDIENCE: &str = "reprise";
+/// Seconds between heartbeat lines on an idle stream.
+pub const HEARTBEAT_SECS: u64 = 15;
+
+/// A sidecar's answer to one snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ack {
+    /// The snapshot version answered.
+    pub version: String,
+    /// Absent for an ACK; the validation error for a NACK.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

@@ -1,0 +1,338 @@
+//! Kubernetes mode: subscribe to the controller's snapshot stream over TLS,
+//! validate each snapshot with the shared rules, swap it in atomically, ACK or
+//! NACK it, and keep the last good one on disk for restarts while the
+//! controller is away.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rand::Rng;
+use reprise_crds::protocol::{
+    Ack, ACKS_PATH, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH, VERSION_PARAM,
+};
+use reprise_crds::snapshot::Snapshot;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+
+use crate::proxy::Proxy;
+
+/// Where and as whom to subscribe (from the environment; see the README).
+#[derive(Clone, Debug)]
+pub struct Subscription {
+    /// `https://host:port` of the controller's push endpoint.
+    pub controller: Uri,
+    /// TLS server name to verify (default: the URI's host).
+    pub server_name: Option<String>,
+    /// This pod's name.
+    pub pod: String,
+    /// This pod's namespace.
+    pub namespace: String,
+    /// Projected ServiceAccount token (audience `reprise`), re-read on every connect.
+    pub token_path: PathBuf,
+    /// CA certificate(s) that signed the controller's certificate.
+    pub ca_path: PathBuf,
+    /// Where the last good snapshot is kept.
+    pub snapshot_path: PathBuf,
+}
+
+/// Errors of one subscription session.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscriptionError {
+    /// A local file (token, CA) could not be read.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// TLS setup or handshake failed.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// Connecting or speaking HTTP failed.
+    #[error("connection: {0}")]
+    Connection(String),
+    /// The controller refused the subscription.
+    #[error("controller answered {status}: {message}")]
+    Refused {
+        /// HTTP status.
+        status: StatusCode,
+        /// Its explanation.
+        message: String,
+    },
+}
+
+impl Subscription {
+    /// Settings from `REPRISE_*` environment variables; `None` when
+    /// `REPRISE_CONTROLLER` is unset (standalone mode).
+    pub fn from_env() -> Result<Option<Subscription>, String> {
+        let Ok(controller) = std::env::var("REPRISE_CONTROLLER") else {
+            return Ok(None);
+        };
+        let controller: Uri = controller
+            .parse()
+            .map_err(|e| format!("REPRISE_CONTROLLER: {e}"))?;
+        let var = |name: &str| {
+            std::env::var(name).map_err(|_| format!("{name} must be set in Kubernetes mode"))
+        };
+        let path = |name: &str, default: &str| {
+            PathBuf::from(std::env::var(name).unwrap_or_else(|_| default.to_string()))
+        };
+        Ok(Some(Subscription {
+            controller,
+            server_name: std::env::var("REPRISE_CONTROLLER_SERVER_NAME").ok(),
+            pod: var("REPRISE_POD_NAME")?,
+            namespace: var("REPRISE_POD_NAMESPACE")?,
+            token_path: path("REPRISE_TOKEN_PATH", "/var/run/secrets/reprise/token"),
+            ca_path: path("REPRISE_CA_PATH", "/var/run/secrets/reprise/ca.crt"),
+            snapshot_path: path("REPRISE_SNAPSHOT_PATH", "/var/lib/reprise/snapshot.json"),
+        }))
+    }
+
+    /// The last good snapshot on disk, if there is one and it still validates.
+    pub fn load_saved(&self) -> Option<(Snapshot, reprise_crds::Config)> {
+        let bytes = std::fs::read(&self.snapshot_path).ok()?;
+        let snapshot: Snapshot = match serde_json::from_slice(&bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(path = %self.snapshot_path.display(), error = %e, "saved snapshot is corrupt; ignoring it");
+                return None;
+            }
+        };
+        match snapshot.resolve() {
+            Ok(config) => Some((snapshot, config)),
+            Err(e) => {
+                tracing::warn!(path = %self.snapshot_path.display(), error = %e, "saved snapshot does not validate; ignoring it");
+                None
+            }
+        }
+    }
+
+    /// Keeps subscribing forever, reconnecting with jittered exponential backoff.
+    pub async fn run(self, proxy: Arc<Proxy>, mut version: Option<String>) {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match self.session(&proxy, &mut version).await {
+                Ok(()) => {
+                    tracing::info!("controller closed the snapshot stream; reconnecting");
+                    delay = Duration::from_millis(200);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?delay, "snapshot subscription failed; serving the last good snapshot")
+                }
+            }
+            let jittered = delay.mul_f64(rand::rng().random_range(0.5..1.0));
+            tokio::time::sleep(jittered).await;
+            delay = (delay * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    /// One connection: stream snapshots until it ends. Resets the backoff on success.
+    pub async fn session(
+        &self,
+        proxy: &Arc<Proxy>,
+        version: &mut Option<String>,
+    ) -> Result<(), SubscriptionError> {
+        let token = read(&self.token_path)?.trim().to_string();
+        let mut sender = self.connect().await?;
+        let mut uri = format!("{}{SNAPSHOTS_PATH}", self.base());
+        if let Some(v) = version.as_deref() {
+            uri.push_str(&format!("?{VERSION_PARAM}={v}"));
+        }
+        let request = self.request("GET", &uri, &token, Bytes::new())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+        if response.status() != StatusCode::OK {
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Err(SubscriptionError::Refused {
+                status,
+                message: String::from_utf8_lossy(&body).trim().to_string(),
+            });
+        }
+        tracing::info!(controller = %self.controller, resume = ?version, "subscribed to the controller");
+        let mut body = response.into_body();
+        let mut buf = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.extend_from_slice(&data);
+            while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                let line = buf.split_to(i + 1);
+                let line = &line[..i];
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue; // heartbeat
+                }
+                let ack = self.apply(proxy, line, version);
+                let body = Bytes::from(serde_json::to_vec(&ack).unwrap_or_default());
+                let request =
+                    self.request("POST", &format!("{}{ACKS_PATH}", self.base()), &token, body)?;
+                match sender.send_request(request).await {
+                    Ok(r) if r.status().is_success() => {}
+                    Ok(r) => tracing::warn!(status = %r.status(), "controller refused an ACK"),
+                    Err(e) => return Err(SubscriptionError::Connection(e.to_string())),
+                }
+            }
+            buf.advance(0);
+        }
+        Ok(())
+    }
+
+    /// Validates and applies one snapshot line; returns the ACK or NACK to send.
+    fn apply(&self, proxy: &Arc<Proxy>, line: &[u8], version: &mut Option<String>) -> Ack {
+        let snapshot: Snapshot = match serde_json::from_slice(line) {
+            Ok(s) => s,
+            Err(e) => {
+                return Ack {
+                    version: String::new(),
+                    error: Some(format!("snapshot is not valid JSON: {e}")),
+                }
+            }
+        };
+        match snapshot.resolve() {
+            Ok(config) => {
+                proxy.reload(config);
+                proxy.set_ready(true);
+                if let Err(e) = save(&self.snapshot_path, line) {
+                    tracing::warn!(path = %self.snapshot_path.display(), error = %e, "cannot save the snapshot");
+                }
+                tracing::info!(version = %snapshot.version, upstreams = snapshot.upstreams.len(), policies = snapshot.policies.len(), "snapshot applied");
+                *version = Some(snapshot.version.clone());
+                Ack {
+                    version: snapshot.version,
+                    error: None,
+                }
+            }
+            Err(e) => {
+                proxy
+                    .metrics
+                    .reloads_failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!(version = %snapshot.version, error = %e, "snapshot refused; keeping the running configuration");
+                Ack {
+                    version: snapshot.version,
+                    error: Some(e.to_string()),
+                }
+            }
+        }
+    }
+
+    fn base(&self) -> String {
+        let authority = self
+            .controller
+            .authority()
+            .map(|a| a.as_str())
+            .unwrap_or("");
+        format!("https://{authority}")
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        uri: &str,
+        token: &str,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>, SubscriptionError> {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {token}"))
+            .header(POD_HEADER, &self.pod)
+            .header(NAMESPACE_HEADER, &self.namespace)
+            .header("content-type", "application/json")
+            .body(Full::new(body))
+            .map_err(|e| SubscriptionError::Connection(e.to_string()))
+    }
+
+    async fn connect(
+        &self,
+    ) -> Result<hyper::client::conn::http2::SendRequest<Full<Bytes>>, SubscriptionError> {
+        let host = self
+            .controller
+            .host()
+            .unwrap_or("localhost")
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = self.controller.port_u16().unwrap_or(443);
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = std::fs::read(&self.ca_path).map_err(|source| SubscriptionError::File {
+            path: self.ca_path.display().to_string(),
+            source,
+        })?;
+        for cert in CertificateDer::pem_slice_iter(&ca) {
+            let cert = cert
+                .map_err(|e| SubscriptionError::Tls(format!("{}: {e}", self.ca_path.display())))?;
+            roots
+                .add(cert)
+                .map_err(|e| SubscriptionError::Tls(e.to_string()))?;
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| SubscriptionError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let name = self.server_name.clone().unwrap_or_else(|| host.clone());
+        let server_name =
+            ServerName::try_from(name).map_err(|e| SubscriptionError::Tls(e.to_string()))?;
+        let tcp = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::TcpStream::connect((host.as_str(), port)),
+        )
+        .await
+        .map_err(|_| SubscriptionError::Connection("connect timed out".into()))?
+        .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(server_name, tcp)
+            .await
+            .map_err(|e| SubscriptionError::Tls(e.to_string()))?;
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .timer(hyper_util::rt::TokioTimer::new())
+            .handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "controller connection ended");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+fn read(path: &Path) -> Result<String, SubscriptionError> {
+    std::fs::read_to_string(path).map_err(|source| SubscriptionError::File {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Writes atomically: a crash mid-write never leaves a torn snapshot.
+fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(tmp, path)
+}
