@@ -6,11 +6,14 @@
 pub mod auth;
 pub mod crd;
 pub mod endpoints;
+pub mod leader;
 pub mod metrics;
 pub mod push;
 pub mod reconcile;
+pub mod run;
 pub mod selection;
 pub mod sidecars;
+pub mod source;
 pub mod status;
 pub mod tls;
 
