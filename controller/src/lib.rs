@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod crd;
 pub mod endpoints;
+pub mod explain;
 pub mod leader;
 pub mod metrics;
 pub mod push;

@@ -22,6 +22,27 @@ struct Args {
 enum Command {
     /// Print the RetryPolicy CustomResourceDefinition as YAML.
     Crd,
+    /// Request tester: which policy applies to a request, which endpoints are
+    /// eligible and on which failures it would be retried. Sends no traffic.
+    Explain {
+        /// Client namespace.
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
+        /// Client pod whose labels select policies.
+        #[arg(long)]
+        pod: Option<String>,
+        /// Labels of a hypothetical client pod (key=value, repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        /// Header `name: value` (repeatable).
+        #[arg(long = "header", short = 'H')]
+        headers: Vec<String>,
+        /// Method.
+        method: String,
+        /// URL, e.g. http://api/v1/items.
+        url: String,
+    },
+
     /// Run the controller (in cluster, or out of cluster with KUBECONFIG).
     Run {
         /// Push stream listener (TLS).
@@ -53,6 +74,39 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     match args.command {
         Command::Crd => print!("{}", reprise_controller::crd::crd_yaml()?),
+        Command::Explain {
+            namespace,
+            pod,
+            labels,
+            headers,
+            method,
+            url,
+        } => {
+            let client = kube::Client::try_default()
+                .await
+                .context("no Kubernetes configuration (in cluster or KUBECONFIG)")?;
+            let question = reprise_controller::explain::Question {
+                namespace,
+                pod,
+                labels: labels
+                    .iter()
+                    .filter_map(|l| l.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                method: method.to_ascii_uppercase(),
+                url,
+                headers: headers
+                    .iter()
+                    .filter_map(|h| h.split_once(':'))
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .collect(),
+            };
+            print!(
+                "{}",
+                reprise_controller::explain::explain(client, &question).await?
+            );
+        }
+
         Command::Run {
             push_addr,
             metrics_addr,

@@ -378,7 +378,7 @@ def oha(addr, host, seconds, rate, conns=50):
     codes = j.get("statusCodeDistribution", {})
     ok = sum(v for k, v in codes.items() if k.startswith("2"))
     total = sum(codes.values())
-    errors = sum(j.get("errorDistribution", {}).values())
+    errors = sum(v for k, v in j.get("errorDistribution", {}).items() if "deadline" not in k)
     return {
         "rps": j["summary"]["requestsPerSec"],
         "p50": lp["p50"] * 1000.0,

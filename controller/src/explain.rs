@@ -1,0 +1,307 @@
+//! The request tester: for a client pod, a method, a URL and headers, which
+//! policy would apply, which endpoints are eligible, and on which failures the
+//! request would be retried. It sends no traffic.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ListParams;
+use kube::runtime::reflector;
+
+use kube::{Api, Client, ResourceExt};
+use reprise_crds::resource::RetryPolicy;
+use reprise_crds::{Config, FailureBoundary};
+
+use crate::auth::Identity;
+use crate::push::SnapshotSource;
+use crate::source::StoreSource;
+use crate::Error;
+
+/// A request to explain.
+#[derive(Clone, Debug)]
+pub struct Question {
+    /// Client namespace.
+    pub namespace: String,
+    /// Client pod (for its labels); absent means a pod with `labels`.
+    pub pod: Option<String>,
+    /// Labels of a hypothetical client pod.
+    pub labels: BTreeMap<String, String>,
+    /// Method.
+    pub method: String,
+    /// URL, e.g. `http://api/v1/items`.
+    pub url: String,
+    /// Headers as `name: value`.
+    pub headers: Vec<(String, String)>,
+}
+
+/// Answers `q` from the live cluster state, as the sidecar would decide.
+pub async fn explain(client: Client, q: &Question) -> Result<String, Error> {
+    let labels = match &q.pod {
+        Some(name) => {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &q.namespace);
+            pods.get(name).await.map_err(Error::Kube)?.labels().clone()
+        }
+        None => q.labels.clone(),
+    };
+    let (policies, mut pw) = reflector::store::<RetryPolicy>();
+    let (services, mut sw) = reflector::store::<Service>();
+    let (slices, mut ew) = reflector::store::<EndpointSlice>();
+    let lp = ListParams::default();
+    for p in Api::<RetryPolicy>::namespaced(client.clone(), &q.namespace)
+        .list(&lp)
+        .await
+        .map_err(Error::Kube)?
+        .items
+    {
+        pw.apply_watcher_event(&kube::runtime::watcher::Event::Apply(p));
+    }
+    for s in Api::<Service>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(Error::Kube)?
+        .items
+    {
+        sw.apply_watcher_event(&kube::runtime::watcher::Event::Apply(s));
+    }
+    for s in Api::<EndpointSlice>::all(client)
+        .list(&lp)
+        .await
+        .map_err(Error::Kube)?
+        .items
+    {
+        ew.apply_watcher_event(&kube::runtime::watcher::Event::Apply(s));
+    }
+    let (_tx, changes) = tokio::sync::watch::channel(0);
+    let source = StoreSource {
+        policies: policies.clone(),
+        services,
+        slices,
+        changes,
+    };
+    let id = Identity {
+        namespace: q.namespace.clone(),
+        pod: q.pod.clone().unwrap_or_default(),
+        labels,
+    };
+    let snapshot = source.snapshot_for(&id);
+    let config = snapshot
+        .resolve()
+        .map_err(|e| Error::Tls(format!("snapshot does not validate: {e}")))?;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "client: {}/{} labels {:?}",
+        q.namespace,
+        q.pod.as_deref().unwrap_or("(hypothetical)"),
+        id.labels
+    );
+    let _ = writeln!(
+        out,
+        "policies applying to this client: {}",
+        snapshot.policies.len()
+    );
+    let skipped: Vec<String> = policies
+        .state()
+        .iter()
+        .filter(|p| !snapshot.policies.iter().any(|s| s.name == p.name_any()))
+        .map(|p| p.name_any())
+        .collect();
+    if !skipped.is_empty() {
+        let _ = writeln!(
+            out,
+            "not applying (other pods, invalid, or target unresolved): {}",
+            skipped.join(", ")
+        );
+    }
+    answer(&config, q, &mut out);
+    Ok(out)
+}
+
+/// The part of the answer that depends only on the resolved configuration.
+pub fn answer(config: &Config, q: &Question, out: &mut String) {
+    let uri: http::Uri = match q.url.parse() {
+        Ok(u) => u,
+        Err(e) => {
+            let _ = writeln!(out, "invalid URL: {e}");
+            return;
+        }
+    };
+    let host = uri.host().unwrap_or("");
+    let path = uri.path();
+    let Some(upstream) = config
+        .upstreams
+        .iter()
+        .find(|u| u.name == host || u.aliases.iter().any(|a| a == host))
+    else {
+        let _ = writeln!(
+            out,
+            "host {host}: no policy targets it; the sidecar forwards it once, without retries"
+        );
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "upstream {} ({} ready endpoints):",
+        upstream.name,
+        upstream.endpoints.len()
+    );
+    for e in &upstream.endpoints {
+        let _ = writeln!(out, "  {} {}", e.addr, e.name.as_deref().unwrap_or(""));
+    }
+    let header = |name: &str| {
+        q.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_bytes())
+    };
+    let Some(rule) = config
+        .rules
+        .iter()
+        .find(|r| r.matches(&upstream.name, &q.method, path, header))
+    else {
+        let _ = writeln!(out, "no policy matches {} {path}: a failure is returned as is (outcome skipped: retries_off)", q.method);
+        return;
+    };
+    let p = &rule.policy;
+    let _ = writeln!(
+        out,
+        "policy {} (priority {}) matches",
+        rule.id, rule.priority
+    );
+    if !p.enabled() {
+        let _ = writeln!(out, "  attempts is 0: nothing is retried");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  up to {} retries, each to an endpoint not yet tried{}",
+        p.attempts,
+        if p.reuse_endpoints {
+            " (reuse allowed when none is left)"
+        } else {
+            ""
+        }
+    );
+    let statuses = p.retry_statuses.statuses();
+    let _ = writeln!(
+        out,
+        "  retried on statuses: {}",
+        if statuses.is_empty() {
+            "none".to_string()
+        } else {
+            format!("{statuses:?}")
+        }
+    );
+    if p.retry_transport {
+        let what = match p.failure_boundary {
+            FailureBoundary::Connect => {
+                "connect refused or timed out (before the request was written)"
+            }
+            FailureBoundary::BeforeHeaders => {
+                "connect errors, resets, early closes and read timeouts before response headers"
+            }
+        };
+        let _ = writeln!(out, "  retried on transport failures: {what}");
+    } else {
+        let _ = writeln!(out, "  transport failures are not retried");
+    }
+    let _ = writeln!(
+        out,
+        "  body: replayed when at most {} bytes; a larger body only if no byte was sent",
+        p.replay_limit_bytes
+    );
+    let _ = writeln!(
+        out,
+        "  backoff: full jitter up to min({:?} * 2^(n-1), {:?}); budget {}% of requests; deadline {}",
+        p.backoff_base,
+        p.backoff_cap,
+        upstream.budget.percent,
+        p.total_deadline.map_or("none".to_string(), |d| format!("{d:?}"))
+    );
+    if let Some(h) = p.hedge_delay {
+        let _ = writeln!(
+            out,
+            "  hedge: a duplicate to another endpoint after {h:?} without response headers"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reprise_crds::retry_rule::{Boundary, HttpMethod, Match, RetryRule, StatusPreset};
+    use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
+
+    use super::*;
+
+    fn config() -> Config {
+        let upstream = SnapshotUpstream {
+            name: "api.shop".into(),
+            hosts: vec!["api".into(), "api.shop".into()],
+            protocol: Default::default(),
+            endpoints: vec![SnapshotEndpoint {
+                address: "127.0.0.11".into(),
+                port: 8080,
+                pod: Some("api-1".into()),
+                zone: None,
+            }],
+        };
+        let rule = RetryRule {
+            methods: vec![HttpMethod::Get],
+            request_match: Some(Match {
+                path_prefix: Some("/v1/".into()),
+                ..Default::default()
+            }),
+            status_presets: vec![StatusPreset::Gateway],
+            failure_boundary: Boundary::BeforeHeaders,
+            acknowledge_duplicate_risk: true,
+            ..RetryRule::default()
+        };
+        let policy = SnapshotPolicy {
+            namespace: "shop".into(),
+            name: "reads".into(),
+            generation: 1,
+            upstream: "api.shop".into(),
+            rule,
+        };
+        Snapshot::new(vec![upstream], vec![policy])
+            .resolve()
+            .expect("valid")
+    }
+
+    fn ask(method: &str, url: &str) -> String {
+        let q = Question {
+            namespace: "shop".into(),
+            pod: None,
+            labels: BTreeMap::new(),
+            method: method.into(),
+            url: url.into(),
+            headers: vec![],
+        };
+        let mut out = String::new();
+        answer(&config(), &q, &mut out);
+        out
+    }
+
+    #[test]
+    fn explains_match_endpoints_and_retryable_failures() {
+        let out = ask("GET", "http://api/v1/items");
+        assert!(
+            out.contains("policy shop/reads (priority 0) matches"),
+            "{out}"
+        );
+        assert!(out.contains("127.0.0.11:8080 api-1"), "{out}");
+        assert!(
+            out.contains("retried on statuses: [502, 503, 504]"),
+            "{out}"
+        );
+        assert!(
+            out.contains("resets, early closes and read timeouts"),
+            "{out}"
+        );
+        assert!(ask("POST", "http://api/v1/items").contains("no policy matches POST /v1/items"));
+        assert!(ask("GET", "http://api/v2/items").contains("no policy matches GET /v2/items"));
+        assert!(ask("GET", "http://example/x").contains("no policy targets it"));
+    }
+}
