@@ -80,8 +80,8 @@ done
 (($# <= 1)) || die "too many arguments: $*"
 DIR="${1:-${REPRISE_E2E_DIR:-/tmp/reprise-e2e}}"
 [[ -n "$DIR" ]] || die "empty DIR"
-mkdir -p "$DIR"
-DIR="$(cd "$DIR" && pwd)"
+[[ "$CMD" != up ]] || mkdir -p "$DIR"
+if [[ -d "$DIR" ]]; then DIR="$(cd "$DIR" && pwd)"; else DIR="$(realpath -m "$DIR")"; fi
 [[ "$DIR" != / ]] || die "DIR may not be /"
 
 PKI="$DIR/pki"
@@ -124,10 +124,11 @@ start() {
   shift 2
   local logf="$LOGS/$name.log"
   printf '\n==== %s starting: %s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$bin" "$*" >>"$logf"
+  # 8>&-: the child must not inherit (and so keep holding) DIR/.lock.
   if command -v setsid >/dev/null 2>&1; then
-    setsid "$bin" "$@" </dev/null >>"$logf" 2>&1 &
+    setsid "$bin" "$@" </dev/null >>"$logf" 2>&1 8>&- &
   else
-    nohup "$bin" "$@" </dev/null >>"$logf" 2>&1 &
+    nohup "$bin" "$@" </dev/null >>"$logf" 2>&1 8>&- &
   fi
   local pid=$!
   printf '%s\n' "$pid" >"$PIDS/$name.pid"
@@ -219,28 +220,28 @@ any_running() {
 print_env() {
   local prefix="export "
   ((PLAIN)) && prefix=""
-  printf '%sKUBECONFIG=%s\n' "$prefix" "$KUBECONFIG_FILE"
+  printf '%sKUBECONFIG=%q\n' "$prefix" "$KUBECONFIG_FILE"
   printf '%sJAEGER_QUERY=http://127.0.0.1:%s\n' "$prefix" "$JAEGER_QUERY_PORT"
   printf '%sOTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:%s\n' "$prefix" "$OTLP_GRPC_PORT"
   printf '%sREPRISE_E2E_OTLP_HTTP_ENDPOINT=http://127.0.0.1:%s\n' "$prefix" "$OTLP_HTTP_PORT"
-  printf '%sREPRISE_E2E_DIR=%s\n' "$prefix" "$DIR"
+  printf '%sREPRISE_E2E_DIR=%q\n' "$prefix" "$DIR"
 }
 
 # --- Health checks ------------------------------------------------------------------
 need_curl() { command -v curl >/dev/null 2>&1 || die "curl is required (apt-get install curl)"; }
 
 check_etcd() {
-  curl -fsS -m 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'
+  curl --noproxy '*' -fsS -m 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'
 }
 check_kube-apiserver() {
-  [[ "$(curl -fsS -m 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+  [[ "$(curl --noproxy '*' -fsS -m 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
     "https://127.0.0.1:$APISERVER_PORT/readyz" 2>/dev/null)" == ok ]]
 }
 check_kube-controller-manager() {
-  [[ "$(curl -fsS -m 2 --cacert "$PKI/ca.crt" "https://127.0.0.1:$KCM_PORT/healthz" 2>/dev/null)" == ok ]]
+  [[ "$(curl --noproxy '*' -fsS -m 2 --cacert "$PKI/ca.crt" "https://127.0.0.1:$KCM_PORT/healthz" 2>/dev/null)" == ok ]]
 }
 check_jaeger() {
-  curl -fsS -m 2 "http://127.0.0.1:$JAEGER_QUERY_PORT/api/services" 2>/dev/null | grep -q '"data"'
+  curl --noproxy '*' -fsS -m 2 "http://127.0.0.1:$JAEGER_QUERY_PORT/api/services" 2>/dev/null | grep -q '"data"'
 }
 
 # --- Files ----------------------------------------------------------------------------
@@ -534,12 +535,16 @@ cmd_up() {
   mkdir -p "$LOGS" "$PIDS"
   if command -v flock >/dev/null 2>&1; then
     exec 8>"$DIR/.lock"
-    flock -w 300 8 || die "another e2e/cluster.sh holds $DIR/.lock"
+    if ! flock -n 8; then
+      log "waiting (up to 300s) for another e2e/cluster.sh up holding $DIR/.lock"
+      flock -w 300 8 || die "another e2e/cluster.sh up still holds $DIR/.lock after 300s"
+    fi
   fi
   local t0=$SECONDS
   if any_running; then
     ((FRESH == 0)) || die "--fresh: components are running in $DIR; run e2e/cluster.sh down $DIR first"
     load_state || die "components run in $DIR but $STATE is missing; run e2e/cluster.sh down $DIR"
+    log "components already run in $DIR: keeping the ports in $STATE"
   else
     if ((FRESH)); then
       log "--fresh: removing etcd data, certs and config in $DIR (logs kept)"

@@ -272,6 +272,10 @@ impl PushServer {
             }
             None => {
                 self.metrics.acks.fetch_add(1, Ordering::Relaxed);
+                if let Some(latency) = self.registry.since_sent(&id.namespace, &id.pod) {
+                    self.metrics.push_latency.observe(latency);
+                }
+
                 if let Some(touched) = self.registry.ack(&id.namespace, &id.pod, &ack.version) {
                     self.notify(touched);
                 }

@@ -84,12 +84,50 @@ pub async fn reconcile(policy: Arc<RetryPolicy>, ctx: Arc<Context>) -> Result<Ac
         if was_accepted != Some(eval.accepted) {
             publish_verdict(&ctx, &policy, &eval).await;
         }
+        let synced = |s: Option<&reprise_crds::resource::RetryPolicyStatus>| {
+            s.and_then(|s| s.conditions.iter().find(|c| c.type_ == "InSync"))
+                .is_some_and(|c| c.reason == "AllSidecarsInSync")
+        };
+        if !synced(policy.status.as_ref()) && synced(Some(&eval.status)) {
+            publish(
+                &ctx,
+                &policy,
+                EventType::Normal,
+                "InSync",
+                "Push",
+                eval.status.conditions.get(1).map(|c| c.message.clone()),
+            )
+            .await;
+        }
     }
     ctx.failures
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&format!("{ns}/{name}"));
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+async fn publish(
+    ctx: &Context,
+    policy: &RetryPolicy,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: Option<String>,
+) {
+    let Some(recorder) = &ctx.recorder else {
+        return;
+    };
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note,
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &policy.object_ref(&())).await {
+        tracing::warn!(error = %e, "cannot publish event");
+    }
 }
 
 async fn publish_verdict(ctx: &Context, policy: &RetryPolicy, eval: &status::Evaluation) {

@@ -23,6 +23,8 @@ pub struct SidecarState {
     pub nack: Option<String>,
     /// Which connection owns this entry (a reconnect replaces it).
     pub connection: u64,
+    /// When the snapshot last sent was sent.
+    pub sent_at: Option<std::time::Instant>,
 }
 
 /// Every sidecar connected to this replica, by `namespace/pod`.
@@ -72,7 +74,16 @@ impl SidecarRegistry {
         {
             s.sent = Some(version.to_string());
             s.sent_policies = policies;
+            s.sent_at = Some(std::time::Instant::now());
         }
+    }
+
+    /// Time from sending the current snapshot to now (for the push latency metric).
+    pub fn since_sent(&self, namespace: &str, pod: &str) -> Option<std::time::Duration> {
+        self.lock()
+            .get(&(namespace.to_string(), pod.to_string()))
+            .and_then(|s| s.sent_at)
+            .map(|t| t.elapsed())
     }
 
     /// Records an ACK of `version`; returns the policies whose sync may have

@@ -186,13 +186,13 @@ pass "EndpointSlice follows Ready=False"
 TRACE_ID="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 SPAN_ID="$(od -An -tx1 -N8 /dev/urandom | tr -d ' \n')"
 now_ns="$(date +%s%N)"
-curl -fsS -m 5 -H 'Content-Type: application/json' "$REPRISE_E2E_OTLP_HTTP_ENDPOINT/v1/traces" -d @- >/dev/null <<EOF ||
+curl --noproxy '*' -fsS -m 5 -H 'Content-Type: application/json' "$REPRISE_E2E_OTLP_HTTP_ENDPOINT/v1/traces" -d @- >/dev/null <<EOF ||
 {"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"reprise-selftest"}}]},
  "scopeSpans":[{"spans":[{"traceId":"$TRACE_ID","spanId":"$SPAN_ID","name":"selftest","kind":1,
  "startTimeUnixNano":"$((now_ns - 1000000))","endTimeUnixNano":"$now_ns"}]}]}]}
 EOF
   fail "POST OTLP/HTTP span to $REPRISE_E2E_OTLP_HTTP_ENDPOINT"
-poll "$WAIT" bash -c 'curl -fsS -m 2 "$0/api/traces/$1" 2>/dev/null | grep -q "\"operationName\":\"selftest\""' \
+poll "$WAIT" bash -c 'curl --noproxy "*" -fsS -m 2 "$0/api/traces/$1" 2>/dev/null | grep -q "\"operationName\":\"selftest\""' \
   "$JAEGER_QUERY" "$TRACE_ID" || fail "span $TRACE_ID not found via $JAEGER_QUERY/api/traces"
 pass "Jaeger: OTLP/HTTP span found via the query API"
 
