@@ -42,9 +42,19 @@
 #     podIP/podIPs, condition Ready=True), and the controller publishes it.
 #   - it waits for ServiceAccount default/default; Pod admission needs the
 #     namespace's `default` ServiceAccount, so in a new namespace wait for it.
-# The apiserver rejects loopback (127.0.0.0/8) addresses in IPv4/IPv6
-# EndpointSlices and Endpoints (hard-coded validation), so Pods with a 127.x
-# podIP never reach an EndpointSlice; see e2e/cluster/selftest.sh.
+# Caveats, all from the missing kubelet or from apiserver validation:
+#   - A Pod with spec.nodeName set is deleted gracefully and waits for a kubelet
+#     forever (Terminating): delete it with --grace-period=0 --force (or set its
+#     status.phase to Succeeded/Failed first). Namespaces holding such Pods do
+#     not finish deleting until their Pods are force-deleted.
+#   - The apiserver rejects loopback (127.0.0.0/8) addresses in IPv4/IPv6
+#     EndpointSlices and Endpoints (hard-coded validation), so a Pod with a
+#     127.x podIP never reaches an EndpointSlice (the controller reports
+#     FailedToUpdateEndpointSlices); see e2e/cluster/selftest.sh.
+#   - The apiserver caches successful token authentications for 10 s, so a
+#     Pod-bound token still passes TokenReview up to 10 s after its Pod goes.
+#   - The `kubernetes` Service has no endpoints (--endpoint-reconciler-type=none:
+#     its only address would be 127.0.0.1). Clients use KUBECONFIG.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,8 +30,10 @@ use crate::sidecars::SidecarRegistry;
 /// Computes snapshots and announces changes. A trait so the protocol can be
 /// tested without an API server.
 pub trait SnapshotSource: Send + Sync + 'static {
-    /// The snapshot for one sidecar.
+    /// The snapshot for one sidecar. It must depend only on the sidecar's
+    /// namespace and labels: the server shares it between sidecars alike.
     fn snapshot_for(&self, id: &Identity) -> Snapshot;
+
     /// Bumped on every change to anything snapshots are made of.
     fn changes(&self) -> watch::Receiver<u64>;
 }
@@ -52,6 +54,25 @@ pub struct PushServer {
     /// Policies (`namespace/name`) whose sync counts changed, for the reconciler.
     pub on_sync: Option<mpsc::UnboundedSender<String>>,
     connections: AtomicU64,
+    /// Snapshots of the current change generation, by namespace and labels,
+    /// so thousands of alike sidecars cost one computation and one encoding.
+    cache: Mutex<SnapshotCache>,
+}
+
+/// Namespace and sorted labels: what a snapshot depends on.
+type CacheKey = (String, Vec<(String, String)>);
+
+#[derive(Default)]
+struct SnapshotCache {
+    generation: u64,
+    entries: HashMap<CacheKey, Arc<Encoded>>,
+}
+
+/// A snapshot and its wire form.
+struct Encoded {
+    version: String,
+    policies: HashMap<String, i64>,
+    line: Bytes,
 }
 
 type PushBody = BoxBody<Bytes, Infallible>;
@@ -97,7 +118,42 @@ impl PushServer {
             metrics,
             on_sync,
             connections: AtomicU64::new(0),
+            cache: Mutex::default(),
         })
+    }
+
+    /// The encoded snapshot for `id` at change generation `generation`.
+    fn encoded(&self, id: &Identity, generation: u64) -> Arc<Encoded> {
+        let key = (
+            id.namespace.clone(),
+            id.labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Vec<_>>(),
+        );
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if cache.generation != generation {
+                cache.generation = generation;
+                cache.entries.clear();
+            }
+            if let Some(e) = cache.entries.get(&key) {
+                return Arc::clone(e);
+            }
+        }
+        let snapshot = self.source.snapshot_for(id);
+        let mut line = serde_json::to_vec(&snapshot).unwrap_or_default();
+        line.push(b'\n');
+        let encoded = Arc::new(Encoded {
+            policies: policies_of(&snapshot),
+            version: snapshot.version,
+            line: Bytes::from(line),
+        });
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.generation == generation {
+            cache.entries.insert(key, Arc::clone(&encoded));
+        }
+        encoded
     }
 
     /// Serves TLS connections on `listener` until `shutdown` resolves.
@@ -213,22 +269,23 @@ impl PushServer {
         };
         let rx = self.source.changes();
         // Resume: when the sidecar already runs the current version, it is in sync without a push.
-        let current = self.source.snapshot_for(&id);
+        let current = self.encoded(&id, *rx.borrow());
         let mut last = None;
         if resume.as_deref() == Some(current.version.as_str()) {
             self.registry.sent(
                 &id.namespace,
                 &id.pod,
                 &current.version,
-                policies_of(&current),
+                current.policies.clone(),
             );
             let touched = self
                 .registry
                 .ack(&id.namespace, &id.pod, &current.version)
                 .unwrap_or_default();
             self.notify(touched);
-            last = Some(current.version);
+            last = Some(current.version.clone());
         }
+
         let state = StreamState {
             server: self,
             id,
@@ -322,21 +379,20 @@ async fn next_frame(
             }
         }
         st.first = false;
-        let snapshot = st.server.source.snapshot_for(&st.id);
-        if st.last.as_deref() == Some(snapshot.version.as_str()) {
+        let generation = *st.rx.borrow();
+        let encoded = st.server.encoded(&st.id, generation);
+        if st.last.as_deref() == Some(encoded.version.as_str()) {
             continue;
         }
         st.server.registry.sent(
             &st.id.namespace,
             &st.id.pod,
-            &snapshot.version,
-            policies_of(&snapshot),
+            &encoded.version,
+            encoded.policies.clone(),
         );
         st.server.metrics.pushes.fetch_add(1, Ordering::Relaxed);
-        st.last = Some(snapshot.version.clone());
-        let mut line = serde_json::to_vec(&snapshot).unwrap_or_default();
-        line.push(b'\n');
-        return Some((Ok(Frame::data(Bytes::from(line))), st));
+        st.last = Some(encoded.version.clone());
+        return Some((Ok(Frame::data(encoded.line.clone())), st));
     }
 }
 

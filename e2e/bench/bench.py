@@ -31,7 +31,7 @@ PROXY_CPU = os.environ.get("PROXY_CPU", "0")
 LOAD_CPU = os.environ.get("LOAD_CPU", "1")
 # Everything the harness starts runs at this nice level (the same for every
 # system), so unrelated work on the machine (a build) disturbs it less.
-NICE = os.environ.get("BENCH_NICE", "-10")
+NICE = os.environ.get("BENCH_NICE", "-15")
 
 PEERS = ["envoy", "haproxy", "nginx", "traefik"]
 PORTS = {
@@ -728,7 +728,7 @@ def main():
     ap.add_argument("--scenarios", default=os.environ.get("SCENARIOS", "6,1,2,3,4,5,7"))
     ap.add_argument("--s1-seconds", type=int, default=5)
     ap.add_argument("--s1-conns", type=int, default=50)
-    ap.add_argument("--rate", type=int, default=int(os.environ.get("RATE", 5000)))
+    ap.add_argument("--rate", type=int, default=int(os.environ.get("RATE", 2000)))
     ap.add_argument("--s2-seconds", type=int, default=6)
     ap.add_argument("--retry-rate", type=int, default=960)
     ap.add_argument("--retry-seconds", type=int, default=4)
