@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: formatting, lints, then every unit and integration test.
+# The test command: formatting, lints, every unit and integration test, then
+# the end-to-end tests against a real local control plane (e2e/cluster.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v cargo >/dev/null; then
@@ -14,7 +15,25 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+
 cargo test --workspace --locked 2>&1 | tee "$log"
+
+# End to end: a real etcd, kube-apiserver, kube-controller-manager and Jaeger
+# built from their Go modules (cached under ~/.cache/reprise-tools; a bare
+# machine builds them first, which takes about 20 minutes on 2 cores).
+if ! command -v kubectl >/dev/null; then
+  echo "kubectl is required for the end-to-end tests (apt-get install kubectl, or build k8s.io/kubernetes/cmd/kubectl from e2e/tools)" >&2
+  exit 1
+fi
+e2e_dir="$(mktemp -d /tmp/reprise-e2e-test.XXXXXX)"
+cleanup() { bash e2e/cluster.sh down "$e2e_dir" >/dev/null 2>&1 || true; rm -f "$log"; }
+trap cleanup EXIT
+echo "== e2e: local control plane"
+bash e2e/cluster.sh up --fresh "$e2e_dir"
+echo "== e2e: tests"
+cargo build --workspace --bins --locked
+REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test -p reprise-e2e --test cluster --locked -- --ignored --test-threads=1 2>&1 | tee -a "$log"
+
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      END { printf "total: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"

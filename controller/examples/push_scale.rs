@@ -155,6 +155,7 @@ async fn clients(addr: &str, dir: &str, n: usize) -> anyhow::Result<()> {
             token_path: format!("{dir}/token").into(),
             ca_path: format!("{dir}/ca.crt").into(),
             snapshot_path: format!("{dir}/snap/{i}.json").into(),
+            address_map: None,
         };
         let proxy = reprise_sidecar::proxy::Proxy::new(
             Snapshot::new(vec![], vec![])

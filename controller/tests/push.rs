@@ -145,6 +145,7 @@ async fn harness(name: &str) -> Harness {
         token_path: dir.join("token"),
         ca_path: dir.join("ca.crt"),
         snapshot_path: dir.join("snapshot.json"),
+        address_map: None,
     };
     Harness {
         source,

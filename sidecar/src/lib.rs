@@ -8,6 +8,7 @@
 //! response headers reach the client.
 #![forbid(unsafe_code)]
 
+pub mod address_map;
 pub mod admin;
 pub mod budget;
 pub mod clock;

@@ -19,6 +19,7 @@ use reprise_crds::snapshot::Snapshot;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 
+use crate::address_map::AddressMap;
 use crate::proxy::Proxy;
 
 /// Where and as whom to subscribe (from the environment; see the README).
@@ -38,6 +39,8 @@ pub struct Subscription {
     pub ca_path: PathBuf,
     /// Where the last good snapshot is kept.
     pub snapshot_path: PathBuf,
+    /// Endpoint address rewrite for local test clusters (see [`AddressMap`]).
+    pub address_map: Option<AddressMap>,
 }
 
 /// Errors of one subscription session.
@@ -92,6 +95,10 @@ impl Subscription {
             token_path: path("REPRISE_TOKEN_PATH", "/var/run/secrets/reprise/token"),
             ca_path: path("REPRISE_CA_PATH", "/var/run/secrets/reprise/ca.crt"),
             snapshot_path: path("REPRISE_SNAPSHOT_PATH", "/var/lib/reprise/snapshot.json"),
+            address_map: std::env::var("REPRISE_ENDPOINT_ADDRESS_MAP")
+                .ok()
+                .map(|s| AddressMap::parse(&s))
+                .transpose()?,
         }))
     }
 
@@ -106,7 +113,13 @@ impl Subscription {
             }
         };
         match snapshot.resolve() {
-            Ok(config) => Some((snapshot, config)),
+            Ok(mut config) => {
+                if let Some(map) = &self.address_map {
+                    map.apply(&mut config);
+                }
+                Some((snapshot, config))
+            }
+
             Err(e) => {
                 tracing::warn!(path = %self.snapshot_path.display(), error = %e, "saved snapshot does not validate; ignoring it");
                 None
@@ -205,8 +218,12 @@ impl Subscription {
             }
         };
         match snapshot.resolve() {
-            Ok(config) => {
+            Ok(mut config) => {
+                if let Some(map) = &self.address_map {
+                    map.apply(&mut config);
+                }
                 proxy.reload(config);
+
                 proxy.set_ready(true);
                 if let Err(e) = save(&self.snapshot_path, line) {
                     tracing::warn!(path = %self.snapshot_path.display(), error = %e, "cannot save the snapshot");
