@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -131,7 +131,13 @@ impl Subscription {
     pub async fn run(self, proxy: Arc<Proxy>, mut version: Option<String>) {
         let mut delay = Duration::from_millis(200);
         loop {
-            match self.session(&proxy, &mut version).await {
+            let started = tokio::time::Instant::now();
+            let result = self.session(&proxy, &mut version).await;
+            if started.elapsed() > Duration::from_secs(10) {
+                // A session that lived a while was healthy: start backing off afresh.
+                delay = Duration::from_millis(200);
+            }
+            match result {
                 Ok(()) => {
                     tracing::info!("controller closed the snapshot stream; reconnecting");
                     delay = Duration::from_millis(200);
@@ -201,7 +207,6 @@ impl Subscription {
                     Err(e) => return Err(SubscriptionError::Connection(e.to_string())),
                 }
             }
-            buf.advance(0);
         }
         Ok(())
     }
