@@ -9,6 +9,7 @@ pub mod endpoints;
 pub mod explain;
 pub mod leader;
 pub mod metrics;
+pub mod peers;
 pub mod push;
 pub mod reconcile;
 pub mod run;

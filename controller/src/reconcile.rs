@@ -34,6 +34,11 @@ pub struct Context {
     pub sidecars: Arc<SidecarRegistry>,
     /// Consecutive failures per policy, for error backoff.
     pub failures: Mutex<HashMap<String, u32>>,
+    /// Other replicas' sync counts (with leader election), and this replica's identity.
+    pub peers: Option<(
+        kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
+        String,
+    )>,
 }
 
 impl std::fmt::Debug for Context {
@@ -58,7 +63,12 @@ pub async fn reconcile(policy: Arc<RetryPolicy>, ctx: Arc<Context>) -> Result<Ac
         Vec::new()
     };
     let resolved = endpoints::resolve(service.as_ref(), &slices, policy.spec.target_ref.port, &ns);
-    let counts = ctx.sidecars.counts(&policy);
+    let mut counts = ctx.sidecars.counts(&policy);
+    if let Some((store, me)) = &ctx.peers {
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        counts = crate::peers::total(counts, &policy, &crate::peers::reports(store, me), now);
+    }
+
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let eval = status::evaluate(&policy, &resolved, counts, now);
     if policy.status.as_ref() != Some(&eval.status) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -24,7 +24,7 @@ use crate::push::PushServer;
 use crate::reconcile::{self, Context};
 use crate::sidecars::SidecarRegistry;
 use crate::source::StoreSource;
-use crate::{tls, Error};
+use crate::{peers, tls, Error};
 
 /// How the controller runs.
 #[derive(Clone, Debug)]
@@ -96,11 +96,33 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         Arc::clone(&registry),
     ));
 
-    // Only the leader reconciles.
+    // Only the leader reconciles; with several replicas, each publishes its
+    // sidecars' sync counts for the leader to add up.
     let (leading_tx, mut leading) = watch::channel(options.lease.is_none());
+    let mut peers = None;
     if let Some(lease) = options.lease.clone() {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let api = Api::<ConfigMap>::namespaced(client.clone(), &lease.namespace);
+        // Peer counts do not change snapshots: their events need not wake the push streams.
+        let (quiet, _) = watch::channel(0u64);
+        spawn_reflector_with(
+            api,
+            watcher::Config::default().labels(peers::LABEL),
+            writer,
+            Arc::new(quiet),
+        );
+
+        tokio::spawn(peers::publish(
+            client.clone(),
+            lease.namespace.clone(),
+            lease.identity.clone(),
+            policies.clone(),
+            Arc::clone(&registry),
+        ));
+        peers = Some((store, lease.identity.clone()));
         tokio::spawn(leader::run(client.clone(), lease, leading_tx));
     }
+
     let mut sync_rx = Some(sync_rx);
     loop {
         while !*leading.borrow_and_update() {
@@ -120,9 +142,12 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
             metrics: Arc::clone(&metrics),
             sidecars: Arc::clone(&registry),
             failures: Default::default(),
+            peers: peers.clone(),
         });
         let rx = sync_rx.take();
-        let controller = controller(client.clone(), policies.clone(), ctx, rx);
+        let peer_ns = options.lease.as_ref().map(|l| l.namespace.clone());
+        let controller = controller(client.clone(), policies.clone(), ctx, rx, peer_ns);
+
         tokio::select! {
             () = controller => return Ok(()),
             () = lost(&mut leading) => tracing::warn!("leadership lost: reconciler stopped"),
@@ -143,6 +168,7 @@ async fn controller(
     policies: reflector::Store<RetryPolicy>,
     ctx: Arc<Context>,
     sync_rx: Option<mpsc::UnboundedReceiver<String>>,
+    peer_ns: Option<String>,
 ) {
     let by_target = move |ns: Option<String>, target: Option<String>| {
         policies
@@ -162,32 +188,54 @@ async fn controller(
         let (ns, name) = id.split_once('/')?;
         Some(ObjectRef::<RetryPolicy>::new(name).within(ns))
     });
-    Controller::new(
+    let mut controller = Controller::new(
         Api::<RetryPolicy>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .with_config(ControllerConfig::default().debounce(Duration::from_millis(100)))
-    .watches(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-        move |svc| by_target(svc.namespace(), Some(svc.name_any())),
-    )
-    .watches(
-        Api::<EndpointSlice>::all(client),
-        watcher::Config::default(),
-        move |slice| {
-            let target = slice.labels().get("kubernetes.io/service-name").cloned();
-            by_target_for_slices(slice.namespace(), target)
-        },
-    )
-    .reconcile_on(acks)
-    .run(reconcile::reconcile, reconcile::error_policy, ctx)
-    .for_each(|result| async move {
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "reconcile stream");
-        }
-    })
-    .await;
+    );
+    if let Some(ns) = peer_ns {
+        // A peer's new counts re-trigger the policies it reports on.
+        controller = controller.watches(
+            Api::<ConfigMap>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels(peers::LABEL),
+            |cm| {
+                cm.data
+                    .as_ref()
+                    .and_then(|d| d.get("report"))
+                    .and_then(|r| serde_json::from_str::<peers::PeerReport>(r).ok())
+                    .map(|r| {
+                        r.counts
+                            .keys()
+                            .filter_map(|id| id.split_once('/'))
+                            .map(|(ns, name)| ObjectRef::<RetryPolicy>::new(name).within(ns))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
+            },
+        );
+    }
+    controller
+        .with_config(ControllerConfig::default().debounce(Duration::from_millis(100)))
+        .watches(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+            move |svc| by_target(svc.namespace(), Some(svc.name_any())),
+        )
+        .watches(
+            Api::<EndpointSlice>::all(client),
+            watcher::Config::default(),
+            move |slice| {
+                let target = slice.labels().get("kubernetes.io/service-name").cloned();
+                by_target_for_slices(slice.namespace(), target)
+            },
+        )
+        .reconcile_on(acks)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile stream");
+            }
+        })
+        .await;
 }
 
 fn spawn_reflector<K>(
@@ -203,8 +251,25 @@ fn spawn_reflector<K>(
         + Sync
         + 'static,
 {
+    spawn_reflector_with(api, watcher::Config::default(), writer, changes);
+}
+
+fn spawn_reflector_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    changes: Arc<watch::Sender<u64>>,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     tokio::spawn(async move {
-        watcher(api, watcher::Config::default())
+        watcher(api, config)
             .default_backoff()
             .reflect(writer)
             .for_each(|event| {

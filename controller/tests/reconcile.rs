@@ -20,7 +20,9 @@ fn context() -> (Arc<Context>, Handle) {
         metrics: Arc::default(),
         sidecars: Arc::default(),
         failures: Default::default(),
+        peers: None,
     };
+
     (Arc::new(ctx), handle)
 }
 
