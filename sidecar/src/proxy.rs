@@ -32,7 +32,7 @@ pub struct Proxy {
     pub metrics: ProxyMetrics,
     draining: AtomicBool,
     ready: AtomicBool,
-    passthrough: crate::upstream::UpstreamClient,
+    passthrough: crate::upstream::PassthroughClient,
 }
 
 /// Header that tells the client which local failure the sidecar answered for.
@@ -145,6 +145,17 @@ impl Proxy {
             }
         }
         hop_by_hop::strip(&mut parts.headers, upgrade);
+        // The host the client addressed travels as HTTP/2's :authority or HTTP/1's
+        // Host; an HTTP/2 request must not also carry a different Host (RFC 9113 §8.3.1).
+        let authority = parts
+            .headers
+            .get(HOST)
+            .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+            .or_else(|| parts.uri.authority().cloned());
+        if upstream.config.protocol == Protocol::H2c {
+            parts.headers.remove(HOST);
+        }
+
         let chosen = routes.policy_for(
             &upstream,
             parts.method.as_str(),
@@ -194,7 +205,9 @@ impl Proxy {
             },
             headers: parts.headers,
             attempts_sent: 0,
+            authority,
         };
+
         let (fin, report) = retry::run(&upstream, template, body, Plan { policy, skip }).await;
         upstream.metrics.record_outcome(report.outcome);
         let response = match fin {

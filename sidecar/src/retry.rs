@@ -35,6 +35,9 @@ pub struct RequestTemplate {
     pub headers: HeaderMap,
     /// Attempts built so far (numbers the attempt header).
     pub attempts_sent: u32,
+    /// The host the client addressed: HTTP/2's `:authority` towards the endpoint
+    /// (the connector dials the endpoint whatever it says). `None` uses the endpoint's address.
+    pub authority: Option<http::uri::Authority>,
 }
 
 /// Request header carrying the attempt number (1 for the first) on retryable requests.
@@ -430,7 +433,7 @@ async fn attempt(
     let state = &up.endpoints[endpoint];
     let _in_flight = state.start();
     let started = Instant::now();
-    let response = up.client.request(request);
+    let response = state.client.request(request);
     let result = match timeout {
         Some((limit, kind)) => match tokio::time::timeout(limit, response).await {
             Ok(r) => r.map_err(|e| classify_client_error(&e)),
@@ -487,7 +490,12 @@ impl RequestTemplate {
         self.attempts_sent += 1;
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(up.endpoints[endpoint].authority.clone());
+        parts.authority = Some(
+            self.authority
+                .clone()
+                .unwrap_or_else(|| up.endpoints[endpoint].authority.clone()),
+        );
+
         parts.path_and_query = Some(self.path_and_query.clone());
         let mut request = Request::new(body);
         *request.method_mut() = self.method.clone();

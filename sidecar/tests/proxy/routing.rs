@@ -104,7 +104,15 @@ async fn h2c_on_both_sides() {
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(
                     |req: http::Request<hyper::body::Incoming>| async move {
-                        let version = format!("{:?}", req.version());
+                        let version = format!(
+                            "{:?} {} {}",
+                            req.version(),
+                            req.uri().authority().map_or("-", |a| a.as_str()),
+                            req.headers()
+                                .get("host")
+                                .map_or("-", |h| h.to_str().unwrap_or("?"))
+                        );
+
                         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
                             Bytes::from(version),
                         )))
@@ -138,6 +146,6 @@ async fn h2c_on_both_sides() {
         let resp = t.await.expect("response");
         assert_eq!(resp.status(), 200);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
-        assert_eq!(&body[..], b"HTTP/2.0", "the upstream saw HTTP/2");
+        assert_eq!(&body[..], b"HTTP/2.0 grpc -", "the upstream saw HTTP/2, :authority as the client addressed it, and no conflicting Host");
     }
 }
