@@ -123,7 +123,8 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         tokio::spawn(leader::run(client.clone(), lease, leading_tx));
     }
 
-    let mut sync_rx = Some(sync_rx);
+    // Shared so that a replica that loses and regains leadership keeps receiving ACK triggers.
+    let sync_rx = Arc::new(std::sync::Mutex::new(sync_rx));
     loop {
         while !*leading.borrow_and_update() {
             if leading.changed().await.is_err() {
@@ -144,7 +145,7 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
             failures: Default::default(),
             peers: peers.clone(),
         });
-        let rx = sync_rx.take();
+        let rx = Arc::clone(&sync_rx);
         let peer_ns = options.lease.as_ref().map(|l| l.namespace.clone());
         let controller = controller(client.clone(), policies.clone(), ctx, rx, peer_ns);
 
@@ -167,7 +168,7 @@ async fn controller(
     client: Client,
     policies: reflector::Store<RetryPolicy>,
     ctx: Arc<Context>,
-    sync_rx: Option<mpsc::UnboundedReceiver<String>>,
+    sync_rx: Arc<std::sync::Mutex<mpsc::UnboundedReceiver<String>>>,
     peer_ns: Option<String>,
 ) {
     let by_target = move |ns: Option<String>, target: Option<String>| {
@@ -179,10 +180,12 @@ async fn controller(
             .collect::<Vec<_>>()
     };
     let by_target_for_slices = by_target.clone();
-    let mut sync_rx = sync_rx;
-    let acks = futures_util::stream::poll_fn(move |cx| match sync_rx.as_mut() {
-        Some(rx) => rx.poll_recv(cx),
-        None => std::task::Poll::Ready(None),
+    // Only one controller runs at a time, so the lock is never contended.
+    let acks = futures_util::stream::poll_fn(move |cx| {
+        sync_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .poll_recv(cx)
     })
     .filter_map(|id: String| async move {
         let (ns, name) = id.split_once('/')?;
