@@ -168,17 +168,12 @@ impl Authenticator for TokenReviewer {
 }
 
 fn fingerprint(token: &str, namespace: &str, pod: &str) -> u64 {
-    // FNV-1a: a cache key, not a secret; the token itself is never stored or logged.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in token
+    // A cache key, not a secret; the token itself is never stored or logged.
+    let bytes = token
         .bytes()
         .chain([0])
         .chain(namespace.bytes())
         .chain([0])
-        .chain(pod.bytes())
-    {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+        .chain(pod.bytes());
+    reprise_crds::snapshot::fnv1a(bytes)
 }

@@ -54,16 +54,19 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
     let (slices, slice_writer) = reflector::store::<EndpointSlice>();
     spawn_reflector(
         Api::<RetryPolicy>::all(client.clone()),
+        watcher::Config::default(),
         policy_writer,
         Arc::clone(&changes_tx),
     );
     spawn_reflector(
         Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
         service_writer,
         Arc::clone(&changes_tx),
     );
     spawn_reflector(
         Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default(),
         slice_writer,
         Arc::clone(&changes_tx),
     );
@@ -105,7 +108,7 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         let api = Api::<ConfigMap>::namespaced(client.clone(), &lease.namespace);
         // Peer counts do not change snapshots: their events need not wake the push streams.
         let (quiet, _) = watch::channel(0u64);
-        spawn_reflector_with(
+        spawn_reflector(
             api,
             watcher::Config::default().labels(peers::LABEL),
             writer,
@@ -242,22 +245,6 @@ async fn controller(
 }
 
 fn spawn_reflector<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-    changes: Arc<watch::Sender<u64>>,
-) where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    spawn_reflector_with(api, watcher::Config::default(), writer, changes);
-}
-
-fn spawn_reflector_with<K>(
     api: Api<K>,
     config: watcher::Config,
     writer: reflector::store::Writer<K>,

@@ -34,10 +34,10 @@ pub struct Upstream {
     /// Protocol to the endpoints.
     pub protocol: Protocol,
     /// Time allowed to establish a connection.
-    #[serde(serialize_with = "ser_millis")]
+    #[serde(with = "crate::policy::millis")]
     pub connect_timeout: Duration,
     /// Time one attempt may wait for response headers (`timeouts.read_ms`).
-    #[serde(serialize_with = "ser_opt_millis")]
+    #[serde(with = "crate::policy::opt_millis")]
     pub read_timeout: Option<Duration>,
     /// The upstream's own retry policy (its `retries` block); applies when no rule matches.
     pub retries: RetryPolicy,
@@ -67,7 +67,7 @@ pub struct BudgetSettings {
     /// Share of requests that may be retries, in (0, 100].
     pub percent: f64,
     /// Length of the rolling window.
-    #[serde(serialize_with = "ser_millis")]
+    #[serde(with = "crate::policy::millis")]
     pub window: Duration,
     /// Retries per second always allowed on top of the percentage (0 = the
     /// gateway document's formula exactly).
@@ -81,7 +81,7 @@ pub struct PassiveHealth {
     /// Consecutive failures that eject an endpoint (0 = never eject).
     pub consecutive_failures: u32,
     /// How long an ejected endpoint is left out of picks.
-    #[serde(serialize_with = "ser_millis")]
+    #[serde(with = "crate::policy::millis")]
     pub ejection: Duration,
 }
 
@@ -111,7 +111,7 @@ pub struct ProxySettings {
     /// Bytes all replay buffers together may hold.
     pub replay_reservation_bytes: u64,
     /// Time in-flight requests get to finish after SIGTERM.
-    #[serde(serialize_with = "ser_millis")]
+    #[serde(with = "crate::policy::millis")]
     pub drain_timeout: Duration,
     /// Largest request head (request line and headers) accepted, in bytes.
     pub max_request_header_bytes: usize,
@@ -148,16 +148,5 @@ impl Rule {
                     .any(|u| u.eq_ignore_ascii_case(upstream)))
             && self.methods.contains(method)
             && self.request_match.matches(path, header)
-    }
-}
-
-fn ser_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn ser_opt_millis<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => ser_millis(d, s),
-        None => s.serialize_none(),
     }
 }

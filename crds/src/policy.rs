@@ -229,7 +229,8 @@ impl RetryPolicy {
     }
 }
 
-mod millis {
+/// Serializes a `Duration` as whole milliseconds.
+pub(crate) mod millis {
     use std::time::Duration;
 
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -237,7 +238,8 @@ mod millis {
     }
 }
 
-mod opt_millis {
+/// Serializes an optional `Duration` as whole milliseconds or null.
+pub(crate) mod opt_millis {
     use std::time::Duration;
 
     pub fn serialize<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {

@@ -72,6 +72,13 @@ pub struct SnapshotPolicy {
     pub rule: RetryRule,
 }
 
+/// FNV-1a, 64 bit: a stable, fast, non-cryptographic hash.
+pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 impl Snapshot {
     /// A snapshot with its version computed from its content.
     pub fn new(
@@ -96,12 +103,7 @@ impl Snapshot {
     /// FNV-1a over the canonical JSON of the content (stable across processes).
     pub fn content_hash(&self) -> String {
         let json = serde_json::to_vec(&(&self.upstreams, &self.policies)).unwrap_or_default();
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in json {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("{h:016x}")
+        format!("{:016x}", fnv1a(json))
     }
 
     /// Validates every policy with the shared rules and resolves the sidecar

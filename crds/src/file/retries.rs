@@ -126,11 +126,10 @@ impl RetriesSpec {
             methods = methods.union(post);
         }
         // POST is acknowledged by retry_post itself; other unsafe methods need the explicit flag.
-        let without_post = MethodSet::NONE.union(methods);
-        let other_unsafe = without_post.is_any()
+        let other_unsafe = methods.is_any()
             || ["PUT", "DELETE", "PATCH"]
                 .iter()
-                .any(|m| without_post.contains(m));
+                .any(|m| methods.contains(m));
         if other_unsafe && !acknowledged {
             errs.push(
                 format!("{p}.acknowledge_duplicate_risk"),

@@ -99,14 +99,20 @@ async fn status_retries_in_a_rule_go_to_a_different_endpoint_each_time() {
         config(&[&a, &b, &c], "")
     );
     let sidecar = Sidecar::start(&yaml).await;
-    for _ in 0..10 {
+    for n in 1..=10 {
+        let (a0, b0) = (a.count(), b.count());
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+        let (da, db) = (a.count() - a0, b.count() - b0);
+        assert!(
+            da <= 1 && db <= 1,
+            "request {n}: a failing endpoint was tried twice ({da}, {db})"
+        );
+        let last = c.received().last().and_then(|r| r.attempt);
+        assert_eq!(
+            last,
+            Some(u32::try_from(1 + da + db).expect("small")),
+            "request {n}: the good endpoint got the attempt after each distinct failure"
+        );
     }
     assert_eq!(c.count(), 10);
-    let a_attempts: Vec<_> = a.received().iter().map(|r| r.attempt).collect();
-    let b_attempts: Vec<_> = b.received().iter().map(|r| r.attempt).collect();
-    assert!(
-        a.count() <= 10 && b.count() <= 10,
-        "{a_attempts:?} {b_attempts:?}"
-    );
 }
