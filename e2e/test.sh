@@ -29,9 +29,19 @@ e2e_dir="$(mktemp -d /tmp/reprise-e2e-test.XXXXXX)"
 cleanup() { bash e2e/cluster.sh down "$e2e_dir" >/dev/null 2>&1 || true; rm -f "$log"; }
 trap cleanup EXIT
 echo "== e2e: local control plane"
-bash e2e/cluster.sh up --fresh "$e2e_dir"
+bash e2e/cluster.sh up --fresh "$e2e_dir" >"$e2e_dir.env"
+# KUBECONFIG, JAEGER_QUERY, OTEL_EXPORTER_OTLP_ENDPOINT of this cluster.
+# shellcheck disable=SC1090
+source "$e2e_dir.env"
+rm -f "$e2e_dir.env"
 echo "== e2e: tests"
 cargo build --workspace --bins --locked
+# HELM and the other tool paths (already built by `cluster.sh up`).
+# shellcheck disable=SC1090
+source "$(bash e2e/build-tools.sh --env-file)"
+export HELM
+echo "== chart: lint, render every documented combination, schema refusals"
+bash charts/test.sh
 REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test -p reprise-e2e --test cluster --locked -- --ignored --test-threads=1 2>&1 | tee -a "$log"
 
 # One closing line for the whole run, summed over every test binary.

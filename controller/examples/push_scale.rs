@@ -113,6 +113,8 @@ async fn server(dir: &str) -> anyhow::Result<()> {
         let parts: Vec<&str> = line.split_whitespace().collect();
         match parts.as_slice() {
             ["connected"] => println!("connected {}", registry.connected()),
+            // Exit with the connections open, so a profiler reports them.
+            ["exit"] => std::process::exit(0),
             ["bump", round, n] => {
                 while sync_rx.try_recv().is_ok() {}
                 let n: usize = n.parse()?;
@@ -153,7 +155,7 @@ async fn clients(addr: &str, dir: &str, n: usize) -> anyhow::Result<()> {
             pod: format!("client-{i}"),
             namespace: "bench".into(),
             token_path: format!("{dir}/token").into(),
-            ca_path: format!("{dir}/ca.crt").into(),
+            ca: reprise_sidecar::subscription::TrustedCa::File(format!("{dir}/ca.crt").into()),
             snapshot_path: format!("{dir}/snap/{i}.json").into(),
             address_map: None,
         };
@@ -175,7 +177,19 @@ fn driver(n: usize) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("reprise-push-scale-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("snap"))?;
     let exe = std::env::current_exe()?;
-    let mut server = Command::new(&exe)
+    // PUSH_SCALE_SERVER_WRAPPER runs the server under a profiler, e.g.
+    // "valgrind --tool=massif --massif-out-file=/tmp/massif.out".
+    let wrapper = std::env::var("PUSH_SCALE_SERVER_WRAPPER").unwrap_or_default();
+    let mut words = wrapper.split_whitespace();
+    let mut server = match words.next() {
+        Some(program) => {
+            let mut c = Command::new(program);
+            c.args(words).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let mut server = server
         .args(["server", &dir.display().to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -239,6 +253,13 @@ fn driver(n: usize) -> anyhow::Result<()> {
         rss_mb(server.id()),
         cpu
     );
+    let _ = writeln!(input, "exit");
+    for _ in 0..600 {
+        if server.try_wait()?.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let _ = clients.kill();
     let _ = server.kill();
     let _ = clients.wait();

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod crd;
 pub mod endpoints;
 pub mod explain;
+pub mod injection;
 pub mod leader;
 pub mod metrics;
 pub mod peers;
@@ -14,10 +15,12 @@ pub mod push;
 pub mod reconcile;
 pub mod run;
 pub mod selection;
+pub mod selftest;
 pub mod sidecars;
 pub mod source;
 pub mod status;
 pub mod tls;
+pub mod webhook;
 
 /// Errors of the controller library.
 #[derive(Debug, thiserror::Error)]

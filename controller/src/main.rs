@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use reprise_controller::injection::InjectionConfig;
 use reprise_controller::leader::LeaseSettings;
-use reprise_controller::run::{self, Options};
+use reprise_controller::run::{self, Options, WebhookOptions};
 
 /// Reprise controller.
 #[derive(Debug, Parser)]
@@ -22,6 +23,21 @@ struct Args {
 enum Command {
     /// Print the RetryPolicy CustomResourceDefinition as YAML.
     Crd,
+    /// Checks an installation: the CRD is served, a controller holds the
+    /// Lease, the webhook has a caBundle. Exit status 1 when a check fails.
+    Selftest {
+        /// The controller's namespace.
+        #[arg(
+            long,
+            short = 'n',
+            env = "POD_NAMESPACE",
+            default_value = "reprise-system"
+        )]
+        namespace: String,
+        /// MutatingWebhookConfiguration to check.
+        #[arg(long)]
+        webhook_configuration: Option<String>,
+    },
     /// Request tester: which policy applies to a request, which endpoints are
     /// eligible and on which failures it would be retried. Sends no traffic.
     Explain {
@@ -60,9 +76,28 @@ enum Command {
         /// Elect a leader with a Lease so several replicas can run.
         #[arg(long)]
         leader_election: bool,
-        /// Namespace of the Lease.
-        #[arg(long, env = "POD_NAMESPACE", default_value = "reprise-system")]
-        lease_namespace: String,
+        /// The controller's namespace: its Lease, peer ConfigMaps and TLS Secret live there.
+        #[arg(
+            long,
+            alias = "lease-namespace",
+            env = "POD_NAMESPACE",
+            default_value = "reprise-system"
+        )]
+        namespace: String,
+        /// Keep the CA and serving certificate in this Secret (created when
+        /// absent), shared by every replica, instead of --tls-dir.
+        #[arg(long)]
+        tls_secret: Option<String>,
+        /// Serve the sidecar-injecting webhook (HTTPS, path /inject) here.
+        #[arg(long, requires = "injection_config")]
+        webhook_addr: Option<SocketAddr>,
+        /// What injected sidecars look like (YAML; the chart's injection ConfigMap).
+        #[arg(long)]
+        injection_config: Option<PathBuf>,
+        /// MutatingWebhookConfiguration whose caBundle to keep set to the
+        /// controller's CA (leave out when cert-manager injects it).
+        #[arg(long)]
+        webhook_configuration: Option<String>,
         /// This replica's identity in the Lease.
         #[arg(long, env = "POD_NAME")]
         identity: Option<String>,
@@ -107,14 +142,47 @@ async fn main() -> anyhow::Result<()> {
             );
         }
 
+        Command::Selftest {
+            namespace,
+            webhook_configuration,
+        } => {
+            let client = kube::Client::try_default()
+                .await
+                .context("no Kubernetes configuration (in cluster or KUBECONFIG)")?;
+            let checks = reprise_controller::selftest::run(
+                client,
+                &namespace,
+                webhook_configuration.as_deref(),
+                Duration::from_secs(30),
+            )
+            .await;
+            let mut failed = 0;
+            for c in &checks {
+                match &c.result {
+                    Ok(detail) => println!("ok   {}: {detail}", c.name),
+                    Err(why) => {
+                        failed += 1;
+                        println!("FAIL {}: {why}", c.name);
+                    }
+                }
+            }
+            if failed > 0 {
+                anyhow::bail!("{failed} of {} checks failed", checks.len());
+            }
+        }
+
         Command::Run {
             push_addr,
             metrics_addr,
             tls_dir,
             tls_sans,
             leader_election,
-            lease_namespace,
+            namespace,
             identity,
+            tls_secret,
+            webhook_addr,
+            injection_config,
+            webhook_configuration,
         } => {
             tracing_subscriber::fmt()
                 .json()
@@ -127,11 +195,27 @@ async fn main() -> anyhow::Result<()> {
             let client = kube::Client::try_default()
                 .await
                 .context("no Kubernetes configuration (in cluster or KUBECONFIG)")?;
+            let webhook = match webhook_addr {
+                Some(addr) => {
+                    let path =
+                        injection_config.context("--webhook-addr needs --injection-config")?;
+                    let text = std::fs::read_to_string(&path)
+                        .with_context(|| format!("{}", path.display()))?;
+                    let injection = InjectionConfig::from_yaml(&text)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                    Some(WebhookOptions {
+                        addr,
+                        injection,
+                        configuration: webhook_configuration,
+                    })
+                }
+                None => None,
+            };
             let identity =
                 identity.unwrap_or_else(|| format!("reprise-controller-{}", std::process::id()));
             let lease = leader_election.then(|| LeaseSettings {
                 name: "reprise-controller".into(),
-                namespace: lease_namespace,
+                namespace: namespace.clone(),
                 identity,
                 duration: Duration::from_secs(15),
                 renew_every: Duration::from_secs(5),
@@ -144,6 +228,9 @@ async fn main() -> anyhow::Result<()> {
                     tls_dir,
                     tls_sans,
                     lease,
+                    tls_secret,
+                    namespace,
+                    webhook,
                 },
             )
             .await?;

@@ -20,6 +20,12 @@ pub struct Metrics {
     pub nacks: AtomicU64,
     /// Time from sending a snapshot to its ACK.
     pub push_latency: Histogram,
+    /// Pods the webhook injected.
+    pub injections: AtomicU64,
+    /// Pods the webhook left as they were (opted out, already injected).
+    pub injection_skips: AtomicU64,
+    /// Pods the webhook refused (an invalid override annotation).
+    pub injection_refusals: AtomicU64,
 }
 
 /// Upper bounds of the push latency histogram, in seconds.
@@ -107,6 +113,24 @@ impl Metrics {
                 "counter",
                 "Snapshot NACKs received.",
                 self.nacks.load(Ordering::Relaxed),
+            ),
+            (
+                "reprise_controller_injections_total",
+                "counter",
+                "Pods the webhook injected with the sidecar.",
+                self.injections.load(Ordering::Relaxed),
+            ),
+            (
+                "reprise_controller_injection_skips_total",
+                "counter",
+                "Pods the webhook admitted unchanged (opted out or already injected).",
+                self.injection_skips.load(Ordering::Relaxed),
+            ),
+            (
+                "reprise_controller_injection_refusals_total",
+                "counter",
+                "Pods the webhook refused for an invalid override annotation.",
+                self.injection_refusals.load(Ordering::Relaxed),
             ),
             (
                 "reprise_controller_connected_sidecars",

@@ -17,9 +17,11 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use reprise_crds::protocol::{
-    Ack, ACKS_PATH, HEARTBEAT_SECS, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH, VERSION_PARAM,
+    Ack, ACKS_PATH, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
+    UPGRADE_PROTOCOL, VERSION_PARAM,
 };
 use reprise_crds::snapshot::Snapshot;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
@@ -193,7 +195,7 @@ impl PushServer {
                     };
                 let service = service_fn(move |req| Arc::clone(&server).handle(req));
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), service)
+                    .serve_connection_with_upgrades(TokioIo::new(tls), service)
                     .await;
             });
         }
@@ -246,7 +248,7 @@ impl PushServer {
         }
     }
 
-    async fn stream(self: Arc<Self>, req: Request<Incoming>) -> Response<PushBody> {
+    async fn stream(self: Arc<Self>, mut req: Request<Incoming>) -> Response<PushBody> {
         let id = match self.identify(&req).await {
             Ok(id) => id,
             Err(resp) => return resp,
@@ -294,6 +296,31 @@ impl PushServer {
             first: true,
             _registration: registration,
         };
+        let upgrade = req.headers().get(http::header::UPGRADE).is_some_and(|v| {
+            v.as_bytes()
+                .eq_ignore_ascii_case(UPGRADE_PROTOCOL.as_bytes())
+        });
+        if upgrade {
+            let on_upgrade = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                match on_upgrade.await {
+                    Ok(io) => session(TokioIo::new(io), state).await,
+                    Err(e) => tracing::debug!(error = %e, "push upgrade failed"),
+                }
+            });
+            let mut response = Response::new(BodyExt::boxed(Full::new(Bytes::new())));
+            *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            let headers = response.headers_mut();
+            headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("upgrade"),
+            );
+            headers.insert(
+                http::header::UPGRADE,
+                http::HeaderValue::from_static(UPGRADE_PROTOCOL),
+            );
+            return response;
+        }
         let frames = futures_util::stream::unfold(state, next_frame);
         let mut response = Response::new(BodyExt::boxed(StreamBody::new(frames)));
         response.headers_mut().insert(
@@ -321,6 +348,15 @@ impl PushServer {
             Ok(a) => a,
             Err(e) => return text(StatusCode::BAD_REQUEST, &format!("invalid ack: {e}\n")),
         };
+        self.record_ack(&id, &ack);
+        Response::builder()
+            .status(StatusCode::NO_CONTENT)
+            .body(BodyExt::boxed(Full::new(Bytes::new())))
+            .unwrap_or_default()
+    }
+
+    /// Counts an ACK or NACK from the sidecar `id` and updates its sync state.
+    fn record_ack(&self, id: &Identity, ack: &Ack) {
         match &ack.error {
             Some(error) => {
                 self.metrics.nacks.fetch_add(1, Ordering::Relaxed);
@@ -338,10 +374,6 @@ impl PushServer {
                 }
             }
         }
-        Response::builder()
-            .status(StatusCode::NO_CONTENT)
-            .body(BodyExt::boxed(Full::new(Bytes::new())))
-            .unwrap_or_default()
     }
 
     fn notify(&self, policies: Vec<String>) {
@@ -365,34 +397,92 @@ struct StreamState {
 async fn next_frame(
     mut st: StreamState,
 ) -> Option<(Result<Frame<Bytes>, Infallible>, StreamState)> {
-    loop {
-        if !st.first {
-            tokio::select! {
-                changed = st.rx.changed() => {
-                    changed.ok()?;
-                    tokio::time::sleep(DEBOUNCE).await;
-                    st.rx.borrow_and_update();
+    let line = st.next_line().await?;
+    Some((Ok(Frame::data(line)), st))
+}
+
+impl StreamState {
+    /// The next line to send: the snapshot when it changed, else a heartbeat.
+    /// `None` when the change source is gone.
+    async fn next_line(&mut self) -> Option<Bytes> {
+        loop {
+            if !self.first {
+                tokio::select! {
+                    changed = self.rx.changed() => {
+                        changed.ok()?;
+                        tokio::time::sleep(DEBOUNCE).await;
+                        self.rx.borrow_and_update();
+                    }
+                    () = tokio::time::sleep(Duration::from_secs(HEARTBEAT_SECS)) => {
+                        return Some(Bytes::from_static(b"\n"));
+                    }
                 }
-                () = tokio::time::sleep(Duration::from_secs(HEARTBEAT_SECS)) => {
-                    return Some((Ok(Frame::data(Bytes::from_static(b"\n"))), st));
+            }
+            self.first = false;
+            let generation = *self.rx.borrow();
+            let encoded = self.server.encoded(&self.id, generation);
+            if self.last.as_deref() == Some(encoded.version.as_str()) {
+                continue;
+            }
+            self.server.registry.sent(
+                &self.id.namespace,
+                &self.id.pod,
+                &encoded.version,
+                encoded.policies.clone(),
+            );
+            self.server.metrics.pushes.fetch_add(1, Ordering::Relaxed);
+            self.last = Some(encoded.version.clone());
+            return Some(encoded.line.clone());
+        }
+    }
+}
+
+/// The upgraded, bidirectional stream: snapshots out, ACK lines in. The two
+/// directions run as whole loops raced against each other (not per line), so
+/// neither loses a wake-up; when either ends the connection is done.
+async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
+    let (read, mut write) = tokio::io::split(io);
+    let (server, id) = (Arc::clone(&st.server), st.id.clone());
+    let writer = async move {
+        while let Some(line) = st.next_line().await {
+            if write.write_all(&line).await.is_err() || write.flush().await.is_err() {
+                break;
+            }
+        }
+    };
+    let reader = async move {
+        // ACK lines are short: a small buffer keeps thousands of idle streams cheap.
+        let mut reader = tokio::io::BufReader::with_capacity(1024, read);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match (&mut reader)
+                .take(MAX_LINE_BYTES as u64)
+                .read_until(b'\n', &mut line)
+                .await
+            {
+                Ok(0) | Err(_) => break,
+                Ok(_) if !line.ends_with(b"\n") => {
+                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, "over-long or truncated ACK line; closing");
+                    break;
+                }
+                Ok(_) => {}
+            }
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match serde_json::from_slice::<Ack>(&line) {
+                Ok(ack) => server.record_ack(&id, &ack),
+                Err(e) => {
+                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, error = %e, "invalid ACK line; closing");
+                    break;
                 }
             }
         }
-        st.first = false;
-        let generation = *st.rx.borrow();
-        let encoded = st.server.encoded(&st.id, generation);
-        if st.last.as_deref() == Some(encoded.version.as_str()) {
-            continue;
-        }
-        st.server.registry.sent(
-            &st.id.namespace,
-            &st.id.pod,
-            &encoded.version,
-            encoded.policies.clone(),
-        );
-        st.server.metrics.pushes.fetch_add(1, Ordering::Relaxed);
-        st.last = Some(encoded.version.clone());
-        return Some((Ok(Frame::data(encoded.line.clone())), st));
+    };
+    tokio::select! {
+        () = writer => {}
+        () = reader => {}
     }
 }
 

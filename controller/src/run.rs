@@ -18,6 +18,7 @@ use reprise_crds::resource::RetryPolicy;
 use tokio::sync::{mpsc, watch};
 
 use crate::auth::TokenReviewer;
+use crate::injection::InjectionConfig;
 use crate::leader::{self, LeaseSettings};
 use crate::metrics::Metrics;
 use crate::push::PushServer;
@@ -39,6 +40,24 @@ pub struct Options {
     pub tls_sans: Vec<String>,
     /// Lease election; `None` runs as the only replica.
     pub lease: Option<LeaseSettings>,
+    /// Keep the TLS material in this Secret (of `namespace`) instead of `tls_dir`.
+    pub tls_secret: Option<String>,
+    /// The controller's own namespace.
+    pub namespace: String,
+    /// The sidecar-injecting webhook, when enabled.
+    pub webhook: Option<WebhookOptions>,
+}
+
+/// The injection webhook's settings.
+#[derive(Clone, Debug)]
+pub struct WebhookOptions {
+    /// HTTPS listener.
+    pub addr: SocketAddr,
+    /// What injected sidecars look like.
+    pub injection: InjectionConfig,
+    /// MutatingWebhookConfiguration whose caBundle the controller keeps set;
+    /// `None` when something else (cert-manager) does it.
+    pub configuration: Option<String>,
 }
 
 /// Runs until the process is stopped.
@@ -72,8 +91,35 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
     );
 
     // The push server runs on every replica.
-    let material = tls::load_or_generate(&options.tls_dir, &options.tls_sans)?;
+    let material = match &options.tls_secret {
+        Some(name) => {
+            tls::load_or_create_secret(client.clone(), &options.namespace, name, &options.tls_sans)
+                .await?
+        }
+        None => tls::load_or_generate(&options.tls_dir, &options.tls_sans)?,
+    };
     let tls_config = tls::server_config(&material)?;
+    if let Some(webhook) = options.webhook.clone() {
+        let native = crate::webhook::supports_native_sidecars(&client).await;
+        let server = Arc::new(crate::webhook::Webhook::new(
+            webhook.injection,
+            material.ca_pem.clone(),
+            native,
+            Arc::clone(&metrics),
+        ));
+        let listener = tokio::net::TcpListener::bind(webhook.addr)
+            .await
+            .map_err(|e| Error::Tls(format!("cannot listen on {}: {e}", webhook.addr)))?;
+        tracing::info!(addr = %webhook.addr, native, "injection webhook listening");
+        tokio::spawn(server.serve(listener, Arc::clone(&tls_config)));
+        if let Some(name) = webhook.configuration {
+            tokio::spawn(crate::webhook::keep_ca_bundle(
+                client.clone(),
+                name,
+                material.ca_pem.clone(),
+            ));
+        }
+    }
     let (sync_tx, sync_rx) = mpsc::unbounded_channel::<String>();
     let source = Arc::new(StoreSource {
         policies: policies.clone(),

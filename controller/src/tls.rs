@@ -53,6 +53,77 @@ pub fn load_or_generate(dir: &Path, sans: &[String]) -> Result<TlsMaterial, Erro
     Ok(material)
 }
 
+/// Reads the CA and serving certificate from the Secret `name`, creating it
+/// with generated material when it does not exist. Every replica calls this
+/// at start; whichever creates the Secret first wins and the others read it,
+/// so all replicas serve the same certificate under the same CA.
+pub async fn load_or_create_secret(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    sans: &[String],
+) -> Result<TlsMaterial, Error> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, PostParams};
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    for _ in 0..3 {
+        if let Some(secret) = api.get_opt(name).await.map_err(Error::Kube)? {
+            return from_secret(&secret);
+        }
+        let material = generate(sans)?;
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(namespace.to_string()),
+                labels: Some(
+                    [(
+                        "app.kubernetes.io/part-of".to_string(),
+                        "reprise".to_string(),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            string_data: Some(
+                [
+                    ("ca.crt".to_string(), material.ca_pem.clone()),
+                    ("tls.crt".to_string(), material.cert_pem.clone()),
+                    ("tls.key".to_string(), material.key_pem.clone()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => {
+                tracing::info!(%namespace, %name, "generated the CA and serving certificate");
+                return Ok(material);
+            }
+            // Another replica created it between our get and create: read theirs.
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(Error::Kube(e)),
+        }
+    }
+    Err(Error::Tls(format!(
+        "Secret {namespace}/{name} keeps appearing and disappearing"
+    )))
+}
+
+fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Result<TlsMaterial, Error> {
+    let data = secret.data.as_ref();
+    let field = |key: &str| {
+        data.and_then(|d| d.get(key))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .ok_or_else(|| Error::Tls(format!("Secret has no {key}")))
+    };
+    Ok(TlsMaterial {
+        ca_pem: field("ca.crt")?,
+        cert_pem: field("tls.crt")?,
+        key_pem: field("tls.key")?,
+    })
+}
+
 /// A new private CA and a serving certificate for `sans`.
 pub fn generate(sans: &[String]) -> Result<TlsMaterial, Error> {
     let tls = |e: rcgen::Error| Error::Tls(e.to_string());

@@ -111,3 +111,12 @@ fn schema_carries_the_bounds_the_api_server_enforces() {
     assert_eq!(names["shortNames"][0], "rp");
     assert!(crd["spec"]["versions"][0]["subresources"]["status"].is_object());
 }
+
+#[test]
+fn helm_chart_crd_matches_the_types() {
+    let generated = reprise_controller::crd::crd_yaml().expect("render");
+    assert!(
+        committed("charts/reprise/crds/retrypolicy.yaml") == generated,
+        "charts/reprise/crds/retrypolicy.yaml is stale: run `cp crds/retrypolicy.yaml charts/reprise/crds/retrypolicy.yaml` (after regenerating crds/retrypolicy.yaml)"
+    );
+}

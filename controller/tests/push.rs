@@ -16,7 +16,7 @@ use reprise_controller::sidecars::SidecarRegistry;
 use reprise_crds::retry_rule::{Retries, RetryRule};
 use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
 use reprise_sidecar::proxy::Proxy;
-use reprise_sidecar::subscription::{Subscription, SubscriptionError};
+use reprise_sidecar::subscription::{Subscription, SubscriptionError, TrustedCa};
 use tokio::sync::watch;
 
 struct FixedTokens(HashMap<String, (String, String)>);
@@ -143,7 +143,7 @@ async fn harness(name: &str) -> Harness {
         pod: "client-a".into(),
         namespace: "shop".into(),
         token_path: dir.join("token"),
-        ca_path: dir.join("ca.crt"),
+        ca: TrustedCa::File(dir.join("ca.crt")),
         snapshot_path: dir.join("snapshot.json"),
         address_map: None,
     };

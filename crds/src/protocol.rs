@@ -9,6 +9,14 @@
 //! token and name the pod in [`POD_HEADER`] and [`NAMESPACE_HEADER`]; the
 //! controller checks the token with the TokenReview API and that it is bound to
 //! that very pod.
+//!
+//! Sidecars use the upgraded form: `GET /v1/snapshots` over HTTP/1.1 with
+//! `Connection: upgrade` and `Upgrade: `[`UPGRADE_PROTOCOL`]. After `101
+//! Switching Protocols` the TLS connection carries newline-delimited JSON both
+//! ways: snapshots (and heartbeats) from the controller, one [`Ack`] line per
+//! snapshot from the sidecar. The token is checked once, at the upgrade. This
+//! costs the controller a fraction of an HTTP/2 connection's buffers per
+//! sidecar, which is what lets one replica hold thousands of them.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +32,10 @@ pub const NAMESPACE_HEADER: &str = "x-reprise-namespace";
 pub const VERSION_PARAM: &str = "version";
 /// Token audience the controller accepts.
 pub const AUDIENCE: &str = "reprise";
+/// The `Upgrade` token of the bidirectional form.
+pub const UPGRADE_PROTOCOL: &str = "reprise-push/1";
+/// Longest line either side accepts on the upgraded stream.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// Seconds between heartbeat lines on an idle stream.
 pub const HEARTBEAT_SECS: u64 = 15;
 

@@ -5,4 +5,6 @@
 //! `reprise-sidecar` binary in front of them.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
+pub mod jaeger;
 pub mod upstream_server;

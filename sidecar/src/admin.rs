@@ -25,6 +25,9 @@ pub struct Admin {
     pub proxy: Arc<Proxy>,
     /// Set when the log level can be changed.
     pub set_log_level: Option<LogLevelSetter>,
+    /// Serve only `/live` and `/ready`: the health listener the kubelet
+    /// probes on the pod IP, which must expose nothing else.
+    pub health_only: bool,
 }
 
 impl std::fmt::Debug for Admin {
@@ -36,6 +39,9 @@ impl std::fmt::Debug for Admin {
 impl Admin {
     /// Handles one admin request.
     pub async fn handle(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+        if self.health_only && !matches!(req.uri().path(), "/live" | "/ready") {
+            return Ok(text(StatusCode::NOT_FOUND, "not found\n"));
+        }
         let (status, content_type, body) = match (req.method(), req.uri().path()) {
             (&Method::GET, "/live") => (StatusCode::OK, "text/plain", "live\n".to_string()),
             (&Method::GET, "/ready") if self.proxy.is_draining() => (
@@ -187,6 +193,23 @@ impl Admin {
             "reprise_unknown_upstream_total {}",
             m.unknown_upstream.load(Ordering::Relaxed)
         );
+        let spans = self.proxy.tracing().counters();
+        let _ = writeln!(
+            fams.family("reprise_trace_spans_exported_total"),
+            "reprise_trace_spans_exported_total {}",
+            spans.map_or(0, |c| c.exported())
+        );
+        let _ = writeln!(
+            fams.family("reprise_trace_spans_dropped_total"),
+            "reprise_trace_spans_dropped_total {}",
+            spans.map_or(0, |c| c.dropped())
+        );
         fams.finish()
     }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = status;
+    resp
 }

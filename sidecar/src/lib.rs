@@ -26,6 +26,7 @@ pub mod retry;
 pub mod routes;
 pub mod server;
 pub mod subscription;
+pub mod telemetry;
 pub mod upstream;
 
 /// Errors the sidecar library reports to its binary.
@@ -42,5 +43,23 @@ pub enum Error {
         /// The I/O error.
         #[source]
         source: std::io::Error,
+    },
+    /// An `OTEL_*` variable asks for something the sidecar cannot do. Refused
+    /// at start: a typo must not leave tracing silently pointing nowhere.
+    #[error("{var}={value:?}: {reason}")]
+    TracingEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        reason: &'static str,
+    },
+    /// The OTLP trace exporter could not be set up (e.g. a malformed endpoint).
+    #[error("cannot set up the OTLP trace exporter")]
+    TracingExporter {
+        /// The exporter's error.
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
     },
 }

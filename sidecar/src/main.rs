@@ -10,6 +10,7 @@ use clap::Parser;
 use reprise_sidecar::admin::{Admin, LogLevelSetter};
 use reprise_sidecar::proxy::Proxy;
 use reprise_sidecar::subscription::Subscription;
+use reprise_sidecar::telemetry::Tracing;
 use reprise_sidecar::{reload, server};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -30,6 +31,10 @@ struct Args {
     /// Admin listener (/live, /ready, /config, /metrics). Keep it on localhost.
     #[arg(long, default_value = "127.0.0.1:15000")]
     admin: SocketAddr,
+    /// Health listener serving only /live and /ready, for the kubelet's probes
+    /// on the pod IP (the admin listener stays on localhost).
+    #[arg(long)]
+    health: Option<SocketAddr>,
     /// Validate the configuration and exit: 0 valid, 2 invalid. Opens no connection.
     #[arg(long)]
     check: bool,
@@ -125,7 +130,11 @@ fn init_logging(format: &str) -> (LogLevelSetter, tracing_appender::non_blocking
     (setter, guard)
 }
 
+/// Longest the exit waits for queued spans to reach the collector.
+const TRACE_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCode> {
+    let traces = Tracing::from_env().context("OpenTelemetry tracing")?;
     let (proxy, source) = match &args.config {
         Some(path) => {
             let bytes =
@@ -140,7 +149,10 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
                     return Ok(ExitCode::from(2));
                 }
             };
-            (Proxy::new(config), Source::File(path.clone(), bytes))
+            (
+                Proxy::with_tracing(config, traces.clone()),
+                Source::File(path.clone(), bytes),
+            )
         }
         None => {
             let subscription = Subscription::from_env()
@@ -150,13 +162,16 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
             let (proxy, version) = match subscription.load_saved() {
                 Some((snapshot, config)) => {
                     tracing::info!(version = %snapshot.version, "serving the saved snapshot until the controller answers");
-                    (Proxy::new(config), Some(snapshot.version))
+                    (
+                        Proxy::with_tracing(config, traces.clone()),
+                        Some(snapshot.version),
+                    )
                 }
                 None => {
                     let empty = reprise_crds::snapshot::Snapshot::new(Vec::new(), Vec::new())
                         .resolve()
                         .map_err(|e| anyhow::anyhow!("empty snapshot: {e}"))?;
-                    let proxy = Proxy::new(empty);
+                    let proxy = Proxy::with_tracing(empty, traces.clone());
                     proxy.set_ready(false);
                     (proxy, None)
                 }
@@ -170,14 +185,28 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
     let admin_listener = tokio::net::TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", args.admin))?;
-    tracing::info!(listen = %args.listen, admin = %args.admin, "reprise-sidecar serving");
+    tracing::info!(listen = %args.listen, admin = %args.admin, tracing = traces.is_on(), "reprise-sidecar serving");
     tokio::spawn(server::serve_admin(
         admin_listener,
         Admin {
             proxy: Arc::clone(&proxy),
             set_log_level: Some(set_log_level),
+            health_only: false,
         },
     ));
+    if let Some(addr) = args.health {
+        let health_listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (health)"))?;
+        tokio::spawn(server::serve_admin(
+            health_listener,
+            Admin {
+                proxy: Arc::clone(&proxy),
+                set_log_level: None,
+                health_only: true,
+            },
+        ));
+    }
     match source {
         Source::File(path, bytes) => {
             tokio::spawn(reload::watch(path, Arc::clone(&proxy), bytes));
@@ -187,6 +216,9 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
         }
     }
     let drained = server::serve_proxy(listener, Arc::clone(&proxy), shutdown_signal()).await;
+    if !traces.shutdown(TRACE_FLUSH_TIMEOUT).await {
+        tracing::warn!("queued spans did not reach the collector in time; they are lost");
+    }
     tracing::info!(drained, "reprise-sidecar stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -306,4 +306,14 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "counter",
         "Requests for a host that names no upstream.",
     ),
+    (
+        "reprise_trace_spans_exported_total",
+        "counter",
+        "Spans the OTLP collector accepted (0 while tracing is off).",
+    ),
+    (
+        "reprise_trace_spans_dropped_total",
+        "counter",
+        "Spans dropped: export queue full, collector unreachable or export timed out.",
+    ),
 ];

@@ -21,6 +21,7 @@ use crate::replay_body::{ReplayBody, ReplayReservation};
 use crate::response_body::ProxyBody;
 use crate::retry::{self, BodySource, Final, Plan, Report, RequestTemplate};
 use crate::routes::{PolicySource, Routes};
+use crate::telemetry::{RequestSpan, Tracing};
 use crate::upstream::UpstreamState;
 
 /// The proxy's shared state: the current routes and process-wide counters.
@@ -33,14 +34,20 @@ pub struct Proxy {
     draining: AtomicBool,
     ready: AtomicBool,
     passthrough: crate::upstream::PassthroughClient,
+    tracing: Tracing,
 }
 
 /// Header that tells the client which local failure the sidecar answered for.
 pub const ERROR_HEADER: &str = "x-reprise-error";
 
 impl Proxy {
-    /// A proxy serving `config`.
+    /// A proxy serving `config`, tracing off.
     pub fn new(config: Config) -> Arc<Self> {
+        Self::with_tracing(config, Tracing::off())
+    }
+
+    /// A proxy serving `config` that records spans with `tracing`.
+    pub fn with_tracing(config: Config, tracing: Tracing) -> Arc<Self> {
         let reservation = ReplayReservation::new(config.proxy.replay_reservation_bytes);
         Arc::new(Self {
             routes: ArcSwap::from_pointee(Routes::new(config, None)),
@@ -49,7 +56,13 @@ impl Proxy {
             draining: AtomicBool::new(false),
             ready: AtomicBool::new(true),
             passthrough: crate::upstream::passthrough_client(),
+            tracing,
         })
+    }
+
+    /// The tracing pipeline (off unless OTEL_* configured one).
+    pub fn tracing(&self) -> &Tracing {
+        &self.tracing
     }
 
     /// Swaps in a new configuration atomically; budgets, pools and endpoint
@@ -100,12 +113,22 @@ impl Proxy {
         req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, Infallible> {
         self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
-        let response = self.route(req).await;
+        let mut span = self.tracing.request(&req);
+        let response = self.route(req, &mut span).await;
+        let local_error = response
+            .headers()
+            .get(ERROR_HEADER)
+            .and_then(|v| v.to_str().ok());
+        span.end(response.status(), local_error);
         self.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
         Ok(response)
     }
 
-    async fn route(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    async fn route(
+        &self,
+        mut req: Request<Incoming>,
+        span: &mut RequestSpan,
+    ) -> Response<ProxyBody> {
         let started = Instant::now();
         let routes = self.routes.load_full();
         let Some(host) = request_host(&req) else {
@@ -126,6 +149,7 @@ impl Proxy {
             return local(StatusCode::BAD_GATEWAY, "unknown_upstream", msg);
         };
         upstream.budget.record_request();
+        span.routed(&upstream.config.name);
         if req.method() == Method::CONNECT {
             return self.tunnel(req, &upstream).await;
         }
@@ -208,8 +232,14 @@ impl Proxy {
             authority,
         };
 
-        let (fin, report) = retry::run(&upstream, template, body, Plan { policy, skip }).await;
+        let (fin, report) =
+            retry::run(&upstream, template, body, Plan { policy, skip }, span).await;
         upstream.metrics.record_outcome(report.outcome);
+        span.record_outcome(
+            &report,
+            chosen.map(|c| c.source),
+            policy.map_or(0, |p| p.attempts) + 1,
+        );
         let response = match fin {
             Final::Upstream {
                 mut response,

@@ -20,6 +20,7 @@ use crate::endpoint_picker::{EndpointPicker, Tried};
 use crate::failure::{self, classify_client_error, Failure, FailureKind, Phase};
 use crate::outcome::{ExhaustedBy, Outcome, SkipReason};
 use crate::replay_body::{AttemptBody, ReplayBody};
+use crate::telemetry::{AttemptSpan, RequestSpan};
 use crate::upstream::UpstreamState;
 
 /// The parts of the client's request every attempt repeats.
@@ -99,6 +100,7 @@ pub struct Report {
 struct Attempted {
     endpoint: usize,
     result: Result<Response<Incoming>, (FailureKind, Phase)>,
+    span: AttemptSpan,
 }
 
 enum Classified {
@@ -111,12 +113,14 @@ enum Gate {
     Stop(Outcome),
 }
 
-/// Runs the request to its final answer.
+/// Runs the request to its final answer. `trace` gets a CLIENT span per
+/// attempt and an event per retry decision.
 pub async fn run(
     up: &UpstreamState,
     mut template: RequestTemplate,
     mut body: BodySource,
     plan: Plan<'_>,
+    trace: &RequestSpan,
 ) -> (Final, Report) {
     let start = Instant::now();
     let policy = plan.policy;
@@ -161,6 +165,7 @@ pub async fn run(
                     policy,
                     &mut report,
                     &mut retries,
+                    trace,
                 )
                 .await;
                 if let Some(earlier) = earlier {
@@ -170,8 +175,9 @@ pub async fn run(
                 attempted
             }
             None => {
-                let request = template.request(up, endpoint, next_body(&mut body), single);
-                attempt(up, endpoint, request, timeout).await
+                let (request, span) =
+                    template.request(up, endpoint, next_body(&mut body), single, trace, false);
+                attempt(up, endpoint, request, span, timeout).await
             }
         };
         let failure = match classify(up, attempted, policy, &mut report) {
@@ -189,6 +195,7 @@ pub async fn run(
         match gate(up, &failure, &body, plan, retries, deadline, &report) {
             Gate::Stop(outcome) => {
                 report.outcome = outcome;
+                trace.stopped(outcome);
                 if matches!(outcome, Outcome::Exhausted(ExhaustedBy::Budget)) {
                     up.metrics
                         .budget_refusals
@@ -214,6 +221,7 @@ pub async fn run(
                 drop(failure.response);
                 up.metrics.record_retry(&failure.kind.name());
                 report.backoffs.push(delay);
+                trace.backoff(delay);
                 tokio::time::sleep(delay).await;
                 retries += 1;
                 endpoint = next;
@@ -300,6 +308,7 @@ fn classify(
     report: &mut Report,
 ) -> Classified {
     let state = &up.endpoints[attempted.endpoint];
+    let span = attempted.span;
     match attempted.result {
         Ok(response) => {
             // Any response proves the transport works; statuses never eject (rules document).
@@ -307,6 +316,7 @@ fn classify(
             let status = response.status().as_u16();
             if policy.is_some_and(|p| p.retry_statuses.contains(status)) {
                 let kind = FailureKind::UpstreamStatus(status);
+                span.failed(kind, Some(status));
                 report.first_error.get_or_insert(kind);
                 return Classified::Failed(
                     Failure {
@@ -318,9 +328,11 @@ fn classify(
                     attempted.endpoint,
                 );
             }
+            span.responded(status);
             Classified::Final(response, attempted.endpoint)
         }
         Err((kind, phase)) => {
+            span.failed(kind, None);
             if kind.is_transport() {
                 state.record_failure(&up.config.passive_health);
             }
@@ -354,16 +366,13 @@ async fn race_with_hedge(
     policy: Option<&RetryPolicy>,
     report: &mut Report,
     retries: &mut u32,
+    trace: &RequestSpan,
 ) -> (Attempted, Option<Attempted>) {
     let BodySource::Replay(replay) = body else {
         unreachable!("hedging needs a buffered body");
     };
-    let first = attempt(
-        up,
-        endpoint,
-        template.request(up, endpoint, replay.for_attempt(), false),
-        timeout,
-    );
+    let (request, span) = template.request(up, endpoint, replay.for_attempt(), false, trace, false);
+    let first = attempt(up, endpoint, request, span, timeout);
     tokio::pin!(first);
     tokio::select! {
         done = &mut first => return (done, None),
@@ -378,6 +387,7 @@ async fn race_with_hedge(
         up.metrics
             .budget_refusals
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        trace.budget_refused();
         return (first.await, None);
     }
     report.tried.insert(second_endpoint);
@@ -387,18 +397,22 @@ async fn race_with_hedge(
     up.metrics
         .hedges
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    trace.hedge_launched(delay);
     let timeout = attempt_timeout(
         policy
             .and_then(|p| p.attempt_timeout)
             .or(up.config.read_timeout),
         deadline,
     );
-    let second = attempt(
+    let (request, span) = template.request(
         up,
         second_endpoint,
-        template.request(up, second_endpoint, replay.for_attempt(), false),
-        timeout,
+        replay.for_attempt(),
+        false,
+        trace,
+        true,
     );
+    let second = attempt(up, second_endpoint, request, span, timeout);
     tokio::pin!(second);
     let is_final = |a: &Attempted| match &a.result {
         Ok(r) => !policy.is_some_and(|p| p.retry_statuses.contains(r.status().as_u16())),
@@ -428,6 +442,7 @@ async fn attempt(
     up: &UpstreamState,
     endpoint: usize,
     request: Request<AttemptBody>,
+    span: AttemptSpan,
     timeout: Option<(Duration, FailureKind)>,
 ) -> Attempted {
     let state = &up.endpoints[endpoint];
@@ -442,7 +457,11 @@ async fn attempt(
         None => response.await.map_err(|e| classify_client_error(&e)),
     };
     up.metrics.record_attempt(started.elapsed());
-    Attempted { endpoint, result }
+    Attempted {
+        endpoint,
+        result,
+        span,
+    }
 }
 
 /// The per-attempt timeout, shortened to what is left of the deadline.
@@ -478,15 +497,18 @@ fn next_body(body: &mut BodySource) -> AttemptBody {
 }
 
 impl RequestTemplate {
-    /// The request for one attempt to `endpoint`. `last` lets the only attempt
-    /// take the headers instead of copying them.
+    /// The request for one attempt to `endpoint`, and the attempt's CLIENT
+    /// span under `trace`, whose context it carries. `last` lets the only
+    /// attempt take the headers instead of copying them.
     fn request(
         &mut self,
         up: &UpstreamState,
         endpoint: usize,
         body: AttemptBody,
         last: bool,
-    ) -> Request<AttemptBody> {
+        trace: &RequestSpan,
+        hedge: bool,
+    ) -> (Request<AttemptBody>, AttemptSpan) {
         self.attempts_sent += 1;
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(Scheme::HTTP);
@@ -512,7 +534,13 @@ impl RequestTemplate {
                 .headers_mut()
                 .insert(ATTEMPT_HEADER, http::HeaderValue::from(self.attempts_sent));
         }
-        request
+        let span = trace.attempt(
+            &up.endpoints[endpoint].endpoint,
+            &mut request,
+            self.attempts_sent - 1,
+            hedge,
+        );
+        (request, span)
     }
 }
 

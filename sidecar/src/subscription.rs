@@ -7,17 +7,19 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use rand::Rng;
 use reprise_crds::protocol::{
-    Ack, ACKS_PATH, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH, VERSION_PARAM,
+    Ack, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
+    UPGRADE_PROTOCOL, VERSION_PARAM,
 };
 use reprise_crds::snapshot::Snapshot;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use crate::address_map::AddressMap;
 use crate::proxy::Proxy;
@@ -36,11 +38,20 @@ pub struct Subscription {
     /// Projected ServiceAccount token (audience `reprise`), re-read on every connect.
     pub token_path: PathBuf,
     /// CA certificate(s) that signed the controller's certificate.
-    pub ca_path: PathBuf,
+    pub ca: TrustedCa,
     /// Where the last good snapshot is kept.
     pub snapshot_path: PathBuf,
     /// Endpoint address rewrite for local test clusters (see [`AddressMap`]).
     pub address_map: Option<AddressMap>,
+}
+
+/// Where the controller's CA comes from.
+#[derive(Clone, Debug)]
+pub enum TrustedCa {
+    /// A PEM file (`REPRISE_CA_PATH`).
+    File(PathBuf),
+    /// PEM text (`REPRISE_CA_PEM`, set by the injection webhook).
+    Pem(String),
 }
 
 /// Errors of one subscription session.
@@ -93,7 +104,10 @@ impl Subscription {
             pod: var("REPRISE_POD_NAME")?,
             namespace: var("REPRISE_POD_NAMESPACE")?,
             token_path: path("REPRISE_TOKEN_PATH", "/var/run/secrets/reprise/token"),
-            ca_path: path("REPRISE_CA_PATH", "/var/run/secrets/reprise/ca.crt"),
+            ca: match std::env::var("REPRISE_CA_PEM") {
+                Ok(pem) if !pem.trim().is_empty() => TrustedCa::Pem(pem),
+                _ => TrustedCa::File(path("REPRISE_CA_PATH", "/var/run/secrets/reprise/ca.crt")),
+            },
             snapshot_path: path("REPRISE_SNAPSHOT_PATH", "/var/lib/reprise/snapshot.json"),
             address_map: std::env::var("REPRISE_ENDPOINT_ADDRESS_MAP")
                 .ok()
@@ -152,7 +166,9 @@ impl Subscription {
         }
     }
 
-    /// One connection: stream snapshots until it ends. Resets the backoff on success.
+    /// One connection: an upgraded bidirectional stream (see
+    /// [`reprise_crds::protocol`]): snapshot lines in, one ACK line out per
+    /// snapshot, until it ends.
     pub async fn session(
         &self,
         proxy: &Arc<Proxy>,
@@ -164,12 +180,21 @@ impl Subscription {
         if let Some(v) = version.as_deref() {
             uri.push_str(&format!("?{VERSION_PARAM}={v}"));
         }
-        let request = self.request("GET", &uri, &token, Bytes::new())?;
+        let mut request = self.request("GET", &uri, &token, Bytes::new())?;
+        let headers = request.headers_mut();
+        headers.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("upgrade"),
+        );
+        headers.insert(
+            http::header::UPGRADE,
+            http::HeaderValue::from_static(UPGRADE_PROTOCOL),
+        );
         let response = sender
             .send_request(request)
             .await
             .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
-        if response.status() != StatusCode::OK {
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
             let status = response.status();
             let body = response
                 .into_body()
@@ -182,33 +207,51 @@ impl Subscription {
                 message: String::from_utf8_lossy(&body).trim().to_string(),
             });
         }
+        let io = hyper::upgrade::on(response)
+            .await
+            .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
         tracing::info!(controller = %self.controller, resume = ?version, "subscribed to the controller");
-        let mut body = response.into_body();
-        let mut buf = BytesMut::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| SubscriptionError::Connection(e.to_string()))?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            buf.extend_from_slice(&data);
-            while let Some(i) = buf.iter().position(|b| *b == b'\n') {
-                let line = buf.split_to(i + 1);
-                let line = &line[..i];
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue; // heartbeat
-                }
-                let ack = self.apply(proxy, line, version);
-                let body = Bytes::from(serde_json::to_vec(&ack).unwrap_or_default());
-                let request =
-                    self.request("POST", &format!("{}{ACKS_PATH}", self.base()), &token, body)?;
-                match sender.send_request(request).await {
-                    Ok(r) if r.status().is_success() => {}
-                    Ok(r) => tracing::warn!(status = %r.status(), "controller refused an ACK"),
-                    Err(e) => return Err(SubscriptionError::Connection(e.to_string())),
-                }
+        let (read, mut write) = tokio::io::split(TokioIo::new(io));
+        let mut reader = tokio::io::BufReader::new(read);
+        let mut line = Vec::new();
+        // The controller sends a heartbeat every HEARTBEAT_SECS: silence for
+        // three of them means the connection is dead even if TCP has not noticed.
+        let silence = Duration::from_secs(3 * HEARTBEAT_SECS);
+        loop {
+            line.clear();
+            let read = tokio::time::timeout(
+                silence,
+                (&mut reader)
+                    .take(MAX_LINE_BYTES as u64)
+                    .read_until(b'\n', &mut line),
+            )
+            .await
+            .map_err(|_| SubscriptionError::Connection(format!("no heartbeat for {silence:?}")))?
+            .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+            if read == 0 {
+                return Ok(());
             }
+            if !line.ends_with(b"\n") {
+                return Err(SubscriptionError::Connection(
+                    "snapshot line over the size limit, or cut short".into(),
+                ));
+            }
+            let text = &line[..line.len() - 1];
+            if text.iter().all(u8::is_ascii_whitespace) {
+                continue; // heartbeat
+            }
+            let ack = self.apply(proxy, text, version);
+            let mut out = serde_json::to_vec(&ack).unwrap_or_default();
+            out.push(b'\n');
+            write
+                .write_all(&out)
+                .await
+                .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+            write
+                .flush()
+                .await
+                .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
         }
-        Ok(())
     }
 
     /// Validates and applies one snapshot line; returns the ACK or NACK to send.
@@ -273,6 +316,10 @@ impl Subscription {
         Request::builder()
             .method(method)
             .uri(uri)
+            .header(
+                http::header::HOST,
+                self.controller.authority().map_or("", |a| a.as_str()),
+            )
             .header("authorization", format!("Bearer {token}"))
             .header(POD_HEADER, &self.pod)
             .header(NAMESPACE_HEADER, &self.namespace)
@@ -283,7 +330,7 @@ impl Subscription {
 
     async fn connect(
         &self,
-    ) -> Result<hyper::client::conn::http2::SendRequest<Full<Bytes>>, SubscriptionError> {
+    ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, SubscriptionError> {
         let host = self
             .controller
             .host()
@@ -293,13 +340,18 @@ impl Subscription {
             .to_string();
         let port = self.controller.port_u16().unwrap_or(443);
         let mut roots = rustls::RootCertStore::empty();
-        let ca = std::fs::read(&self.ca_path).map_err(|source| SubscriptionError::File {
-            path: self.ca_path.display().to_string(),
-            source,
-        })?;
+        let (ca, origin) = match &self.ca {
+            TrustedCa::File(path) => (
+                std::fs::read(path).map_err(|source| SubscriptionError::File {
+                    path: path.display().to_string(),
+                    source,
+                })?,
+                path.display().to_string(),
+            ),
+            TrustedCa::Pem(pem) => (pem.clone().into_bytes(), "REPRISE_CA_PEM".to_string()),
+        };
         for cert in CertificateDer::pem_slice_iter(&ca) {
-            let cert = cert
-                .map_err(|e| SubscriptionError::Tls(format!("{}: {e}", self.ca_path.display())))?;
+            let cert = cert.map_err(|e| SubscriptionError::Tls(format!("{origin}: {e}")))?;
             roots
                 .add(cert)
                 .map_err(|e| SubscriptionError::Tls(e.to_string()))?;
@@ -311,7 +363,8 @@ impl Subscription {
         .map_err(|e| SubscriptionError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        // HTTP/1.1: the stream is upgraded to a plain bidirectional one.
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let name = self.server_name.clone().unwrap_or_else(|| host.clone());
         let server_name =
             ServerName::try_from(name).map_err(|e| SubscriptionError::Tls(e.to_string()))?;
@@ -326,15 +379,12 @@ impl Subscription {
             .connect(server_name, tcp)
             .await
             .map_err(|e| SubscriptionError::Tls(e.to_string()))?;
-        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .timer(hyper_util::rt::TokioTimer::new())
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .handshake(TokioIo::new(tls))
             .await
             .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "controller connection ended");
             }
         });

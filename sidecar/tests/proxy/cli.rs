@@ -13,7 +13,7 @@ use crate::support::{config, Action, Upstream};
 
 const BIN: &str = env!("CARGO_BIN_EXE_reprise-sidecar");
 
-fn temp_file(name: &str, text: &str) -> PathBuf {
+pub(crate) fn temp_file(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("reprise-cli-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("config.yaml");
@@ -21,27 +21,38 @@ fn temp_file(name: &str, text: &str) -> PathBuf {
     path
 }
 
-fn free_addr() -> SocketAddr {
+pub(crate) fn free_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr")
 }
 
-struct Running {
-    child: Child,
-    listen: SocketAddr,
-    admin: SocketAddr,
+/// The real binary, running from a config file.
+pub(crate) struct Running {
+    pub(crate) child: Child,
+    pub(crate) listen: SocketAddr,
+    pub(crate) admin: SocketAddr,
+    /// The health-only listener (`--health`).
+    pub(crate) health: SocketAddr,
 }
 
 impl Running {
     async fn start(config: &std::path::Path) -> Running {
-        let (listen, admin) = (free_addr(), free_addr());
+        Running::start_with_env(config, &[]).await
+    }
+
+    /// Starts the binary with extra environment variables (e.g. `OTEL_*`).
+    pub(crate) async fn start_with_env(config: &std::path::Path, env: &[(&str, &str)]) -> Running {
+        let (listen, admin, health) = (free_addr(), free_addr(), free_addr());
         let child = Command::new(BIN)
+            .envs(env.iter().copied())
             .args(["--config", config.to_str().expect("utf-8 path")])
             .args([
                 "--listen",
                 &listen.to_string(),
                 "--admin",
                 &admin.to_string(),
+                "--health",
+                &health.to_string(),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -51,6 +62,7 @@ impl Running {
             child,
             listen,
             admin,
+            health,
         };
         for _ in 0..100 {
             if running
@@ -66,7 +78,7 @@ impl Running {
     }
 
     /// A GET over a fresh connection; returns status and body.
-    async fn get(&self, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    pub(crate) async fn get(&self, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
         self.request(
             addr,
             &format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n"),
@@ -74,7 +86,8 @@ impl Running {
         .await
     }
 
-    async fn request(&self, addr: SocketAddr, raw: &str) -> Option<(u16, String)> {
+    /// A raw HTTP/1.1 request over a fresh connection; returns status and body.
+    pub(crate) async fn request(&self, addr: SocketAddr, raw: &str) -> Option<(u16, String)> {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
         s.write_all(raw.as_bytes()).await.ok()?;
         let mut out = Vec::new();
@@ -88,7 +101,7 @@ impl Running {
         Some((status, body))
     }
 
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
             .status()
@@ -96,7 +109,8 @@ impl Running {
         assert!(ok.success());
     }
 
-    async fn metric(&self, series: &str) -> Option<f64> {
+    /// The value of the first `/metrics` line starting with `series`.
+    pub(crate) async fn metric(&self, series: &str) -> Option<f64> {
         let (_, text) = self.get(self.admin, "/metrics").await?;
         text.lines()
             .find(|l| l.starts_with(series))
@@ -257,6 +271,20 @@ async fn admin_endpoints_and_one_log_event_per_request() {
         sidecar.get(sidecar.admin, "/nope").await.map(|r| r.0),
         Some(404)
     );
+    // The health listener (on the pod IP in Kubernetes) answers probes and
+    // exposes nothing else.
+    for (path, status) in [
+        ("/live", 200),
+        ("/ready", 200),
+        ("/config", 404),
+        ("/metrics", 404),
+    ] {
+        assert_eq!(
+            sidecar.get(sidecar.health, path).await.map(|r| r.0),
+            Some(status),
+            "{path} on the health listener"
+        );
+    }
     for _ in 0..6 {
         assert_eq!(
             sidecar.get(sidecar.listen, "/").await.map(|r| r.0),

@@ -10,3 +10,4 @@ mod hedging;
 mod limits;
 mod methods;
 mod routing;
+mod tracing;

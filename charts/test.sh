@@ -1,0 +1,359 @@
+#!/usr/bin/env bash
+# Static checks of the Helm chart in charts/reprise; no cluster needed.
+#
+#   charts/test.sh            (HELM=/path/to/helm to pick the binary)
+#
+# Lints the chart (--strict), renders it with `helm template` for every
+# documented combination of values and asserts what must hold for each
+# (structurally with python3 + PyYAML when importable, else with grep), checks
+# that bad values are refused by values.schema.json with the field named, and
+# that the chart's CRD is byte-identical to crds/retrypolicy.yaml.
+# One line per check; exits non-zero when any check fails.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CHART="$ROOT/charts/reprise"
+HELM="${HELM:-$HOME/.cache/reprise-tools/helm-v3.22.0/helm}"
+RELEASE=reprise
+NS=reprise-system
+
+[[ -x "$HELM" ]] || {
+  echo "helm not found at $HELM (set HELM, or build it with e2e/build-tools.sh)" >&2
+  exit 2
+}
+
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+PASSED=0
+FAILED=0
+pass() {
+  PASSED=$((PASSED + 1))
+  echo "ok   $*"
+}
+fail() {
+  FAILED=$((FAILED + 1))
+  echo "FAIL $*"
+}
+
+# Structural assertions need PyYAML; without it (or with CHART_TEST_GREP=1)
+# every check falls back to its grep patterns.
+if [[ -z "${CHART_TEST_GREP:-}" ]] && python3 -c 'import yaml' 2>/dev/null; then
+  MODE=yaml
+else
+  MODE=grep
+fi
+echo "chart: checking $CHART with $("$HELM" version --short) (assertions: $MODE)"
+
+cat >"$TMP/q.py" <<'PY'
+import sys, yaml
+
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+
+def find(kind, name=None):
+    return [d for d in docs if d.get("kind") == kind
+            and (name is None or d["metadata"]["name"] == name)]
+
+def one(kind, name=None):
+    found = find(kind, name)
+    if len(found) != 1:
+        raise AssertionError(f"expected one {kind} {name or ''}, found {len(found)}")
+    return found[0]
+
+def pod(name="reprise-controller"):
+    return one("Deployment", name)["spec"]["template"]["spec"]
+
+def container(name="reprise-controller"):
+    return pod(name)["containers"][0]
+
+def args():
+    return container()["args"]
+
+def env():
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container().get("env", [])}
+
+def webhook():
+    return one("MutatingWebhookConfiguration")["webhooks"][0]
+
+def injection():
+    return yaml.safe_load(one("ConfigMap", "reprise-injection")["data"]["injection.yaml"])
+
+def rules():
+    return [r for d in find("ClusterRole") + find("Role") for r in d.get("rules", [])]
+
+def containers():
+    out = []
+    for d in find("Deployment") + find("Pod"):
+        spec = d["spec"]["template"]["spec"] if d["kind"] == "Deployment" else d["spec"]
+        out += [(d, c) for c in spec["containers"] + spec.get("initContainers", [])]
+    return out
+
+def hardened(d, c):
+    spec = d["spec"]["template"]["spec"] if d["kind"] == "Deployment" else d["spec"]
+    p, s = spec["securityContext"], c["securityContext"]
+    return (p["runAsNonRoot"] and p["seccompProfile"]["type"] == "RuntimeDefault"
+            and s["runAsNonRoot"] and s["runAsUser"] == 65532
+            and s["readOnlyRootFilesystem"] and s["allowPrivilegeEscalation"] is False
+            and s["capabilities"]["drop"] == ["ALL"]
+            and s["seccompProfile"]["type"] == "RuntimeDefault")
+
+def valid():
+    # Every document is a Kubernetes object; no duplicate kind/namespace/name.
+    seen = set()
+    for d in docs:
+        key = (d["apiVersion"], d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+        assert key not in seen, f"duplicate {key}"
+        seen.add(key)
+    return f"{len(docs)} documents"
+
+# argv[2]: file of NUL-separated expressions; one result line each:
+# "ok[ detail]" or "no[ error]".
+for expr in open(sys.argv[2]).read().split("\0"):
+    if not expr:
+        continue
+    try:
+        result = eval(expr)
+        detail = f" ({result})" if isinstance(result, str) else ""
+        print(("ok" if result else "no") + detail)
+    except Exception as e:
+        print(f"no ({type(e).__name__}: {e})".replace("\n", " "))
+PY
+
+# Checks of the current render, evaluated together by flush (one python3
+# start per render: importing yaml is the slow part).
+CURRENT=""
+DESCS=()
+EXPRS=()
+
+# flush: evaluates the queued checks of the current render (yaml mode).
+flush() {
+  ((${#EXPRS[@]})) || return 0
+  printf '%s\0' "${EXPRS[@]}" >"$TMP/exprs"
+  local results=() i line
+  if python3 "$TMP/q.py" "$TMP/$CURRENT.yaml" "$TMP/exprs" >"$TMP/results" 2>"$TMP/q.err"; then
+    mapfile -t results <"$TMP/results"
+  fi
+  for i in "${!EXPRS[@]}"; do
+    line="${results[$i]:-no ($(tail -1 "$TMP/q.err"))}"
+    if [[ $line == ok* ]]; then
+      pass "$CURRENT: ${DESCS[$i]}${line#ok}"
+    else
+      fail "$CURRENT: ${DESCS[$i]}${line#no}"
+    fi
+  done
+  DESCS=()
+  EXPRS=()
+}
+
+# render NAME [helm args...]: renders into $TMP/NAME.yaml and checks that the
+# output is valid YAML made of distinct Kubernetes objects.
+render() {
+  flush
+  CURRENT="$1"
+  shift
+  if "$HELM" template "$RELEASE" "$CHART" -n "$NS" "$@" >"$TMP/$CURRENT.yaml" 2>"$TMP/$CURRENT.err"; then
+    check "renders valid YAML${*:+ with $*}" 'valid()' '+^kind: '
+  else
+    fail "$CURRENT: helm template failed: $(head -3 "$TMP/$CURRENT.err" | tr '\n' ' ')"
+    : >"$TMP/$CURRENT.yaml"
+  fi
+}
+
+# check DESCRIPTION PYTHON-EXPR [+REGEX|-REGEX ...], about the current render.
+# With PyYAML the expression is evaluated against the rendered documents
+# (helpers in q.py); otherwise every +REGEX must and every -REGEX must not
+# match a line of the rendered output (grep -E).
+check() {
+  local desc="$1" expr="$2"
+  shift 2
+  if [[ $MODE == yaml ]]; then
+    DESCS+=("$desc")
+    EXPRS+=("$expr")
+    return 0
+  fi
+  local spec ok=1
+  for spec in "$@"; do
+    case "$spec" in
+      +*) grep -Eq -- "${spec:1}" "$TMP/$CURRENT.yaml" || ok=0 ;;
+      -*) ! grep -Eq -- "${spec:1}" "$TMP/$CURRENT.yaml" || ok=0 ;;
+    esac
+  done
+  if ((ok)); then
+    pass "$CURRENT: $desc"
+  else
+    fail "$CURRENT: $desc"
+  fi
+}
+
+# refuse DESCRIPTION FIELD [helm args...]: helm template must fail and name FIELD.
+refuse() {
+  local desc="$1" field="$2"
+  shift 2
+  if "$HELM" template "$RELEASE" "$CHART" -n "$NS" "$@" >/dev/null 2>"$TMP/refuse.err"; then
+    fail "schema: $desc was accepted ($*)"
+  elif grep -q -- "$field" "$TMP/refuse.err"; then
+    pass "schema: $desc refused, naming $field"
+  else
+    fail "schema: $desc refused without naming $field: $(head -3 "$TMP/refuse.err" | tr '\n' ' ')"
+  fi
+}
+
+SVC="reprise-controller.$NS.svc"
+
+# --- lint and CRD copy ---------------------------------------------------------------
+if "$HELM" lint "$CHART" --strict >"$TMP/lint.out" 2>&1; then
+  pass "lint: helm lint --strict"
+else
+  fail "lint: $(grep -E 'ERROR|WARNING' "$TMP/lint.out" | head -3 | tr '\n' ' ')"
+fi
+if cmp -s "$CHART/crds/retrypolicy.yaml" "$ROOT/crds/retrypolicy.yaml"; then
+  pass "crd: charts/reprise/crds/retrypolicy.yaml == crds/retrypolicy.yaml"
+else
+  fail "crd: charts/reprise/crds/retrypolicy.yaml differs from crds/retrypolicy.yaml (cp it over)"
+fi
+
+# --- defaults ------------------------------------------------------------------------
+render defaults
+check "2 controller replicas, PDB minAvailable 1" \
+  'pod() and one("Deployment","reprise-controller")["spec"]["replicas"] == 2 and one("PodDisruptionBudget")["spec"]["minAvailable"] == 1' \
+  '+^kind: PodDisruptionBudget' '+^  replicas: 2$' '+minAvailable: 1'
+check "controller runs 'run' with the Secret and webhook-configuration flags" \
+  'args()[:2] == ["run","--leader-election"] and "--tls-secret=reprise-tls" in args() and "--webhook-configuration=reprise-sidecar-injector" in args() and not any(a.startswith("--tls-dir") for a in args())' \
+  '+- --tls-secret=reprise-tls' '+- --webhook-configuration=reprise-sidecar-injector' '---tls-dir'
+check "listeners, injection config and TLS SANs in args" \
+  'all(a in args() for a in ["--push-addr=0.0.0.0:15010","--metrics-addr=0.0.0.0:15020","--webhook-addr=0.0.0.0:9443","--injection-config=/etc/reprise/injection.yaml","--tls-san='"$SVC"'","--tls-san='"$SVC"'.cluster.local"])' \
+  '+--webhook-addr=0.0.0.0:9443' "+--tls-san=$SVC\$" "+--tls-san=$SVC.cluster.local"
+check "Service reprise-controller: push 15010, metrics 15020, webhook 443->9443" \
+  '{(p["name"],p["port"],p["targetPort"]) for p in one("Service","reprise-controller")["spec"]["ports"]} == {("push",15010,"push"),("metrics",15020,"metrics"),("webhook",443,"webhook")} and {p["containerPort"] for p in container()["ports"]} == {15010,15020,9443}' \
+  '+^  name: reprise-controller$' '+port: 443' '+containerPort: 9443'
+check "probes: /readyz and /healthz on the metrics port" \
+  'container()["readinessProbe"]["httpGet"] == {"path":"/readyz","port":"metrics"} and container()["livenessProbe"]["httpGet"] == {"path":"/healthz","port":"metrics"}' \
+  '+path: /readyz' '+path: /healthz'
+check "POD_NAME/POD_NAMESPACE from the downward API, REPRISE_LOG, no OTEL_*" \
+  'env()["POD_NAME"] == {"fieldRef":{"fieldPath":"metadata.name"}} and env()["POD_NAMESPACE"] == {"fieldRef":{"fieldPath":"metadata.namespace"}} and env()["REPRISE_LOG"] == "info" and not any(k.startswith("OTEL_") for k in env())' \
+  '+name: POD_NAMESPACE' '+fieldPath: metadata.name' '-OTEL_'
+check "webhook: service clientConfig /inject:443, Ignore, 5s, Never, no caBundle" \
+  'webhook()["clientConfig"] == {"service":{"name":"reprise-controller","namespace":"'"$NS"'","path":"/inject","port":443}} and webhook()["failurePolicy"] == "Ignore" and webhook()["timeoutSeconds"] == 5 and webhook()["reinvocationPolicy"] == "Never" and webhook()["sideEffects"] == "None" and webhook()["admissionReviewVersions"] == ["v1"]' \
+  '+path: /inject' '+failurePolicy: Ignore' '+timeoutSeconds: 5' '-^ +caBundle:' '-^    url:'
+check "webhook selects CREATE pods in enabled namespaces, not $NS/kube-system, not opted-out pods" \
+  'webhook()["rules"] == [{"operations":["CREATE"],"apiGroups":[""],"apiVersions":["v1"],"resources":["pods"],"scope":"Namespaced"}] and webhook()["namespaceSelector"]["matchLabels"] == {"reprise.dev/inject":"enabled"} and webhook()["namespaceSelector"]["matchExpressions"] == [{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["'"$NS"'","kube-system"]}] and webhook()["objectSelector"]["matchExpressions"] == [{"key":"reprise.dev/inject","operator":"NotIn","values":["disabled"]}]' \
+  '+reprise.dev/inject: enabled' '+- "kube-system"' "+- \"$NS\"" '+values: \["disabled"\]'
+check "injection.yaml: sidecar image, controller address, camelCase keys" \
+  'injection() == {"image":"ghcr.io/reprise-dev/reprise-sidecar:0.1.0","imagePullPolicy":"IfNotPresent","controllerAddress":"https://'"$SVC"':15010","serverName":"'"$SVC"'","proxyPort":15001,"adminPort":15000,"logLevel":"info","resources":{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}},"otel":{"endpoint":"","protocol":"grpc","sampler":"parentbased_traceidratio","samplerArg":"0.1"}}' \
+  "+controllerAddress: \"https://$SVC:15010\"" '+image: "ghcr.io/reprise-dev/reprise-sidecar:0.1.0"' '+samplerArg: "0.1"'
+check "injection ConfigMap mounted at /etc/reprise, checksum annotation on the pod" \
+  'any(m["mountPath"] == "/etc/reprise" and m["readOnly"] for m in container()["volumeMounts"]) and len(one("Deployment","reprise-controller")["spec"]["template"]["metadata"]["annotations"]["checksum/injection"]) == 64' \
+  '+mountPath: /etc/reprise' '+checksum/injection: [0-9a-f]{64}'
+check "every container hardened (non-root 65532, read-only root, no escalation, drop ALL, RuntimeDefault)" \
+  'containers() and all(hardened(d, c) for d, c in containers())' \
+  '+readOnlyRootFilesystem: true' '+allowPrivilegeEscalation: false' '+type: RuntimeDefault' '-privileged: true'
+check "controller image defaults to appVersion; anti-affinity by hostname" \
+  'container()["image"] == "ghcr.io/reprise-dev/reprise-controller:0.1.0" and pod()["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"' \
+  '+image: "ghcr.io/reprise-dev/reprise-controller:0.1.0"' '+topologyKey: kubernetes.io/hostname'
+check "RBAC: no wildcards, no cluster-admin, secrets only by name (+create)" \
+  'all("*" not in r.get(k, []) for r in rules() for k in ("verbs","resources","apiGroups","resourceNames")) and all(r.get("resourceNames") == ["reprise-tls"] or r["verbs"] == ["create"] for r in rules() if "secrets" in r["resources"]) and not any("cluster-admin" in str(d) for d in docs)' \
+  '-"\*"' '-cluster-admin'
+check "RBAC: leases/webhook restricted by resourceNames" \
+  'any(r["resources"] == ["leases"] and r["resourceNames"] == ["reprise-controller"] and set(r["verbs"]) == {"get","update","patch"} for r in rules()) and any(r["resources"] == ["mutatingwebhookconfigurations"] and r.get("resourceNames") == ["reprise-sidecar-injector"] and r["verbs"] == ["get","patch"] for r in rules())' \
+  '+resourceNames: \["reprise-controller"\]' '+resourceNames: \["reprise-sidecar-injector"\]'
+check "helm test Pod runs selftest as reprise-test" \
+  'one("Pod","reprise-test")["metadata"]["annotations"]["helm.sh/hook"] == "test" and one("Pod","reprise-test")["spec"]["containers"][0]["command"] == ["/usr/local/bin/reprise-controller","selftest","--namespace","'"$NS"'","--webhook-configuration","reprise-sidecar-injector"] and one("Pod","reprise-test")["spec"]["serviceAccountName"] == "reprise-test" and one("Pod","reprise-test")["spec"]["restartPolicy"] == "Never"' \
+  '+helm.sh/hook: test' '+- selftest' '+serviceAccountName: reprise-test'
+check "no ServiceMonitor, Jaeger or cert-manager objects" \
+  'not find("ServiceMonitor") and not find("Certificate") and not find("Issuer") and not find("Deployment","reprise-jaeger")' \
+  '-kind: ServiceMonitor' '-kind: Certificate' '-reprise-jaeger'
+
+# --- replicas=1 ----------------------------------------------------------------------
+render replicas1 --set controller.replicas=1
+check "PDB omitted with one replica" \
+  'not find("PodDisruptionBudget") and one("Deployment","reprise-controller")["spec"]["replicas"] == 1' \
+  '-kind: PodDisruptionBudget' '+^  replicas: 1$'
+
+# --- cert-manager --------------------------------------------------------------------
+render certmanager --set certManager.enabled=true
+check "webhook annotated cert-manager.io/inject-ca-from: $NS/reprise-webhook" \
+  'one("MutatingWebhookConfiguration")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "'"$NS"'/reprise-webhook"' \
+  "+cert-manager.io/inject-ca-from: $NS/reprise-webhook"
+check "Certificate reprise-webhook -> Secret reprise-webhook-tls for the Service names" \
+  'one("Certificate","reprise-webhook")["spec"]["secretName"] == "reprise-webhook-tls" and one("Certificate","reprise-webhook")["spec"]["dnsNames"] == ["'"$SVC"'","'"$SVC"'.cluster.local"] and one("Certificate","reprise-webhook")["spec"]["issuerRef"]["name"] == "reprise-ca"' \
+  '+secretName: reprise-webhook-tls' "+- $SVC.cluster.local"
+check "self-signed Issuer, CA Certificate and CA Issuer created" \
+  'one("Issuer","reprise-selfsigned")["spec"] == {"selfSigned":{}} and one("Certificate","reprise-ca")["spec"]["isCA"] is True and one("Issuer","reprise-ca")["spec"]["ca"]["secretName"] == "reprise-ca"' \
+  '+selfSigned: \{\}' '+isCA: true'
+check "controller uses --tls-dir with the Secret mounted read-only, no --tls-secret" \
+  '"--tls-dir=/var/run/reprise/tls" in args() and not any(a.startswith(("--tls-secret","--webhook-configuration")) for a in args()) and any(v.get("secret",{}).get("secretName") == "reprise-webhook-tls" for v in pod()["volumes"]) and any(m["mountPath"] == "/var/run/reprise/tls" and m.get("readOnly") for m in container()["volumeMounts"])' \
+  '+--tls-dir=/var/run/reprise/tls' '---tls-secret' '+secretName: reprise-webhook-tls'
+check "controller RBAC drops secrets and webhook patching" \
+  'not any("secrets" in r["resources"] or "mutatingwebhookconfigurations" in r["resources"] for r in one("ClusterRole","reprise-controller")["rules"] + one("Role","reprise-controller")["rules"])' \
+  '-resources: \["secrets"\]' '-resourceNames: \["reprise-tls"\]'
+render certmanager-issuer --set certManager.enabled=true --set certManager.issuerRef.name=corp-ca --set certManager.issuerRef.kind=ClusterIssuer
+check "issuerRef used, no chart-made issuers" \
+  'one("Certificate","reprise-webhook")["spec"]["issuerRef"] == {"name":"corp-ca","kind":"ClusterIssuer","group":"cert-manager.io"} and not find("Issuer")' \
+  '+name: corp-ca' '+kind: ClusterIssuer' '-^kind: Issuer$'
+
+# --- ServiceMonitor ------------------------------------------------------------------
+render servicemonitor --set serviceMonitor.enabled=true --set serviceMonitor.interval=15s
+check "ServiceMonitor scrapes the metrics port every 15s" \
+  'one("ServiceMonitor","reprise-controller")["spec"]["endpoints"] == [{"port":"metrics","path":"/metrics","scheme":"http","interval":"15s"}] and one("ServiceMonitor")["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "controller"' \
+  '+kind: ServiceMonitor' '+port: metrics' '+interval: 15s'
+
+# --- Jaeger --------------------------------------------------------------------------
+JAEGER="http://reprise-jaeger.$NS.svc:4317"
+render jaeger --set jaeger.enabled=true
+check "Jaeger Deployment (2.13.0, hardened, /tmp emptyDir) and Service 4317/4318/16686" \
+  'container("reprise-jaeger")["image"] == "jaegertracing/jaeger:2.13.0" and {p["port"] for p in one("Service","reprise-jaeger")["spec"]["ports"]} == {4317,4318,16686} and any(m["mountPath"] == "/tmp" for m in container("reprise-jaeger")["volumeMounts"])' \
+  '+image: "jaegertracing/jaeger:2.13.0"' '+port: 16686' '+mountPath: /tmp'
+check "controller and sidecars trace to the bundled Jaeger over grpc" \
+  'env()["OTEL_EXPORTER_OTLP_ENDPOINT"] == "'"$JAEGER"'" and env()["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc" and injection()["otel"]["endpoint"] == "'"$JAEGER"'"' \
+  "+value: \"$JAEGER\"" "+endpoint: \"$JAEGER\""
+
+# --- otel.endpoint -------------------------------------------------------------------
+OTEL=http://otel-collector.observability.svc:4318
+render otel --set otel.endpoint=$OTEL --set otel.protocol=http/protobuf --set otel.samplerArg=0.25
+check "OTEL_* env for the controller, all values strings" \
+  'env()["OTEL_EXPORTER_OTLP_ENDPOINT"] == "'"$OTEL"'" and env()["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf" and env()["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio" and env()["OTEL_TRACES_SAMPLER_ARG"] == "0.25" and env()["OTEL_SERVICE_NAME"] == "reprise-controller" and all(isinstance(e.get("value", ""), str) for e in container()["env"])' \
+  "+value: \"$OTEL\"" '+value: "0.25"' '+value: "reprise-controller"'
+check "OTEL_RESOURCE_ATTRIBUTES from the downward API (defined before use)" \
+  'env()["OTEL_RESOURCE_ATTRIBUTES"] == "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),k8s.node.name=$(NODE_NAME)" and [e["name"] for e in container()["env"]].index("NODE_NAME") < [e["name"] for e in container()["env"]].index("OTEL_RESOURCE_ATTRIBUTES") and env()["NODE_NAME"] == {"fieldRef":{"fieldPath":"spec.nodeName"}}' \
+  '+k8s.pod.name=\$\(POD_NAME\),k8s.namespace.name=\$\(POD_NAMESPACE\),k8s.node.name=\$\(NODE_NAME\)' '+fieldPath: spec.nodeName'
+check "sidecars get the same endpoint, samplerArg as a string" \
+  'injection()["otel"] == {"endpoint":"'"$OTEL"'","protocol":"http/protobuf","sampler":"parentbased_traceidratio","samplerArg":"0.25"}' \
+  "+endpoint: \"$OTEL\"" '+samplerArg: "0.25"'
+
+# --- webhook.url ---------------------------------------------------------------------
+URL=https://192.0.2.10:9443/inject
+render webhookurl --set webhook.url=$URL
+check "clientConfig.url replaces the service reference" \
+  'webhook()["clientConfig"] == {"url":"'"$URL"'"}' \
+  "+url: \"$URL\"" '-path: /inject'
+
+# --- failurePolicy=Fail --------------------------------------------------------------
+render fail --set webhook.failurePolicy=Fail --set webhook.timeoutSeconds=10
+check "failurePolicy Fail, timeoutSeconds 10" \
+  'webhook()["failurePolicy"] == "Fail" and webhook()["timeoutSeconds"] == 10' \
+  '+failurePolicy: Fail' '+timeoutSeconds: 10'
+
+# --- names ---------------------------------------------------------------------------
+LONG=a-release-name-of-fifty-three-characters-for-testing1
+render longname --set fullnameOverride=$LONG
+check "names within 63 characters; webhook, RBAC and Service names agree" \
+  'all(len(d["metadata"]["name"]) <= 63 for d in docs) and one("Service", webhook()["clientConfig"]["service"]["name"]) and any(r.get("resourceNames") == [one("MutatingWebhookConfiguration")["metadata"]["name"]] for r in rules())' \
+  '-name: [a-z0-9-]{64,}'
+
+flush
+
+# --- values the schema refuses -------------------------------------------------------
+refuse "controller.replicas=0" replicas --set controller.replicas=0
+refuse "webhook.failurePolicy=Sometimes" failurePolicy --set webhook.failurePolicy=Sometimes
+refuse "unknown key controler.replicas" controler --set controler.replicas=2
+refuse "webhook.timeoutSeconds=31" timeoutSeconds --set webhook.timeoutSeconds=31
+refuse "otel.protocol=http" protocol --set otel.protocol=http
+refuse "controller.logLevel=verbose" logLevel --set controller.logLevel=verbose
+refuse "image.sidecar.pullPolicy=Sometimes" pullPolicy --set image.sidecar.pullPolicy=Sometimes
+refuse "webhook.url without https" url --set webhook.url=http://insecure/inject
+
+if ((FAILED)); then
+  echo "chart: $FAILED of $((PASSED + FAILED)) checks failed"
+  exit 1
+fi
+echo "chart: $PASSED checks passed"

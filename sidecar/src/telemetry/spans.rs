@@ -1,0 +1,332 @@
+//! The spans of one request: a SERVER span for what the application sent and
+//! one CLIENT span per attempt, with the HTTP semantic-convention attributes and
+//! the retry loop's decisions. Both types are an empty `Option` when tracing is
+//! off, so the proxy calls them unconditionally at no cost.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use http::{Method, Request, StatusCode, Version};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{SdkTracer, Span};
+use opentelemetry_semantic_conventions::attribute::{
+    ERROR_TYPE, HTTP_REQUEST_METHOD, HTTP_REQUEST_METHOD_ORIGINAL, HTTP_REQUEST_RESEND_COUNT,
+    HTTP_RESPONSE_STATUS_CODE, NETWORK_PROTOCOL_VERSION, SERVER_ADDRESS, SERVER_PORT, URL_FULL,
+    URL_PATH, URL_SCHEME,
+};
+use reprise_crds::Endpoint;
+
+use super::propagation;
+use crate::failure::FailureKind;
+use crate::outcome::{ExhaustedBy, Outcome};
+use crate::retry::Report;
+use crate::routes::PolicySource;
+
+/// `ok`, `recovered`, `exhausted` or `skipped` (SERVER span).
+pub const OUTCOME: &str = "reprise.outcome";
+/// Why `exhausted` or `skipped`, e.g. `budget` or `method` (SERVER span).
+pub const OUTCOME_REASON: &str = "reprise.outcome.reason";
+/// `rule:<id>`, `upstream` (the upstream's own retries block) or `none` (SERVER span).
+pub const RULE: &str = "reprise.rule";
+/// The upstream the request was routed to (SERVER span).
+pub const UPSTREAM: &str = "reprise.upstream";
+/// Attempts made, the first and any hedge included (SERVER span).
+pub const ATTEMPTS: &str = "reprise.attempts";
+/// Attempts the policy allows: its retries plus one (SERVER span).
+pub const MAX_ATTEMPTS: &str = "reprise.max_attempts";
+/// True when a hedge was sent (SERVER span).
+pub const HEDGED: &str = "reprise.hedged";
+/// The endpoint's pod name, when the configuration knows it (CLIENT span).
+pub const ENDPOINT_POD: &str = "reprise.endpoint.pod";
+/// True on a speculative duplicate (CLIENT span).
+pub const HEDGE: &str = "reprise.hedge";
+/// True on an attempt abandoned because the other one of a hedge answered first (CLIENT span).
+pub const CANCELLED: &str = "reprise.attempt.cancelled";
+/// The delay slept before a retry, in milliseconds (`backoff` event).
+pub const BACKOFF_MS: &str = "reprise.backoff_ms";
+/// The wait before a hedge was sent, in milliseconds (`hedge` event).
+pub const HEDGE_DELAY_MS: &str = "reprise.hedge.delay_ms";
+
+/// The SERVER span of one request.
+#[derive(Debug)]
+pub struct RequestSpan(Option<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    /// Holds the SERVER span; the parent of every attempt.
+    cx: Context,
+    tracer: SdkTracer,
+    /// The span name, `{method}` then `{method} {upstream}`; attempts share it.
+    name: Cow<'static, str>,
+    /// False when the sampler dropped the trace: attributes are not built.
+    recording: bool,
+}
+
+/// The CLIENT span of one attempt. Ends when the attempt's outcome is known;
+/// dropped unfinished (a hedge's loser), it ends marked cancelled.
+#[derive(Debug)]
+pub struct AttemptSpan(Option<Span>);
+
+impl RequestSpan {
+    /// A span that records nothing.
+    pub fn off() -> Self {
+        RequestSpan(None)
+    }
+
+    /// Starts the SERVER span, child of the application's `traceparent` if valid.
+    pub(super) fn start<B>(tracer: &SdkTracer, req: &Request<B>) -> Self {
+        let parent = propagation::extract(req.headers());
+        let name: Cow<'static, str> = match known_method(req.method()) {
+            Some(m) => Cow::Borrowed(m),
+            None => Cow::Borrowed("HTTP"),
+        };
+        let mut attributes = Vec::with_capacity(5);
+        method_attributes(req.method(), &mut attributes);
+        attributes.push(KeyValue::new(URL_SCHEME, "http"));
+        attributes.push(KeyValue::new(URL_PATH, req.uri().path().to_string()));
+        attributes.push(KeyValue::new(
+            NETWORK_PROTOCOL_VERSION,
+            protocol_version(req.version()),
+        ));
+        let span = tracer
+            .span_builder(name.clone())
+            .with_kind(SpanKind::Server)
+            .with_attributes(attributes)
+            .start_with_context(tracer, &parent);
+        let recording = span.is_recording();
+        RequestSpan(Some(Inner {
+            cx: parent.with_span(span),
+            tracer: tracer.clone(),
+            name,
+            recording,
+        }))
+    }
+
+    /// The request was routed to `upstream`: names the span after it.
+    pub fn routed(&mut self, upstream: &str) {
+        let Some(inner) = self.0.as_mut().filter(|i| i.recording) else {
+            return;
+        };
+        inner.name = Cow::Owned(format!("{} {upstream}", inner.name));
+        let span = inner.cx.span();
+        span.update_name(inner.name.clone());
+        span.set_attribute(KeyValue::new(UPSTREAM, upstream.to_string()));
+    }
+
+    /// Starts the CLIENT span of an attempt to `endpoint` and puts its context
+    /// in `request`'s `traceparent`. `resends` is the number of attempts before
+    /// this one (hedges included).
+    pub fn attempt<B>(
+        &self,
+        endpoint: &Endpoint,
+        request: &mut Request<B>,
+        resends: u32,
+        hedge: bool,
+    ) -> AttemptSpan {
+        let Some(inner) = &self.0 else {
+            return AttemptSpan(None);
+        };
+        let mut builder = inner
+            .tracer
+            .span_builder(inner.name.clone())
+            .with_kind(SpanKind::Client);
+        if inner.recording {
+            let mut attributes = Vec::with_capacity(8);
+            method_attributes(request.method(), &mut attributes);
+            // The query is left out: it may carry credentials.
+            let authority = request.uri().authority().map_or("", |a| a.as_str());
+            attributes.push(KeyValue::new(
+                URL_FULL,
+                format!("http://{authority}{}", request.uri().path()),
+            ));
+            attributes.push(KeyValue::new(
+                SERVER_ADDRESS,
+                endpoint.addr.ip().to_string(),
+            ));
+            attributes.push(KeyValue::new(SERVER_PORT, i64::from(endpoint.addr.port())));
+            if resends > 0 {
+                attributes.push(KeyValue::new(HTTP_REQUEST_RESEND_COUNT, i64::from(resends)));
+            }
+            if let Some(pod) = &endpoint.name {
+                attributes.push(KeyValue::new(ENDPOINT_POD, pod.clone()));
+            }
+            if hedge {
+                attributes.push(KeyValue::new(HEDGE, true));
+            }
+            builder = builder.with_attributes(attributes);
+        }
+        // Even an unsampled attempt gets its own span id, so the upstream's
+        // spans still hang off this attempt.
+        let span = builder.start_with_context(&inner.tracer, &inner.cx);
+        propagation::inject(span.span_context(), request.headers_mut());
+        AttemptSpan(Some(span))
+    }
+
+    /// A retry will be sent after `delay`.
+    pub fn backoff(&self, delay: Duration) {
+        self.event("backoff", || vec![KeyValue::new(BACKOFF_MS, millis(delay))]);
+    }
+
+    /// A hedge was sent after waiting `delay` for the first attempt.
+    pub fn hedge_launched(&self, delay: Duration) {
+        self.event("hedge", || {
+            vec![KeyValue::new(HEDGE_DELAY_MS, millis(delay))]
+        });
+    }
+
+    /// The retry budget refused a retry or a hedge.
+    pub fn budget_refused(&self) {
+        self.event("budget_refused", Vec::new);
+    }
+
+    /// The retry loop stopped with `outcome`: marks budget and deadline stops.
+    pub fn stopped(&self, outcome: Outcome) {
+        match outcome {
+            Outcome::Exhausted(ExhaustedBy::Budget) => self.budget_refused(),
+            Outcome::Exhausted(ExhaustedBy::Deadline) => self.event("deadline_exceeded", Vec::new),
+            _ => {}
+        }
+    }
+
+    /// Records what the retry loop did: outcome, rule and attempts.
+    pub fn record_outcome(
+        &self,
+        report: &Report,
+        rule: Option<PolicySource<'_>>,
+        max_attempts: u32,
+    ) {
+        let Some(inner) = self.0.as_ref().filter(|i| i.recording) else {
+            return;
+        };
+        let span = inner.cx.span();
+        span.set_attribute(KeyValue::new(OUTCOME, report.outcome.name()));
+        let reason = report.outcome.reason();
+        if !reason.is_empty() {
+            span.set_attribute(KeyValue::new(OUTCOME_REASON, reason));
+        }
+        span.set_attribute(KeyValue::new(
+            RULE,
+            rule.map_or(Cow::Borrowed("none"), |r| Cow::Owned(r.to_string())),
+        ));
+        span.set_attribute(KeyValue::new(ATTEMPTS, i64::from(report.attempts)));
+        span.set_attribute(KeyValue::new(MAX_ATTEMPTS, i64::from(max_attempts)));
+        if report.hedged {
+            span.set_attribute(KeyValue::new(HEDGED, true));
+        }
+    }
+
+    /// Ends the span with the status sent to the application. `local_error` is
+    /// the failure kind when the sidecar answered itself (`x-reprise-error`).
+    pub fn end(self, status: StatusCode, local_error: Option<&str>) {
+        let Some(inner) = self.0 else {
+            return;
+        };
+        let span = inner.cx.span();
+        if inner.recording {
+            span.set_attribute(KeyValue::new(
+                HTTP_RESPONSE_STATUS_CODE,
+                i64::from(status.as_u16()),
+            ));
+            // Semantic conventions: a SERVER span is an error for 5xx only.
+            if status.is_server_error() {
+                let kind = local_error.map_or_else(|| status.as_str().to_string(), str::to_string);
+                span.set_attribute(KeyValue::new(ERROR_TYPE, kind.clone()));
+                span.set_status(Status::error(kind));
+            }
+        }
+        span.end();
+    }
+
+    fn event(&self, name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
+        if let Some(inner) = self.0.as_ref().filter(|i| i.recording) {
+            inner.cx.span().add_event(name, attributes());
+        }
+    }
+}
+
+impl AttemptSpan {
+    /// A span that records nothing.
+    pub fn off() -> Self {
+        AttemptSpan(None)
+    }
+
+    /// The endpoint answered with a status the policy does not retry.
+    pub fn responded(mut self, status: u16) {
+        if let Some(mut span) = self.0.take() {
+            span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
+            // Semantic conventions: a CLIENT span is an error from 400 on.
+            if status >= 400 {
+                span.set_attribute(KeyValue::new(ERROR_TYPE, status.to_string()));
+                span.set_status(Status::error(""));
+            }
+            span.end();
+        }
+    }
+
+    /// The attempt failed with `kind`; `status` when the endpoint answered one.
+    pub fn failed(mut self, kind: FailureKind, status: Option<u16>) {
+        if let Some(mut span) = self.0.take() {
+            if let Some(status) = status {
+                span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
+            }
+            let name = kind.name();
+            span.set_attribute(KeyValue::new(ERROR_TYPE, name.clone()));
+            span.set_status(Status::error(name));
+            span.end();
+        }
+    }
+}
+
+impl Drop for AttemptSpan {
+    fn drop(&mut self) {
+        if let Some(mut span) = self.0.take() {
+            span.set_attribute(KeyValue::new(CANCELLED, true));
+            span.end();
+        }
+    }
+}
+
+/// The method as the semantic conventions want it: one of the known methods,
+/// else `_OTHER` with the original alongside.
+fn method_attributes(method: &Method, out: &mut Vec<KeyValue>) {
+    match known_method(method) {
+        Some(m) => out.push(KeyValue::new(HTTP_REQUEST_METHOD, m)),
+        None => {
+            out.push(KeyValue::new(HTTP_REQUEST_METHOD, "_OTHER"));
+            out.push(KeyValue::new(
+                HTTP_REQUEST_METHOD_ORIGINAL,
+                method.as_str().to_string(),
+            ));
+        }
+    }
+}
+
+fn known_method(method: &Method) -> Option<&'static str> {
+    Some(match method.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "PATCH" => "PATCH",
+        "CONNECT" => "CONNECT",
+        "TRACE" => "TRACE",
+        _ => return None,
+    })
+}
+
+fn protocol_version(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "0.9",
+        Version::HTTP_10 => "1.0",
+        Version::HTTP_2 => "2",
+        Version::HTTP_3 => "3",
+        _ => "1.1",
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

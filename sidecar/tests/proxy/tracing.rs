@@ -1,0 +1,351 @@
+//! OpenTelemetry tracing: the real binary exporting to an in-process OTLP
+//! collector over HTTP/protobuf and gRPC; trace context in and out; a down
+//! collector costs spans, never requests; off by default.
+
+mod collector;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+
+use crate::cli::{free_addr, temp_file, Running};
+use crate::support::{config, Action, Sidecar, Upstream};
+use collector::{hex, int, text, Collector, Received};
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT: &str = "00f067aa0ba902b7";
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// Two endpoints; the very first request (whichever endpoint gets it) answers
+/// 503, every other one 200: one request recovers on its retry, deterministically.
+async fn first_request_fails() -> (Upstream, Upstream) {
+    let first = Arc::new(AtomicUsize::new(0));
+    let script = |first: Arc<AtomicUsize>| {
+        move |_| {
+            if first.fetch_add(1, Ordering::SeqCst) == 0 {
+                Action::Reply(503)
+            } else {
+                Action::Reply(200)
+            }
+        }
+    };
+    (
+        Upstream::start(script(Arc::clone(&first))).await,
+        Upstream::start(script(first)).await,
+    )
+}
+
+fn traced_get(path: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: api\r\ntraceparent: 00-{TRACE}-{PARENT}-01\r\ntracestate: vendor=abc\r\nConnection: close\r\n\r\n"
+    )
+}
+
+/// Runs the recovered-request scenario over `protocol`; returns the spans.
+async fn recovered_request(protocol: &str, extra_env: &[(&str, &str)]) -> Vec<Received> {
+    let collector = Collector::start().await;
+    let (a, b) = first_request_fails().await;
+    let path = temp_file(
+        &format!("trace-{}", protocol.replace('/', "-")),
+        &config(&[&a, &b], "    retries: { attempts: 1 }\n"),
+    );
+    let endpoint = format!("http://{}", collector.addr);
+    let mut env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    env.extend_from_slice(extra_env);
+    let sidecar = Running::start_with_env(&path, &env).await;
+    let (status, _) = sidecar
+        .request(sidecar.listen, &traced_get("/items?token=secret"))
+        .await
+        .expect("response");
+    assert_eq!(status, 200);
+    let spans = collector.wait_for(&unhex(TRACE), 3).await;
+    assert_eq!(
+        spans.len(),
+        3,
+        "one SERVER and two CLIENT spans: {spans:#?}"
+    );
+
+    let server: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.kind == SpanKind::Server as i32)
+        .collect();
+    assert_eq!(server.len(), 1);
+    let server = &server[0].span;
+    assert_eq!(
+        hex(&server.parent_span_id),
+        PARENT,
+        "child of the app's span"
+    );
+    assert_eq!(server.name, "GET api");
+    let s = &server.attributes;
+    assert_eq!(text(s, "reprise.outcome"), Some("recovered"));
+    assert_eq!(text(s, "reprise.rule"), Some("upstream"));
+    assert_eq!(text(s, "reprise.upstream"), Some("api"));
+    assert_eq!(int(s, "reprise.attempts"), Some(2));
+    assert_eq!(int(s, "reprise.max_attempts"), Some(2));
+    assert_eq!(text(s, "http.request.method"), Some("GET"));
+    assert_eq!(text(s, "url.path"), Some("/items"));
+    assert_eq!(int(s, "http.response.status_code"), Some(200));
+    let backoff = server
+        .events
+        .iter()
+        .find(|e| e.name == "backoff")
+        .expect("a backoff event");
+    assert!(int(&backoff.attributes, "reprise.backoff_ms").is_some());
+
+    let mut clients: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.kind == SpanKind::Client as i32)
+        .map(|r| &r.span)
+        .collect();
+    clients.sort_by_key(|s| s.start_time_unix_nano);
+    assert_eq!(clients.len(), 2);
+    for c in &clients {
+        assert_eq!(c.parent_span_id, server.span_id, "attempts are children");
+        assert_eq!(text(&c.attributes, "url.full"), Some("http://api/items"));
+    }
+    let (first, second) = (&clients[0].attributes, &clients[1].attributes);
+    assert_eq!(text(first, "error.type"), Some("upstream_status_503"));
+    assert_eq!(int(first, "http.response.status_code"), Some(503));
+    assert_eq!(int(first, "http.request.resend_count"), None);
+    assert_eq!(
+        clients[0].status.as_ref().map(|s| s.code),
+        Some(StatusCode::Error as i32)
+    );
+    assert_eq!(int(second, "http.request.resend_count"), Some(1));
+    assert_eq!(int(second, "http.response.status_code"), Some(200));
+    assert_eq!(text(second, "error.type"), None);
+
+    // Each attempt went to a different endpoint, and each endpoint saw that
+    // attempt's own span as its parent, in a single traceparent.
+    let mut ports: Vec<i64> = clients
+        .iter()
+        .map(|c| int(&c.attributes, "server.port").expect("port"))
+        .collect();
+    ports.sort_unstable();
+    let mut expected = vec![i64::from(a.addr.port()), i64::from(b.addr.port())];
+    expected.sort_unstable();
+    assert_eq!(ports, expected);
+    for up in [&a, &b] {
+        let received = up.received();
+        assert_eq!(received.len(), 1);
+        let headers = &received[0].headers;
+        let parents: Vec<&str> = headers
+            .iter()
+            .filter(|(k, _)| k == "traceparent")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        let attempt = clients
+            .iter()
+            .find(|c| int(&c.attributes, "server.port") == Some(i64::from(up.addr.port())))
+            .expect("the attempt to this endpoint");
+        assert_eq!(
+            text(&attempt.attributes, "server.address"),
+            Some("127.0.0.1")
+        );
+        assert_eq!(
+            parents,
+            [format!("00-{TRACE}-{}-01", hex(&attempt.span_id))],
+            "replaced, not appended"
+        );
+        assert!(headers
+            .iter()
+            .any(|(k, v)| k == "tracestate" && v == "vendor=abc"));
+    }
+    spans
+}
+
+#[tokio::test]
+async fn a_recovered_request_is_one_server_span_and_a_client_span_per_attempt_over_http() {
+    let spans = recovered_request("http/protobuf", &[]).await;
+    assert!(spans.iter().all(|r| r.transport == "http"));
+    assert_eq!(
+        text(&spans[0].resource, "service.name"),
+        Some("reprise-sidecar")
+    );
+}
+
+#[tokio::test]
+async fn grpc_export_and_resource_from_the_environment() {
+    let spans = recovered_request(
+        "grpc",
+        &[
+            ("OTEL_SERVICE_NAME", "checkout-sidecar"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment.name=test",
+            ),
+        ],
+    )
+    .await;
+    assert!(spans.iter().all(|r| r.transport == "grpc"));
+    let resource = &spans[0].resource;
+    assert_eq!(text(resource, "service.name"), Some("checkout-sidecar"));
+    assert_eq!(text(resource, "deployment.environment.name"), Some("test"));
+}
+
+#[tokio::test]
+async fn a_hedge_is_its_own_attempt_and_the_loser_ends_cancelled() {
+    let collector = Collector::start().await;
+    // Whichever endpoint gets the very first request stalls; the hedge answers.
+    let first = Arc::new(AtomicUsize::new(0));
+    let script = |first: Arc<AtomicUsize>| {
+        move |_| {
+            if first.fetch_add(1, Ordering::SeqCst) == 0 {
+                Action::Stall(Duration::from_secs(3))
+            } else {
+                Action::Reply(200)
+            }
+        }
+    };
+    let a = Upstream::start(script(Arc::clone(&first))).await;
+    let b = Upstream::start(script(first)).await;
+    let path = temp_file(
+        "trace-hedge",
+        &config(
+            &[&a, &b],
+            "    retries: { attempts: 1, hedge: { delay_ms: 100 }, budget_percent: 100 }\n",
+        ),
+    );
+    let endpoint = format!("http://{}", collector.addr);
+    let sidecar = Running::start_with_env(
+        &path,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    let (status, _) = sidecar
+        .request(sidecar.listen, &traced_get("/"))
+        .await
+        .expect("response");
+    assert_eq!(status, 200);
+    let spans = collector.wait_for(&unhex(TRACE), 3).await;
+    let server = &spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Server as i32)
+        .expect("server span")
+        .span;
+    assert_eq!(text(&server.attributes, "reprise.outcome"), Some("ok"));
+    assert!(server.events.iter().any(|e| e.name == "hedge"));
+    let clients: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.kind == SpanKind::Client as i32)
+        .map(|r| &r.span.attributes)
+        .collect();
+    assert_eq!(clients.len(), 2);
+    let hedge = clients
+        .iter()
+        .find(|c| collector::attr(c, "reprise.hedge").is_some())
+        .expect("the hedge");
+    assert_eq!(int(hedge, "http.request.resend_count"), Some(1));
+    assert_eq!(int(hedge, "http.response.status_code"), Some(200));
+    let loser = clients
+        .iter()
+        .find(|c| collector::attr(c, "reprise.hedge").is_none())
+        .expect("the first attempt");
+    assert!(collector::attr(loser, "reprise.attempt.cancelled").is_some());
+    assert_eq!(int(loser, "http.response.status_code"), None);
+}
+
+#[tokio::test]
+async fn an_unreachable_collector_drops_and_counts_spans_and_requests_still_succeed() {
+    let api = Upstream::always(Action::Reply(200)).await;
+    let path = temp_file("trace-down", &config(&[&api], ""));
+    let closed = format!("http://{}", free_addr());
+    let sidecar = Running::start_with_env(
+        &path,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", closed.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    for _ in 0..5 {
+        let (status, _) = sidecar
+            .request(sidecar.listen, &traced_get("/"))
+            .await
+            .expect("response");
+        assert_eq!(status, 200);
+    }
+    let mut dropped = 0.0;
+    for _ in 0..100 {
+        dropped = sidecar
+            .metric("reprise_trace_spans_dropped_total")
+            .await
+            .unwrap_or(0.0);
+        if dropped > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(dropped > 0.0, "no span counted as dropped");
+    assert_eq!(
+        sidecar.metric("reprise_trace_spans_exported_total").await,
+        Some(0.0)
+    );
+}
+
+#[tokio::test]
+async fn sigterm_flushes_queued_spans() {
+    let collector = Collector::start().await;
+    let api = Upstream::always(Action::Reply(200)).await;
+    let path = temp_file("trace-flush", &config(&[&api], ""));
+    let endpoint = format!("http://{}", collector.addr);
+    let mut sidecar = Running::start_with_env(
+        &path,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            // No timed export before the signal: only the shutdown flush sends.
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ],
+    )
+    .await;
+    let (status, _) = sidecar
+        .request(sidecar.listen, &traced_get("/"))
+        .await
+        .expect("response");
+    assert_eq!(status, 200);
+    assert!(collector.trace(&unhex(TRACE)).is_empty());
+    sidecar.signal("-TERM");
+    let status = tokio::task::spawn_blocking(move || sidecar.child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(collector.trace(&unhex(TRACE)).len(), 2, "SERVER and CLIENT");
+}
+
+#[tokio::test]
+async fn tracing_off_passes_the_apps_traceparent_through() {
+    let api = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(&config(&[&api], "")).await;
+    assert!(!sidecar.proxy.tracing().is_on());
+    let traceparent = format!("00-{TRACE}-{PARENT}-01");
+    let r = sidecar
+        .send_with("GET", "api", "/", b"", &[("traceparent", &traceparent)])
+        .await;
+    assert_eq!(r.status, 200);
+    let parents: Vec<String> = api.received()[0]
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "traceparent")
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(parents, [traceparent]);
+}
