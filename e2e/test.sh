@@ -12,6 +12,14 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo deny (licences, bans, sources)"
+bash e2e/deny.sh
+if [ "${REPRISE_FUZZ_SECONDS:-15}" != 0 ]; then
+  echo "== fuzz smoke (${REPRISE_FUZZ_SECONDS:-15} s per target)"
+  # Fuzz builds are kept outside the clone so reruns on this machine reuse them.
+  CARGO_TARGET_DIR="${REPRISE_FUZZ_TARGET_DIR:-$HOME/.cache/reprise-fuzz-target}" \
+    bash fuzz/run.sh "${REPRISE_FUZZ_SECONDS:-15}"
+fi
 echo "== cargo test"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -99,6 +99,7 @@ async fn server(dir: &str) -> anyhow::Result<()> {
         Arc::clone(&registry),
         Arc::default(),
         Some(sync_tx),
+        reprise_controller::telemetry::Tracing::off(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("addr {}", listener.local_addr()?);

@@ -19,6 +19,7 @@ pub mod selftest;
 pub mod sidecars;
 pub mod source;
 pub mod status;
+pub mod telemetry;
 pub mod tls;
 pub mod webhook;
 

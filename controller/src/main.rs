@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use reprise_controller::injection::InjectionConfig;
 use reprise_controller::leader::LeaseSettings;
 use reprise_controller::run::{self, Options, WebhookOptions};
+use reprise_controller::telemetry::{self, Tracing};
 
 /// Reprise controller.
 #[derive(Debug, Parser)]
@@ -192,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
                         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
                 )
                 .init();
+            let traces = Tracing::from_env().context("OpenTelemetry tracing")?;
             let client = kube::Client::try_default()
                 .await
                 .context("no Kubernetes configuration (in cluster or KUBECONFIG)")?;
@@ -220,21 +222,49 @@ async fn main() -> anyhow::Result<()> {
                 duration: Duration::from_secs(15),
                 renew_every: Duration::from_secs(5),
             });
-            run::run(
-                client,
-                Options {
-                    push_addr,
-                    metrics_addr,
-                    tls_dir,
-                    tls_sans,
-                    lease,
-                    tls_secret,
-                    namespace,
-                    webhook,
-                },
-            )
-            .await?;
+            let options = Options {
+                push_addr,
+                metrics_addr,
+                tls_dir,
+                tls_sans,
+                lease,
+                tls_secret,
+                namespace,
+                webhook,
+                tracing: traces.clone(),
+            };
+            tracing::info!(tracing = traces.is_on(), "reprise-controller starting");
+            let result = tokio::select! {
+                r = run::run(client, options) => r,
+                () = shutdown_signal() => Ok(()),
+            };
+            // Spans of the last reconciles and pushes are worth a short wait, never a hung exit.
+            if !traces.shutdown(telemetry::FLUSH_TIMEOUT).await {
+                tracing::warn!("queued spans did not reach the collector in time; they are lost");
+            }
+            result?;
+            tracing::info!("reprise-controller stopped");
         }
     }
     Ok(())
+}
+
+/// SIGTERM (the kubelet stopping the pod) or SIGINT. Without a handler the
+/// controller, as PID 1 in its container, would ignore SIGTERM and wait for
+/// SIGKILL, losing its queued spans.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGTERM; SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("SIGINT: stopping");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
 }

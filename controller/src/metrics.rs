@@ -3,6 +3,8 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use reprise_sidecar::telemetry::SpanCounters;
+
 /// Counters the controller exposes.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -74,8 +76,9 @@ impl Histogram {
 }
 
 impl Metrics {
-    /// Prometheus text; `connected` is the number of connected sidecars.
-    pub fn render(&self, connected: usize) -> String {
+    /// Prometheus text; `connected` is the number of connected sidecars,
+    /// `traces` the trace pipeline's counters (`None` while tracing is off).
+    pub fn render(&self, connected: usize, traces: Option<&SpanCounters>) -> String {
         let mut out = String::new();
         for (name, kind, help, value) in [
             (
@@ -137,6 +140,18 @@ impl Metrics {
                 "gauge",
                 "Sidecars connected to this replica.",
                 connected as u64,
+            ),
+            (
+                "reprise_controller_trace_spans_exported_total",
+                "counter",
+                "Spans the OTLP collector accepted (0 while tracing is off).",
+                traces.map_or(0, SpanCounters::exported),
+            ),
+            (
+                "reprise_controller_trace_spans_dropped_total",
+                "counter",
+                "Spans dropped: export queue full, collector unreachable or export timed out.",
+                traces.map_or(0, SpanCounters::dropped),
             ),
         ] {
             let _ = writeln!(

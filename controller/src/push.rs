@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use crate::auth::{AuthError, Authenticator, Identity};
 use crate::metrics::Metrics;
 use crate::sidecars::SidecarRegistry;
+use crate::telemetry::{PushSpan, Tracing};
 
 /// Computes snapshots and announces changes. A trait so the protocol can be
 /// tested without an API server.
@@ -59,6 +60,10 @@ pub struct PushServer {
     /// Snapshots of the current change generation, by namespace and labels,
     /// so thousands of alike sidecars cost one computation and one encoding.
     cache: Mutex<SnapshotCache>,
+    /// Spans of pushes awaiting their ACK, by namespace and pod (empty when
+    /// tracing is off).
+    tracing: Tracing,
+    pending: Mutex<HashMap<(String, String), PushSpan>>,
 }
 
 /// Namespace and sorted labels: what a snapshot depends on.
@@ -94,6 +99,9 @@ impl Drop for Registration {
             .registry
             .disconnect(&self.namespace, &self.pod, self.connection);
         self.server.notify(touched);
+        if let Some(span) = self.server.push_span(&self.namespace, &self.pod) {
+            span.dropped();
+        }
         tracing::info!(namespace = %self.namespace, pod = %self.pod, "sidecar disconnected");
     }
 }
@@ -112,6 +120,7 @@ impl PushServer {
         registry: Arc<SidecarRegistry>,
         metrics: Arc<Metrics>,
         on_sync: Option<mpsc::UnboundedSender<String>>,
+        tracing: Tracing,
     ) -> Arc<Self> {
         Arc::new(Self {
             auth,
@@ -121,7 +130,31 @@ impl PushServer {
             on_sync,
             connections: AtomicU64::new(0),
             cache: Mutex::default(),
+            tracing,
+            pending: Mutex::default(),
         })
+    }
+
+    /// Starts the span of a push; a push still awaiting its ACK is replaced
+    /// (its span ends as dropped).
+    fn push_started(&self, id: &Identity, version: &str) {
+        if self.tracing.is_on() {
+            let span = self.tracing.push_span(&id.namespace, &id.pod, version);
+            self.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert((id.namespace.clone(), id.pod.clone()), span);
+        }
+    }
+
+    fn push_span(&self, namespace: &str, pod: &str) -> Option<PushSpan> {
+        if !self.tracing.is_on() {
+            return None;
+        }
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(namespace.to_string(), pod.to_string()))
     }
 
     /// The encoded snapshot for `id` at change generation `generation`.
@@ -361,12 +394,18 @@ impl PushServer {
             Some(error) => {
                 self.metrics.nacks.fetch_add(1, Ordering::Relaxed);
                 self.registry.nack(&id.namespace, &id.pod, error);
+                if let Some(span) = self.push_span(&id.namespace, &id.pod) {
+                    span.nacked(error);
+                }
                 tracing::warn!(namespace = %id.namespace, pod = %id.pod, version = %ack.version, error = %error, "sidecar NACKed a snapshot");
             }
             None => {
                 self.metrics.acks.fetch_add(1, Ordering::Relaxed);
                 if let Some(latency) = self.registry.since_sent(&id.namespace, &id.pod) {
                     self.metrics.push_latency.observe(latency);
+                    if let Some(span) = self.push_span(&id.namespace, &id.pod) {
+                        span.acked(latency);
+                    }
                 }
 
                 if let Some(touched) = self.registry.ack(&id.namespace, &id.pod, &ack.version) {
@@ -431,6 +470,7 @@ impl StreamState {
                 encoded.policies.clone(),
             );
             self.server.metrics.pushes.fetch_add(1, Ordering::Relaxed);
+            self.server.push_started(&self.id, &encoded.version);
             self.last = Some(encoded.version.clone());
             return Some(encoded.line.clone());
         }

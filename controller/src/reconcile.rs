@@ -1,5 +1,6 @@
 //! The RetryPolicy reconciler: validate, resolve the target, count sidecars in
 //! sync, and write status by server-side apply when (and only when) it changed.
+//! Each reconcile is one `reconcile` span when tracing is on.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -17,6 +18,7 @@ use reprise_crds::resource::RetryPolicy;
 
 use crate::metrics::Metrics;
 use crate::sidecars::SidecarRegistry;
+use crate::telemetry::{ReconcileSpan, Tracing};
 use crate::{endpoints, status, Error};
 
 /// Field manager for status writes.
@@ -39,6 +41,8 @@ pub struct Context {
         kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
         String,
     )>,
+    /// Spans of each reconcile (off: records nothing).
+    pub tracing: Tracing,
 }
 
 impl std::fmt::Debug for Context {
@@ -49,6 +53,17 @@ impl std::fmt::Debug for Context {
 
 /// Reconciles one RetryPolicy. Idempotent: with nothing changed, it reads and writes nothing else.
 pub async fn reconcile(policy: Arc<RetryPolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let mut span = ctx.tracing.reconcile(&policy);
+    let result = reconcile_policy(&policy, &ctx, &mut span).await;
+    span.end(&result);
+    result
+}
+
+async fn reconcile_policy(
+    policy: &RetryPolicy,
+    ctx: &Context,
+    span: &mut ReconcileSpan,
+) -> Result<Action, Error> {
     ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
     let ns = policy.namespace().ok_or(Error::MissingNamespace)?;
     let name = policy.name_any();
@@ -63,14 +78,15 @@ pub async fn reconcile(policy: Arc<RetryPolicy>, ctx: Arc<Context>) -> Result<Ac
         Vec::new()
     };
     let resolved = endpoints::resolve(service.as_ref(), &slices, policy.spec.target_ref.port, &ns);
-    let mut counts = ctx.sidecars.counts(&policy);
+    let mut counts = ctx.sidecars.counts(policy);
     if let Some((store, me)) = &ctx.peers {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        counts = crate::peers::total(counts, &policy, &crate::peers::reports(store, me), now);
+        counts = crate::peers::total(counts, policy, &crate::peers::reports(store, me), now);
     }
 
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let eval = status::evaluate(&policy, &resolved, counts, now);
+    let eval = status::evaluate(policy, &resolved, counts, now);
+    span.evaluated(&eval, counts);
     if policy.status.as_ref() != Some(&eval.status) {
         let was_accepted = policy
             .status
@@ -91,23 +107,23 @@ pub async fn reconcile(policy: Arc<RetryPolicy>, ctx: Arc<Context>) -> Result<Ac
         .await
         .map_err(Error::Kube)?;
         ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+        span.status_written();
         if was_accepted != Some(eval.accepted) {
-            publish_verdict(&ctx, &policy, &eval).await;
+            publish_verdict(ctx, policy, &eval, span).await;
         }
         let synced = |s: Option<&reprise_crds::resource::RetryPolicyStatus>| {
             s.and_then(|s| s.conditions.iter().find(|c| c.type_ == "InSync"))
                 .is_some_and(|c| c.reason == "AllSidecarsInSync")
         };
         if !synced(policy.status.as_ref()) && synced(Some(&eval.status)) {
-            publish(
-                &ctx,
-                &policy,
-                EventType::Normal,
-                "InSync",
-                "Push",
-                eval.status.conditions.get(1).map(|c| c.message.clone()),
-            )
-            .await;
+            let event = Event {
+                type_: EventType::Normal,
+                reason: "InSync".into(),
+                note: eval.status.conditions.get(1).map(|c| c.message.clone()),
+                action: "Push".into(),
+                secondary: None,
+            };
+            publish(ctx, policy, &event, span).await;
         }
     }
     ctx.failures
@@ -117,33 +133,30 @@ pub async fn reconcile(policy: Arc<RetryPolicy>, ctx: Arc<Context>) -> Result<Ac
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
-async fn publish(
-    ctx: &Context,
-    policy: &RetryPolicy,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: Option<String>,
-) {
+/// Records `event` on the policy. A failure is logged, not returned: the
+/// status already says the same.
+async fn publish(ctx: &Context, policy: &RetryPolicy, event: &Event, span: &mut ReconcileSpan) {
     let Some(recorder) = &ctx.recorder else {
         return;
     };
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note,
-        action: action.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &policy.object_ref(&())).await {
-        tracing::warn!(error = %e, "cannot publish event");
+    match recorder.publish(event, &policy.object_ref(&())).await {
+        Ok(()) => span.event_recorded(
+            match event.type_ {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            },
+            &event.reason,
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot publish event"),
     }
 }
 
-async fn publish_verdict(ctx: &Context, policy: &RetryPolicy, eval: &status::Evaluation) {
-    let Some(recorder) = &ctx.recorder else {
-        return;
-    };
+async fn publish_verdict(
+    ctx: &Context,
+    policy: &RetryPolicy,
+    eval: &status::Evaluation,
+    span: &mut ReconcileSpan,
+) {
     let accepted = eval.status.conditions.first();
     let event = Event {
         type_: if eval.accepted {
@@ -160,9 +173,7 @@ async fn publish_verdict(ctx: &Context, policy: &RetryPolicy, eval: &status::Eva
         action: "Validate".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &policy.object_ref(&())).await {
-        tracing::warn!(error = %e, "cannot publish event");
-    }
+    publish(ctx, policy, &event, span).await;
 }
 
 /// Logs, counts and requeues with per-policy exponential backoff (1 s doubling to 5 min).

@@ -25,6 +25,7 @@ use crate::push::PushServer;
 use crate::reconcile::{self, Context};
 use crate::sidecars::SidecarRegistry;
 use crate::source::StoreSource;
+use crate::telemetry::Tracing;
 use crate::{peers, tls, Error};
 
 /// How the controller runs.
@@ -46,6 +47,8 @@ pub struct Options {
     pub namespace: String,
     /// The sidecar-injecting webhook, when enabled.
     pub webhook: Option<WebhookOptions>,
+    /// OpenTelemetry spans of reconciles and pushes (off: records nothing).
+    pub tracing: Tracing,
 }
 
 /// The injection webhook's settings.
@@ -133,6 +136,7 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         Arc::clone(&registry),
         Arc::clone(&metrics),
         Some(sync_tx),
+        options.tracing.clone(),
     );
     let listener = tokio::net::TcpListener::bind(options.push_addr)
         .await
@@ -143,6 +147,7 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         options.metrics_addr,
         Arc::clone(&metrics),
         Arc::clone(&registry),
+        options.tracing.clone(),
     ));
 
     // Only the leader reconciles; with several replicas, each publishes its
@@ -193,6 +198,7 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
             sidecars: Arc::clone(&registry),
             failures: Default::default(),
             peers: peers.clone(),
+            tracing: options.tracing.clone(),
         });
         let rx = Arc::clone(&sync_rx);
         let peer_ns = options.lease.as_ref().map(|l| l.namespace.clone());
@@ -319,7 +325,12 @@ fn spawn_reflector<K>(
     });
 }
 
-async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>, registry: Arc<SidecarRegistry>) {
+async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    registry: Arc<SidecarRegistry>,
+    traces: Tracing,
+) {
     use http_body_util::Full;
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
@@ -334,11 +345,12 @@ async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>, registry: Arc<Si
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let (metrics, registry) = (Arc::clone(&metrics), Arc::clone(&registry));
+        let (metrics, registry, traces) =
+            (Arc::clone(&metrics), Arc::clone(&registry), traces.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let body = match req.uri().path() {
-                    "/metrics" => metrics.render(registry.connected()),
+                    "/metrics" => metrics.render(registry.connected(), traces.counters()),
                     "/healthz" | "/readyz" => "ok\n".to_string(),
                     _ => String::new(),
                 };

@@ -128,6 +128,7 @@ async fn harness(name: &str) -> Harness {
         Arc::clone(&registry),
         Arc::clone(&metrics),
         None,
+        reprise_controller::telemetry::Tracing::off(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

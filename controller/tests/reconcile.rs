@@ -1,28 +1,50 @@
 //! The reconciler against a mocked API server: what it reads, what status it
-//! writes, and that an unchanged policy writes nothing.
+//! writes, that an unchanged policy writes nothing, and the span it records.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
+use opentelemetry::trace::{SpanKind, Status};
+use opentelemetry::Value as AttrValue;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SpanData};
 use reprise_controller::reconcile::{reconcile, Context};
+use reprise_controller::telemetry::{self, Tracing};
 use reprise_crds::resource::{RetryPolicy, RetryPolicyStatus};
+use reprise_sidecar::telemetry::{BatchSettings, Pipeline};
 use serde_json::{json, Value};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 fn context() -> (Arc<Context>, Handle) {
+    context_with(Tracing::off(), false)
+}
+
+/// A context on a mocked API server; `events` records Kubernetes Events through it.
+fn context_with(tracing: Tracing, events: bool) -> (Arc<Context>, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let recorder = events.then(|| {
+        Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "reprise-controller".into(),
+                instance: None,
+            },
+        )
+    });
     let ctx = Context {
-        client: Client::new(service, "default"),
-        recorder: None,
+        client,
+        recorder,
         metrics: Arc::default(),
         sidecars: Arc::default(),
         failures: Default::default(),
         peers: None,
+        tracing,
     };
-
     (Arc::new(ctx), handle)
 }
 
@@ -49,6 +71,11 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: StatusCod
 
 /// Serves the service GET and the EndpointSlice LIST; returns the status patch body if one came.
 async fn serve(mut handle: Handle, service_exists: bool) -> Option<Value> {
+    serve_on(&mut handle, service_exists).await
+}
+
+/// Like [`serve`], on a handle the caller keeps to serve what comes next.
+async fn serve_on(handle: &mut Handle, service_exists: bool) -> Option<Value> {
     let (req, send) = handle.next_request().await.expect("GET service");
     assert_eq!(req.method(), Method::GET);
     assert_eq!(req.uri().path(), "/api/v1/namespaces/shop/services/api");
@@ -199,4 +226,157 @@ async fn reconcile_is_idempotent() {
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
+}
+
+/// Tracing into memory, exporting only when flushed.
+fn in_memory_pipeline() -> (Pipeline, InMemorySpanExporter) {
+    let exporter = InMemorySpanExporter::default();
+    let batch = BatchSettings {
+        schedule_delay: Duration::from_secs(3600),
+        export_timeout: Duration::from_secs(5),
+        max_queue_size: 64,
+        max_export_batch_size: 64,
+    };
+    let pipeline = Pipeline::with_exporter(exporter.clone(), batch, telemetry::SERVICE);
+    (pipeline, exporter)
+}
+
+/// The one span exported after a flush.
+async fn the_span(tracing: &Tracing, exporter: &InMemorySpanExporter) -> SpanData {
+    assert!(tracing.flush(Duration::from_secs(5)).await);
+    let mut spans = exporter.get_finished_spans().expect("spans");
+    assert_eq!(spans.len(), 1, "{spans:#?}");
+    spans.remove(0)
+}
+
+fn attr(attributes: &[opentelemetry::KeyValue], key: &str) -> Option<AttrValue> {
+    attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.clone())
+}
+
+#[tokio::test]
+async fn a_reconcile_is_one_span_with_its_verdict_and_writes() {
+    // The chart sets these from the downward API; the SDK's detector must read them.
+    std::env::set_var(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "k8s.pod.name=reprise-controller-0,k8s.namespace.name=reprise-system,k8s.node.name=node-a",
+    );
+    std::env::remove_var("OTEL_SERVICE_NAME");
+    let (pipeline, exporter) = in_memory_pipeline();
+    let resource = pipeline.resource();
+    for (key, value) in [
+        ("service.name", "reprise-controller"),
+        ("k8s.pod.name", "reprise-controller-0"),
+        ("k8s.namespace.name", "reprise-system"),
+        ("k8s.node.name", "node-a"),
+    ] {
+        assert_eq!(
+            resource.get(&opentelemetry::Key::from_static_str(key)),
+            Some(AttrValue::from(value)),
+            "{key}"
+        );
+    }
+    let tracing = Tracing::on(pipeline);
+    let (ctx, mut handle) = context_with(tracing.clone(), true);
+    let server = tokio::spawn(async move {
+        serve_on(&mut handle, true).await.expect("a status patch");
+        // Then the Events the reconcile records, until it stops sending.
+        let mut reasons = Vec::new();
+        while let Ok(Some((req, send))) =
+            tokio::time::timeout(Duration::from_millis(500), handle.next_request()).await
+        {
+            assert_eq!(req.method(), Method::POST);
+            assert_eq!(
+                req.uri().path(),
+                "/apis/events.k8s.io/v1/namespaces/shop/events"
+            );
+            let event: Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.expect("body"))
+                    .expect("json");
+            reasons.push(event["reason"].as_str().unwrap_or_default().to_string());
+            respond(send, StatusCode::CREATED, event);
+        }
+        reasons
+    });
+    let p = policy(json!({ "targetRef": { "name": "api" } }), None);
+    reconcile(Arc::new(p), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    let reasons = server.await.expect("server");
+    assert_eq!(reasons.first().map(String::as_str), Some("Accepted"));
+
+    let span = the_span(&tracing, &exporter).await;
+    assert_eq!(span.name, "reconcile");
+    assert_eq!(span.span_kind, SpanKind::Internal);
+    assert_eq!(span.status, Status::Unset);
+    for (key, value) in [
+        ("k8s.namespace.name", AttrValue::from("shop")),
+        ("reprise.policy", AttrValue::from("reads")),
+        ("reprise.policy.generation", AttrValue::I64(2)),
+        ("reprise.reconcile.result", AttrValue::from("accepted")),
+        ("reprise.endpoints", AttrValue::I64(2)),
+        ("reprise.sidecars.selected", AttrValue::I64(0)),
+        ("reprise.sidecars.in_sync", AttrValue::I64(0)),
+    ] {
+        assert_eq!(attr(&span.attributes, key), Some(value), "{key}");
+    }
+    let events: Vec<_> = span.events.iter().collect();
+    assert_eq!(events[0].name, "status_written");
+    let recorded: Vec<_> = events
+        .iter()
+        .filter(|e| e.name == "event_recorded")
+        .map(|e| attr(&e.attributes, "reprise.event.reason"))
+        .collect();
+    assert_eq!(
+        recorded,
+        reasons
+            .iter()
+            .map(|r| Some(AttrValue::from(r.clone())))
+            .collect::<Vec<_>>(),
+        "one span event per Kubernetes Event"
+    );
+    assert_eq!(
+        attr(&events[1].attributes, "reprise.event.type"),
+        Some(AttrValue::from("Normal"))
+    );
+    assert_eq!(tracing.counters().map(|c| c.exported()), Some(1));
+}
+
+#[tokio::test]
+async fn a_failed_reconcile_span_is_an_error_with_its_type() {
+    let (pipeline, exporter) = in_memory_pipeline();
+    let tracing = Tracing::on(pipeline);
+    let (ctx, mut handle) = context_with(tracing.clone(), false);
+    let server = tokio::spawn(async move {
+        let (_, send) = handle.next_request().await.expect("GET service");
+        respond(
+            send,
+            StatusCode::FORBIDDEN,
+            json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "services \"api\" is forbidden" }),
+        );
+    });
+    let p = policy(json!({ "targetRef": { "name": "api" } }), None);
+    reconcile(Arc::new(p), ctx)
+        .await
+        .expect_err("the API refused");
+    server.await.expect("server");
+
+    let span = the_span(&tracing, &exporter).await;
+    assert!(
+        matches!(&span.status, Status::Error { description } if description.contains("forbidden")),
+        "{:?}",
+        span.status
+    );
+    assert_eq!(
+        attr(&span.attributes, "reprise.reconcile.result"),
+        Some(AttrValue::from("error"))
+    );
+    assert_eq!(
+        attr(&span.attributes, "error.type"),
+        Some(AttrValue::from("Forbidden"))
+    );
+    assert_eq!(attr(&span.attributes, "reprise.endpoints"), None);
+    assert!(span.events.is_empty(), "nothing was written");
 }

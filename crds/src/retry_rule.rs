@@ -404,8 +404,12 @@ impl RetryRule {
                 None
             }
         });
-        let retry_after_max =
-            non_negative(errs, &format!("{rp}.retryAfterMaxMs"), r.retry_after_max_ms).unwrap_or(0);
+        // Bounded like the file format's `retry_after_max_ms` and the CRD schema: an
+        // unbounded value would let an upstream's Retry-After hold a request for years.
+        let retry_after_max_field = format!("{rp}.retryAfterMaxMs");
+        let retry_after_max = non_negative(errs, &retry_after_max_field, r.retry_after_max_ms)
+            .map(|v| common::ranged(errs, &retry_after_max_field, Some(v), 0, 0, 600_000))
+            .unwrap_or(0);
         let request_match = self
             .request_match
             .as_ref()
@@ -477,4 +481,43 @@ fn snake_to_camel(path: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(retry_after_max_ms: i64) -> String {
+        let rule = RetryRule {
+            retries: Retries {
+                retry_after_max_ms,
+                ..Retries::default()
+            },
+            ..RetryRule::default()
+        };
+        let mut errs = ValidationErrors::default();
+        rule.resolve("ns/p", "api.ns", "spec", &mut errs);
+        errs.to_string()
+    }
+
+    #[test]
+    fn retry_after_max_is_bounded_as_in_the_schema() {
+        // Found by fuzz/fuzz_targets/classifier.rs: the snapshot path accepted any value.
+        assert_eq!(errors(600_000), "");
+        assert_eq!(
+            errors(600_001),
+            "spec.retries.retryAfterMaxMs: must be at most 600000 (got 600001)"
+        );
+        assert_eq!(
+            errors(i64::MAX),
+            format!(
+                "spec.retries.retryAfterMaxMs: must be at most 600000 (got {})",
+                i64::MAX
+            )
+        );
+        assert_eq!(
+            errors(-1),
+            "spec.retries.retryAfterMaxMs: must be at least 0 (got -1)"
+        );
+    }
 }

@@ -199,6 +199,15 @@ impl Cluster {
         Proc(
             Command::new(self.bin.join("reprise-controller"))
                 .env("KUBECONFIG", &self.kubeconfig)
+                // When the harness runs with a collector (e2e/test.sh, the
+                // demo), the controller's spans go to it under a name of this
+                // namespace's own.
+                .env(
+                    "OTEL_SERVICE_NAME",
+                    format!("reprise-controller-{}", self.ns),
+                )
+                .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+                .env("OTEL_BSP_SCHEDULE_DELAY", "200")
                 .args([
                     "run",
                     "--push-addr",

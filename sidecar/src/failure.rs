@@ -113,7 +113,10 @@ pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (Failur
     let mut source: Option<&(dyn StdError + 'static)> = err.source();
     while let Some(e) = source {
         if let Some(h) = e.downcast_ref::<hyper::Error>() {
-            if (h.is_user() || h.is_body_write_aborted()) && find_io(h).is_none() {
+            // A user error is the request body's own failure (the client's bad
+            // chunked framing or its dropped connection), even when it carries an
+            // I/O error: that error is the client's, never the upstream's.
+            if h.is_user() || (h.is_body_write_aborted() && find_io(h).is_none()) {
                 return (FailureKind::RequestBodyError, Phase::AfterWrite);
             }
             if h.is_parse() || h.is_parse_status() {
@@ -152,8 +155,14 @@ fn find_io<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a io::Error> {
     None
 }
 
+/// The largest delay [`retry_after`] returns: ten digits of seconds. Longer
+/// values are ignored as garbage. The retry loop honours a delay only up to the
+/// policy's `retry_after_max` (at most 600 s) and ends the retries on a longer one.
+pub const RETRY_AFTER_MAX_SECS: u64 = 9_999_999_999;
+
 /// A seconds-form `Retry-After` (RFC 9110 §10.2.3 delay-seconds). The HTTP-date
-/// form and garbage are ignored (the normal backoff applies).
+/// form and garbage are ignored (the normal backoff applies). The result is at
+/// most [`RETRY_AFTER_MAX_SECS`].
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers
         .get(http::header::RETRY_AFTER)?
@@ -184,6 +193,11 @@ mod tests {
         assert_eq!(retry_after(&headers("-1")), None);
         assert_eq!(retry_after(&headers("1.5")), None);
         assert_eq!(retry_after(&headers("99999999999999999999")), None);
+        assert_eq!(
+            retry_after(&headers("9999999999")),
+            Some(Duration::from_secs(RETRY_AFTER_MAX_SECS))
+        );
+        assert_eq!(retry_after(&headers("10000000000")), None, "eleven digits");
         assert_eq!(retry_after(&headers("soon")), None);
         assert_eq!(retry_after(&HeaderMap::new()), None);
     }

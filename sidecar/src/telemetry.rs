@@ -6,6 +6,9 @@
 //! OTLP endpoint is set. Off, [`Tracing`] and every span are empty `Option`s:
 //! no span objects, no allocation, and the application's `traceparent` passes
 //! through untouched.
+//!
+//! [`Pipeline`] (settings, OTLP exporter, batching, counters) is shared with
+//! the controller, which names itself with its own [`Service`].
 
 mod batch;
 mod pipeline;
@@ -19,13 +22,13 @@ use std::time::Duration;
 use http::Request;
 
 pub use batch::SpanCounters;
-pub use pipeline::DEFAULT_SERVICE_NAME;
+pub use pipeline::{Pipeline, Service, DEFAULT_SERVICE_NAME};
 pub use settings::{BatchSettings, Protocol, Settings};
 pub use spans::{AttemptSpan, RequestSpan};
 
 /// Process-wide tracing: off, or a running export pipeline. Cheap to clone.
 #[derive(Clone, Debug, Default)]
-pub struct Tracing(Option<Arc<pipeline::Pipeline>>);
+pub struct Tracing(Option<Arc<Pipeline>>);
 
 impl Tracing {
     /// Tracing off.
@@ -44,11 +47,7 @@ impl Tracing {
 
     /// Starts the export pipeline with `settings`.
     pub fn start(settings: &Settings) -> Result<Self, crate::Error> {
-        let pipeline = pipeline::build(settings)?;
-        tracing::info!(
-            protocol = settings.protocol.name(),
-            "OpenTelemetry tracing on: spans go to the OTLP collector"
-        );
+        let pipeline = Pipeline::start(settings, Service::SIDECAR)?;
         Ok(Tracing(Some(Arc::new(pipeline))))
     }
 
@@ -59,13 +58,13 @@ impl Tracing {
 
     /// Spans exported and dropped so far; `None` when off.
     pub fn counters(&self) -> Option<&SpanCounters> {
-        self.0.as_ref().map(|p| p.counters.as_ref())
+        self.0.as_ref().map(|p| p.counters())
     }
 
     /// Starts the SERVER span of `req`.
     pub fn request<B>(&self, req: &Request<B>) -> RequestSpan {
         match &self.0 {
-            Some(p) => RequestSpan::start(&p.tracer, req),
+            Some(p) => RequestSpan::start(p.tracer(), req),
             None => RequestSpan::off(),
         }
     }
@@ -74,7 +73,7 @@ impl Tracing {
     /// when the time ran out or tracing is stopped.
     pub async fn flush(&self, timeout: Duration) -> bool {
         match &self.0 {
-            Some(p) => p.stopper.flush(timeout).await,
+            Some(p) => p.flush(timeout).await,
             None => true,
         }
     }
@@ -83,12 +82,9 @@ impl Tracing {
     /// (an unreachable collector must not hold up the exit). Returns false
     /// when the time ran out.
     pub async fn shutdown(&self, timeout: Duration) -> bool {
-        let Some(p) = &self.0 else {
-            return true;
-        };
-        let flushed = p.stopper.stop(timeout).await;
-        // Marks the provider shut down: spans started from now on are not recorded.
-        let _ = p.provider.shutdown();
-        flushed
+        match &self.0 {
+            Some(p) => p.shutdown(timeout).await,
+            None => true,
+        }
     }
 }

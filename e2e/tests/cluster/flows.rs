@@ -195,6 +195,34 @@ async fn a_flaky_pool_is_recovered_follows_readiness_and_survives_a_controller_r
         "{drawn}"
     );
 
+    // The controller's side: a reconcile span that accepted the policy, and
+    // a push span that the sidecar ACKed.
+    let controller_service = format!("reprise-controller-{}", c.ns);
+    for (tags, what) in [
+        (
+            &[("reprise.reconcile.result", "accepted")][..],
+            "an accepting reconcile",
+        ),
+        (&[("reprise.push.result", "acked")][..], "an ACKed push"),
+    ] {
+        let mut found = None;
+        let start = std::time::Instant::now();
+        while found.is_none() && start.elapsed() < Duration::from_secs(30) {
+            found = reprise_e2e::jaeger::find(&jaeger, &controller_service, tags, 5)
+                .await
+                .ok()
+                .and_then(|t| t.into_iter().next());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let trace = found.unwrap_or_else(|| panic!("{what} in Jaeger"));
+        let span = &trace.spans[0];
+        assert_eq!(
+            span.tag("k8s.namespace.name"),
+            Some(c.ns.as_str()),
+            "{what}"
+        );
+    }
+
     // A pod made unready leaves the sidecar's endpoints; after the ACK no request reaches it.
     c.set_ready("api-1", &format!("10.244.{o}.22"), false);
     c.until("2 endpoints in status", Duration::from_secs(30), || {

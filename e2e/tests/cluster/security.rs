@@ -218,4 +218,29 @@ fn the_push_stream_refuses_every_token_but_the_pods_own() {
         Duration::from_secs(20),
         || subscribe(&c, push, Some(&fresh), "beta") == 403,
     );
+
+    // Refusals are logged, but never the tokens themselves.
+    let mut logs = String::new();
+    for entry in std::fs::read_dir(&c.work).expect("work dir").flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("controller-")
+        {
+            logs.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+        }
+    }
+    assert!(logs.contains("sidecar refused"), "the refusals are logged");
+    for (what, token) in [
+        ("alpha's", &own),
+        ("beta's", &betas),
+        ("the expired", &expired),
+    ] {
+        // A JWT's signature part is unique to it.
+        let signature = token.rsplit('.').next().expect("jwt");
+        assert!(
+            !logs.contains(signature),
+            "{what} token appears in the controller's log"
+        );
+    }
 }

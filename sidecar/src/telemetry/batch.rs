@@ -227,7 +227,7 @@ async fn export<E: SpanExporter>(
         Some(error) => {
             counters.drop_spans(n);
             if !counters.failing.swap(true, Ordering::Relaxed) {
-                tracing::warn!(%error, "trace export failed; spans are dropped until the collector answers (see reprise_trace_spans_dropped_total)");
+                tracing::warn!(%error, "trace export failed; spans are dropped until the collector answers (see the *_trace_spans_dropped_total metric)");
             }
         }
     }

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod bad_input;
 mod body;
 mod classification;
 mod cli;

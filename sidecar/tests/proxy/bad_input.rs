@@ -1,0 +1,563 @@
+//! Bad input from both sides: malformed, oversized, ambiguous and slow client
+//! requests written by hand over raw TCP, and garbage `Retry-After` values from
+//! the upstream. The sidecar must answer (or close) without panicking, without
+//! unbounded memory or waiting, and without passing anything ambiguous on: the
+//! upstream sees nothing, or exactly one well-framed request.
+
+use std::time::{Duration, Instant};
+
+use reprise_sidecar::server::HEADER_READ_TIMEOUT;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+use crate::support::{config, Action, Sidecar, Upstream};
+
+/// Bound on one raw exchange: every case here is decided in well under this.
+const EXCHANGE: Duration = Duration::from_secs(10);
+
+/// What came back on one raw connection.
+#[derive(Debug)]
+struct Raw {
+    /// Every byte the sidecar sent before closing (or resetting) the connection.
+    bytes: Vec<u8>,
+    /// Bytes of the request the sidecar accepted before it closed (the write
+    /// stopped at the first error).
+    written: usize,
+}
+
+/// One response read off the wire.
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    /// Lower-case names.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Raw {
+    /// The responses in `bytes`; panics on one that is not well framed.
+    fn responses(&self) -> Vec<Response> {
+        let mut out = Vec::new();
+        let mut rest = &self.bytes[..];
+        while !rest.is_empty() {
+            let mut hs = [httparse::EMPTY_HEADER; 32];
+            let mut r = httparse::Response::new(&mut hs);
+            let head = match r.parse(rest) {
+                Ok(httparse::Status::Complete(n)) => n,
+                other => panic!(
+                    "not an HTTP response ({other:?}): {:?}",
+                    String::from_utf8_lossy(rest)
+                ),
+            };
+            let headers: Vec<(String, String)> = r
+                .headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.name.to_ascii_lowercase(),
+                        String::from_utf8_lossy(h.value).to_string(),
+                    )
+                })
+                .collect();
+            let len = headers
+                .iter()
+                .find(|(k, _)| k == "content-length")
+                .map_or(0, |(_, v)| v.parse::<usize>().expect("content-length"));
+            let status = r.code.expect("status");
+            assert!(
+                rest.len() >= head + len,
+                "truncated response: {:?}",
+                String::from_utf8_lossy(rest)
+            );
+            let body = rest[head..head + len].to_vec();
+            rest = &rest[head + len..];
+            out.push(Response {
+                status,
+                headers,
+                body,
+            });
+        }
+        out
+    }
+
+    /// The status of the only response; panics unless exactly one came back.
+    fn status(&self) -> u16 {
+        let responses = self.responses();
+        assert_eq!(responses.len(), 1, "one response: {:?}", self.text());
+        responses[0].status
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).to_string()
+    }
+}
+
+/// Writes `request` to the sidecar and reads until it closes the connection.
+/// Panics if it neither answers nor closes within [`EXCHANGE`].
+async fn exchange(sidecar: &Sidecar, request: &[u8]) -> Raw {
+    exchange_stream(sidecar, std::iter::once(request.to_vec())).await
+}
+
+/// Like [`exchange`], writing `chunks` one after another until a write fails.
+async fn exchange_stream(
+    sidecar: &Sidecar,
+    chunks: impl Iterator<Item = Vec<u8>> + Send + 'static,
+) -> Raw {
+    let stream = TcpStream::connect(sidecar.addr)
+        .await
+        .expect("connect sidecar");
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let mut written = 0;
+        for c in chunks {
+            // The sidecar may close (and reset) before taking it all: that is an answer too.
+            if wr.write_all(&c).await.is_err() {
+                break;
+            }
+            written += c.len();
+        }
+        // Handed back rather than dropped: a half-close could read as the end of the request.
+        (written, wr)
+    });
+    let read = async {
+        let mut bytes = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return bytes,
+                Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let bytes = timeout(EXCHANGE, read)
+        .await
+        .expect("the sidecar neither answered nor closed the connection");
+    let (written, _wr) = timeout(EXCHANGE, writer)
+        .await
+        .expect("writer finished")
+        .expect("writer task");
+    Raw { bytes, written }
+}
+
+/// Gives a request the sidecar might still forward time to reach the upstream,
+/// so "the upstream saw nothing" is not read too early.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+async fn plain_sidecar() -> (Upstream, Sidecar) {
+    let up = Upstream::always(Action::Echo).await;
+    let sidecar = Sidecar::start(&config(&[&up], "")).await;
+    (up, sidecar)
+}
+
+#[tokio::test]
+async fn malformed_request_lines_get_400_and_never_reach_the_upstream() {
+    let (up, sidecar) = plain_sidecar().await;
+    for request in [
+        &b"NOT A REQUEST LINE\r\n\r\n"[..],
+        b"GET\r\n\r\n",
+        b"GET / HTTP/9.9\r\nhost: api\r\n\r\n",
+        b"GET / HTTP/1.1 trailing\r\nhost: api\r\n\r\n",
+        b"G\x00T / HTTP/1.1\r\nhost: api\r\n\r\n",
+        b"GET /\x7f HTTP/1.1\r\nhost: api\r\n\r\n",
+    ] {
+        let r = exchange(&sidecar, request).await;
+        assert_eq!(r.status(), 400, "{:?}", String::from_utf8_lossy(request));
+    }
+    settle().await;
+    assert_eq!(up.count(), 0);
+}
+
+#[tokio::test]
+async fn a_header_line_without_a_colon_gets_400() {
+    let (up, sidecar) = plain_sidecar().await;
+    for request in [
+        &b"GET / HTTP/1.1\r\nhost: api\r\nNoColonHere\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nhost: api\r\nx-name value\r\n\r\n",
+        // Obsolete line folding (RFC 9112 §5.2): refused, not glued to the previous header.
+        b"GET / HTTP/1.1\r\nhost: api\r\nx-a: 1\r\n folded\r\n\r\n",
+    ] {
+        let r = exchange(&sidecar, request).await;
+        assert_eq!(r.status(), 400, "{:?}", String::from_utf8_lossy(request));
+    }
+    settle().await;
+    assert_eq!(up.count(), 0);
+}
+
+#[tokio::test]
+async fn oversized_headers_get_431() {
+    let (up, sidecar) = plain_sidecar().await;
+
+    // Many small headers within the head limit: too many to parse.
+    let mut many = b"GET / HTTP/1.1\r\nhost: api\r\n".to_vec();
+    for i in 0..150 {
+        many.extend_from_slice(format!("x-h{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    assert_eq!(exchange(&sidecar, &many).await.status(), 431);
+
+    // 200 KiB of headers against the default 64 KiB head limit: the sidecar
+    // stops reading at the limit, answers and closes. (Its answer is sent
+    // before any reset that closing on unread bytes causes, so it is read first.)
+    let mut big = b"GET / HTTP/1.1\r\nhost: api\r\n".to_vec();
+    for _ in 0..200 {
+        big.extend_from_slice(b"x-big: ");
+        big.extend_from_slice(&[b'a'; 1016]);
+        big.extend_from_slice(b"\r\n");
+    }
+    big.extend_from_slice(b"\r\n");
+    let r = exchange(&sidecar, &big).await;
+    assert_eq!(r.status(), 431, "{}", r.text());
+    settle().await;
+    assert_eq!(up.count(), 0);
+}
+
+#[tokio::test]
+async fn an_endless_header_stream_is_cut_off_not_buffered() {
+    let (up, sidecar) = plain_sidecar().await;
+    // 64 MiB of header lines, far more than the socket buffers on both sides
+    // can hold: the writes can only all succeed if the sidecar keeps reading
+    // (and buffering) them. It must stop at its 64 KiB head limit and close.
+    let start = b"GET / HTTP/1.1\r\nhost: api\r\n".to_vec();
+    let mut line = b"x-flood: ".to_vec();
+    line.extend_from_slice(&[b'a'; 1021]);
+    line.extend_from_slice(b"\r\n");
+    let chunk: Vec<u8> = line.repeat(64); // 66 KiB, cloned lazily as it is written
+    let count = (64 << 20) / chunk.len();
+    let total = start.len() + count * chunk.len();
+    let chunks = std::iter::once(start).chain(std::iter::repeat_n(chunk, count));
+    let started = Instant::now();
+    let r = exchange_stream(&sidecar, chunks).await;
+    assert!(
+        r.written < total,
+        "the sidecar read all {total} bytes of a head without closing"
+    );
+    assert_eq!(r.status(), 431);
+    assert!(started.elapsed() < EXCHANGE);
+    settle().await;
+    assert_eq!(up.count(), 0);
+}
+
+#[tokio::test]
+async fn an_oversized_uri_is_refused() {
+    // Default 64 KiB head limit: a 100 KiB URI overflows the head buffer before
+    // the request line is complete, so the answer is 431, not 414.
+    let (up, sidecar) = plain_sidecar().await;
+    let uri = format!("/{}", "a".repeat(100 * 1024));
+    let request = format!("GET {uri} HTTP/1.1\r\nhost: api\r\n\r\n");
+    let r = exchange(&sidecar, request.as_bytes()).await;
+    assert_eq!(r.status(), 431, "{}", r.text());
+    settle().await;
+    assert_eq!(up.count(), 0);
+
+    // A head limit large enough to read it whole: hyper's own URI limit answers 414.
+    let up = Upstream::always(Action::Echo).await;
+    let sidecar = Sidecar::start(&format!(
+        "{}proxy: {{ max_request_header_bytes: 262144 }}\n",
+        config(&[&up], "")
+    ))
+    .await;
+    let r = exchange(&sidecar, request.as_bytes()).await;
+    assert_eq!(r.status(), 414, "{}", r.text());
+    settle().await;
+    assert_eq!(up.count(), 0);
+}
+
+#[tokio::test]
+async fn an_invalid_chunk_size_gets_400_and_is_never_retried() {
+    let bad = b"POST /orders HTTP/1.1\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n";
+    // Buffered for replay: the body fails while it is read, before any attempt.
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Echo).await;
+    let sidecar = Sidecar::start(&config(
+        &[&a, &b],
+        "    retries: { attempts: 3, retry_post: true, buffer_max_bytes: 1024, backoff_base_ms: 1, backoff_cap_ms: 1, reuse_endpoints: true }\n",
+    ))
+    .await;
+    let r = exchange(&sidecar, bad).await;
+    let responses = r.responses();
+    assert_eq!(responses.len(), 1, "{}", r.text());
+    assert_eq!(responses[0].status, 400);
+    assert!(
+        responses[0]
+            .headers
+            .contains(&("x-reprise-error".into(), "request_body_error".into())),
+        "{:?}",
+        responses[0].headers
+    );
+    // Streamed (over the replay cap): the first attempt is under way when the
+    // framing breaks. The body error is the client's: answered 400, never
+    // retried, and not held against the endpoint (one failure would eject it).
+    let c = Upstream::always(Action::Reply(503)).await;
+    let d = Upstream::always(Action::Echo).await;
+    let streaming = Sidecar::start(&config(
+        &[&c, &d],
+        "    passive_health: { consecutive_failures: 1 }\n    retries: { attempts: 3, retry_post: true, buffer_max_bytes: 0, backoff_base_ms: 1, backoff_cap_ms: 1, reuse_endpoints: true }\n",
+    ))
+    .await;
+    let r = exchange(&streaming, bad).await;
+    assert_eq!(r.status(), 400, "{}", r.text());
+    let routes = streaming.proxy.routes();
+    for e in &routes.upstreams["api"].endpoints {
+        assert_eq!(
+            e.ejections(),
+            0,
+            "{:?} ejected for the client's error",
+            e.endpoint.addr
+        );
+    }
+    settle().await;
+    assert_eq!(
+        a.count() + b.count() + c.count() + d.count(),
+        0,
+        "no upstream received a complete request"
+    );
+    assert_eq!(
+        sidecar.outcomes("api", "exhausted") + streaming.outcomes("api", "exhausted"),
+        0
+    );
+    assert_eq!(
+        sidecar.outcomes("api", "recovered") + streaming.outcomes("api", "recovered"),
+        0
+    );
+}
+
+#[tokio::test]
+async fn content_length_with_chunked_is_read_as_chunked_and_the_smuggled_request_is_dropped() {
+    // Both orders of the two headers. hyper drops Content-Length, decodes the
+    // chunked body, and closes the connection after answering, so the bytes
+    // after the chunked body are never parsed as a second request.
+    for (i, head) in [
+        "content-length: 4\r\ntransfer-encoding: chunked\r\n",
+        "transfer-encoding: chunked\r\ncontent-length: 4\r\n",
+        "Content-Length: 64\r\nTransfer-Encoding: chunked\r\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (up, sidecar) = plain_sidecar().await;
+        let request = format!(
+            "POST /a HTTP/1.1\r\nhost: api\r\n{head}\r\n5\r\nhello\r\n0\r\n\r\n\
+             GET /smuggled HTTP/1.1\r\nhost: api\r\n\r\n"
+        );
+        let r = exchange(&sidecar, request.as_bytes()).await;
+        let responses = r.responses();
+        assert_eq!(
+            responses.len(),
+            1,
+            "case {i}: exactly one answer: {}",
+            r.text()
+        );
+        assert_eq!(responses[0].status, 200, "case {i}");
+        assert_eq!(responses[0].body, b"hello", "case {i}: the chunked body");
+        settle().await;
+        let got = up.received();
+        assert_eq!(got.len(), 1, "case {i}: nothing smuggled: {got:?}");
+        assert_eq!(got[0].body, b"hello");
+        let names: Vec<&str> = got[0].headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(
+            !(names.contains(&"content-length") && names.contains(&"transfer-encoding")),
+            "case {i}: the upstream saw both framings: {names:?}"
+        );
+        assert!(
+            names.iter().filter(|n| **n == "content-length").count() <= 1,
+            "case {i}: {names:?}"
+        );
+        if let Some((_, v)) = got[0].headers.iter().find(|(k, _)| k == "content-length") {
+            assert_eq!(v, "5", "case {i}: a length, if any, is the real one");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_transfer_encoding_that_is_not_chunked_last_is_refused() {
+    let (up, sidecar) = plain_sidecar().await;
+    for head in [
+        "transfer-encoding: gzip\r\ncontent-length: 5\r\n",
+        "transfer-encoding: chunked, identity\r\n",
+    ] {
+        let request = format!("POST / HTTP/1.1\r\nhost: api\r\n{head}\r\nhello");
+        assert_eq!(
+            exchange(&sidecar, request.as_bytes()).await.status(),
+            400,
+            "{head}"
+        );
+    }
+    // HTTP/1.0 has no chunked coding at all.
+    let request =
+        b"POST / HTTP/1.0\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    assert_eq!(exchange(&sidecar, request).await.status(), 400);
+    settle().await;
+    assert_eq!(up.count(), 0);
+}
+
+#[tokio::test]
+async fn conflicting_content_lengths_get_400() {
+    let (up, sidecar) = plain_sidecar().await;
+    for head in [
+        "content-length: 5\r\ncontent-length: 6\r\n",
+        "content-length: 5, 6\r\n",
+        "content-length: -5\r\n",
+        "content-length: +5\r\n",
+        "content-length: 99999999999999999999999\r\n",
+    ] {
+        let request = format!("POST / HTTP/1.1\r\nhost: api\r\n{head}\r\nhello!");
+        assert_eq!(
+            exchange(&sidecar, request.as_bytes()).await.status(),
+            400,
+            "{head}"
+        );
+    }
+    settle().await;
+    assert_eq!(up.count(), 0);
+
+    // Repeated equal values are one length (RFC 9110 §8.6), forwarded once.
+    let request = "POST / HTTP/1.1\r\nhost: api\r\nconnection: close\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello";
+    let r = exchange(&sidecar, request.as_bytes()).await;
+    assert_eq!(r.status(), 200, "{}", r.text());
+    let got = up.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body, b"hello");
+    let lengths: Vec<&String> = got[0]
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "content-length")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(lengths, ["5"], "one content-length upstream");
+}
+
+#[tokio::test]
+async fn a_garbage_retry_after_falls_back_to_the_backoff() {
+    for value in [
+        "-5",
+        "99999999999999999999",
+        "Wed, 21 Oct 2015",
+        "",
+        "1.5",
+        "0x10",
+        "ÿ",
+        "4294967296 4294967296",
+    ] {
+        for status in [429, 503] {
+            let a = Upstream::always(Action::ReplyWith(
+                status,
+                vec![("retry-after", value.to_string())],
+                "busy",
+            ))
+            .await;
+            let sidecar = Sidecar::start(&config(
+                &[&a],
+                "    retries: { attempts: 2, backoff_base_ms: 1, backoff_cap_ms: 5, total_deadline_ms: 2000, reuse_endpoints: true }\n",
+            ))
+            .await;
+            let started = Instant::now();
+            let r = timeout(Duration::from_secs(5), sidecar.send("GET", "api", "/", b""))
+                .await
+                .unwrap_or_else(|_| panic!("Retry-After {value:?} hung the request"));
+            assert_eq!(r.status, status, "{value:?}: the last answer is passed on");
+            assert_eq!(
+                a.count(),
+                3,
+                "{value:?}: ignored, so the normal backoff retried twice"
+            );
+            assert!(
+                started.elapsed() < Duration::from_millis(1000),
+                "{value:?} slept: {:?}",
+                started.elapsed()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_huge_but_well_formed_retry_after_ends_the_retries_at_once() {
+    // Ten digits parse (317 years); retry_after_max_ms (default 30 s) refuses it.
+    let a = Upstream::always(Action::ReplyWith(
+        503,
+        vec![("retry-after", "9999999999".into())],
+        "busy",
+    ))
+    .await;
+    let sidecar = Sidecar::start(&config(
+        &[&a],
+        "    retries: { attempts: 2, backoff_base_ms: 1, backoff_cap_ms: 5, reuse_endpoints: true }\n",
+    ))
+    .await;
+    let r = timeout(Duration::from_secs(5), sidecar.send("GET", "api", "/", b""))
+        .await
+        .expect("no sleep for the Retry-After");
+    assert_eq!(r.status, 503);
+    assert_eq!(a.count(), 1, "no retry");
+    assert_eq!(sidecar.outcomes("api", "exhausted"), 1);
+}
+
+/// `prefix` one byte every 200 ms, then (with `endless`) more header bytes at
+/// the same pace: each read makes progress, so only a deadline on the whole
+/// head ends it. Returns when the sidecar closed, and what it sent.
+async fn slowloris(sidecar: &Sidecar, prefix: &[u8], endless: bool) -> (Duration, Vec<u8>) {
+    let stream = TcpStream::connect(sidecar.addr).await.expect("connect");
+    let (mut rd, mut wr) = stream.into_split();
+    let started = Instant::now();
+    let prefix = prefix.to_vec();
+    let writer = tokio::spawn(async move {
+        let tail = std::iter::repeat_n(b'a', if endless { usize::MAX } else { 0 });
+        for b in prefix.iter().copied().chain(tail) {
+            if wr.write_all(&[b]).await.is_err() {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Then silence, with the connection held open.
+        Some(wr)
+    });
+    let mut bytes = Vec::new();
+    let _ = timeout(
+        HEADER_READ_TIMEOUT + Duration::from_secs(10),
+        rd.read_to_end(&mut bytes),
+    )
+    .await
+    .expect("the sidecar kept a slow client's connection open past its header read timeout");
+    writer.abort();
+    (started.elapsed(), bytes)
+}
+
+#[tokio::test]
+async fn slow_and_silent_clients_are_cut_off_at_the_header_read_timeout() {
+    let (up, sidecar) = plain_sidecar().await;
+    // All at once, so the test waits for the timeout once.
+    let ((headers, headers_sent), (preface, _), (silent, silent_sent)) = tokio::join!(
+        // Headers one byte at a time, never finished.
+        slowloris(&sidecar, b"GET / HTTP/1.1\r\nhost: api\r\nx-slow: ", true),
+        // All but the last byte of the HTTP/2 preface: the protocol is never decided.
+        slowloris(&sidecar, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r", false),
+        // Connects and sends nothing at all.
+        async {
+            let mut s = TcpStream::connect(sidecar.addr).await.expect("connect");
+            let started = Instant::now();
+            let mut bytes = Vec::new();
+            let _ = timeout(
+                HEADER_READ_TIMEOUT + Duration::from_secs(10),
+                s.read_to_end(&mut bytes),
+            )
+            .await
+            .expect("the sidecar kept a silent connection open past its header read timeout");
+            (started.elapsed(), bytes)
+        },
+    );
+    let window =
+        HEADER_READ_TIMEOUT - Duration::from_secs(1)..HEADER_READ_TIMEOUT + Duration::from_secs(5);
+    for (what, took) in [
+        ("slow headers", headers),
+        ("slow h2 preface", preface),
+        ("silent", silent),
+    ] {
+        assert!(window.contains(&took), "{what}: closed after {took:?}");
+    }
+    // Closed without an answer: there is no request to answer.
+    assert_eq!(String::from_utf8_lossy(&headers_sent), "");
+    assert_eq!(String::from_utf8_lossy(&silent_sent), "");
+    assert_eq!(up.count(), 0);
+}
