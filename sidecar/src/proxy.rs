@@ -293,6 +293,7 @@ impl Proxy {
                 &report,
                 response.status(),
                 started,
+                span.trace_id(),
             );
         }
         response
@@ -467,6 +468,7 @@ fn log_request(
     report: &Report,
     status: StatusCode,
     started: Instant,
+    trace_id: Option<String>,
 ) {
     let endpoints: Vec<String> = report
         .tried
@@ -492,6 +494,7 @@ fn log_request(
         hedged = report.hedged,
         status = status.as_u16(),
         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        trace_id = trace_id.as_deref().unwrap_or(""),
         "request"
     );
 }

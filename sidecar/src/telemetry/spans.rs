@@ -216,6 +216,15 @@ impl RequestSpan {
         }
     }
 
+    /// The trace id (hex) when this request is traced and sampled, so its log
+    /// event can point at the trace.
+    pub fn trace_id(&self) -> Option<String> {
+        self.0
+            .as_ref()
+            .filter(|i| i.recording)
+            .map(|i| i.cx.span().span_context().trace_id().to_string())
+    }
+
     /// Ends the span with the status sent to the application. `local_error` is
     /// the failure kind when the sidecar answered itself (`x-reprise-error`).
     pub fn end(self, status: StatusCode, local_error: Option<&str>) {

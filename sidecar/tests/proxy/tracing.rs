@@ -323,12 +323,22 @@ async fn sigterm_flushes_queued_spans() {
     assert_eq!(status, 200);
     assert!(collector.trace(&unhex(TRACE)).is_empty());
     sidecar.signal("-TERM");
+    let stdout = sidecar.child.stdout.take().expect("stdout");
     let status = tokio::task::spawn_blocking(move || sidecar.child.wait())
         .await
         .expect("join")
         .expect("wait");
     assert_eq!(status.code(), Some(0));
     assert_eq!(collector.trace(&unhex(TRACE)).len(), 2, "SERVER and CLIENT");
+    // The request's log event names its trace, to jump from a log to Jaeger.
+    use std::io::BufRead;
+    let event = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .find(|v| v["target"] == "reprise::request")
+        .expect("the request's log event");
+    assert_eq!(event["trace_id"], TRACE);
 }
 
 #[tokio::test]
