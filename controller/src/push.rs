@@ -17,8 +17,8 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use reprise_crds::protocol::{
-    Ack, ACKS_PATH, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
-    UPGRADE_PROTOCOL, VERSION_PARAM,
+    Ack, ACKS_PATH, HEARTBEAT_SECS, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH, UPGRADE_PROTOCOL,
+    VERSION_PARAM,
 };
 use reprise_crds::snapshot::Snapshot;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -40,6 +40,10 @@ pub trait SnapshotSource: Send + Sync + 'static {
     /// Bumped on every change to anything snapshots are made of.
     fn changes(&self) -> watch::Receiver<u64>;
 }
+
+/// Longest ACK line (or POSTed ACK body) accepted: an ACK is a version and
+/// perhaps an error message; anything longer is not one.
+const MAX_ACK_BYTES: usize = 64 * 1024;
 
 /// Changes closer together than this are pushed once.
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -368,7 +372,7 @@ impl PushServer {
             Ok(id) => id,
             Err(resp) => return resp,
         };
-        let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
+        let body = match Limited::new(req.into_body(), MAX_ACK_BYTES).collect().await {
             Ok(b) => b.to_bytes(),
             Err(_) => {
                 return text(
@@ -497,7 +501,7 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
         loop {
             line.clear();
             match (&mut reader)
-                .take(MAX_LINE_BYTES as u64)
+                .take(MAX_ACK_BYTES as u64)
                 .read_until(b'\n', &mut line)
                 .await
             {

@@ -34,7 +34,8 @@ pub const VERSION_PARAM: &str = "version";
 pub const AUDIENCE: &str = "reprise";
 /// The `Upgrade` token of the bidirectional form.
 pub const UPGRADE_PROTOCOL: &str = "reprise-push/1";
-/// Longest line either side accepts on the upgraded stream.
+/// Longest snapshot line a sidecar accepts on the upgraded stream (the
+/// controller takes ACK lines of at most 64 KiB).
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// Seconds between heartbeat lines on an idle stream.
 pub const HEARTBEAT_SECS: u64 = 15;
