@@ -246,6 +246,35 @@ async fn close_before_headers_is_a_transport_failure() {
 }
 
 #[tokio::test]
+async fn an_upstream_half_close_is_retried_for_get_and_never_duplicates_a_post() {
+    let half = Upstream::always(Action::HalfClose).await;
+    let good = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(&config(&[&half, &good], RETRY2)).await;
+    for _ in 0..6 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    assert_eq!(
+        good.count(),
+        6,
+        "every GET answered by the healthy endpoint"
+    );
+    // A POST is not retried without retry_post: whichever endpoint took it
+    // took it once, and a half-close reaches the client as a 502.
+    let (half_before, good_before) = (half.count(), good.count());
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(sidecar.send("POST", "api", "/", b"x").await.status);
+    }
+    let delivered = (half.count() - half_before) + (good.count() - good_before);
+    assert_eq!(delivered, 6, "each POST reached exactly one endpoint once");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 502).count(),
+        half.count() - half_before,
+        "{statuses:?}"
+    );
+}
+
+#[tokio::test]
 async fn read_timeout_is_retried_on_another_endpoint() {
     let slow = Upstream::always(Action::Stall(Duration::from_secs(3))).await;
     let fast = Upstream::always(Action::Reply(200)).await;

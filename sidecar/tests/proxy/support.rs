@@ -36,6 +36,9 @@ pub enum Action {
     Reset,
     /// Close the connection after reading the request, without answering.
     Close,
+    /// Half-close after reading the request: send FIN, keep reading (the
+    /// socket stays open) until the peer closes or 5 s pass.
+    HalfClose,
 }
 
 /// One request as the upstream received it.
@@ -236,6 +239,15 @@ async fn serve_conn(
             }
             Action::Close => {
                 let _ = stream.shutdown().await;
+                return;
+            }
+            Action::HalfClose => {
+                let _ = stream.shutdown().await;
+                let mut sink = [0u8; 1024];
+                let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+                })
+                .await;
                 return;
             }
         }
