@@ -202,40 +202,16 @@ impl PushServer {
         tls: Arc<rustls::ServerConfig>,
         shutdown: impl Future<Output = ()>,
     ) {
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        tokio::pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "push accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => return,
-            };
-            let acceptor = acceptor.clone();
+        crate::tls::accept(listener, tls, shutdown, "push", move |tls| {
             let server = Arc::clone(&self);
-            tokio::spawn(async move {
-                let tls =
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
+            async move {
                 let service = service_fn(move |req| Arc::clone(&server).handle(req));
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection_with_upgrades(TokioIo::new(tls), service)
                     .await;
-            });
-        }
+            }
+        })
+        .await;
     }
 
     /// Handles one request.

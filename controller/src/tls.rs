@@ -182,3 +182,45 @@ fn write(path: &Path, text: &str, mode: u32) -> Result<(), Error> {
     f.write_all(text.as_bytes())
         .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))
 }
+
+/// The TLS accept loop both controller listeners share: accepts on
+/// `listener` until `shutdown` resolves, completes each handshake (10 s at
+/// most) on the connection's own task, so a slow client never holds up the
+/// loop, and hands the stream to `serve`. `what` names the listener in logs.
+pub async fn accept<F, Fut>(
+    listener: tokio::net::TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    shutdown: impl std::future::Future<Output = ()>,
+    what: &'static str,
+    serve: F,
+) where
+    F: Fn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(listener = what, error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return,
+        };
+        let (acceptor, serve) = (acceptor.clone(), serve.clone());
+        tokio::spawn(async move {
+            let handshake = acceptor.accept(stream);
+            match tokio::time::timeout(std::time::Duration::from_secs(10), handshake).await {
+                Ok(Ok(tls)) => serve(tls).await,
+                Ok(Err(e)) => {
+                    tracing::debug!(listener = what, %peer, error = %e, "TLS handshake failed")
+                }
+                Err(_) => {}
+            }
+        });
+    }
+}

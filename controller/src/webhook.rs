@@ -114,38 +114,25 @@ impl Webhook {
 
     /// Serves HTTPS on `listener` until the process ends.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "webhook accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+        crate::tls::accept(
+            listener,
+            tls,
+            std::future::pending(),
+            "webhook",
+            move |tls| {
+                let webhook = Arc::clone(&self);
+                async move {
+                    let service = service_fn(move |req| {
+                        let webhook = Arc::clone(&webhook);
+                        async move { Ok::<_, std::convert::Infallible>(webhook.handle(req).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
                 }
-            };
-            let (acceptor, webhook) = (acceptor.clone(), Arc::clone(&self));
-            tokio::spawn(async move {
-                let tls =
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "webhook TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
-                let service = service_fn(move |req| {
-                    let webhook = Arc::clone(&webhook);
-                    async move { Ok::<_, std::convert::Infallible>(webhook.handle(req).await) }
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await;
-            });
-        }
+            },
+        )
+        .await;
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
