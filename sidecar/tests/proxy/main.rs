@@ -7,6 +7,7 @@ mod bad_input;
 mod body;
 mod classification;
 mod cli;
+mod drain;
 mod hedging;
 mod limits;
 mod methods;
