@@ -1,6 +1,6 @@
-//! Chooses the endpoint for each attempt: power of two choices on in-flight
-//! attempts, among endpoints this request has not tried and passive health has
-//! not ejected.
+//! Chooses the endpoint for each attempt: power of two choices on a cost that
+//! combines in-flight attempts with recent failures, among endpoints this
+//! request has not tried and passive health has not ejected.
 
 use std::sync::Arc;
 
@@ -100,7 +100,7 @@ impl EndpointPicker {
                     b += 1;
                 }
                 let (a, b) = (nth(a)?, nth(b)?);
-                if endpoints[b].in_flight() < endpoints[a].in_flight() {
+                if endpoints[b].cost() < endpoints[a].cost() {
                     Some(b)
                 } else {
                     Some(a)
@@ -163,6 +163,61 @@ mod tests {
                 Some(1)
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_endpoint_that_fails_gets_less_traffic_until_its_failures_age() {
+        let eps = endpoints(3);
+        // Warm the clock so "now" is past its origin.
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let count = |eps: &[Arc<EndpointState>]| {
+            let mut n = [0usize; 3];
+            for _ in 0..600 {
+                n[EndpointPicker::pick(eps, &Tried::default(), false).expect("some")] += 1;
+            }
+            n
+        };
+        let even = count(&eps);
+        assert!(
+            even.iter().all(|&n| n > 120),
+            "no failures: spread evenly, got {even:?}"
+        );
+
+        eps[2].record_outcome(true);
+        eps[2].record_outcome(false);
+        eps[2].record_outcome(true);
+        let shifted = count(&eps);
+        assert_eq!(
+            shifted[2], 0,
+            "idle peers beat a failing endpoint: {shifted:?}"
+        );
+
+        // A busy healthy endpoint can still lose to one that fails now and then.
+        let _busy: Vec<_> = (0..4).map(|_| eps[0].start()).collect();
+        let mut tried = Tried::default();
+        tried.insert(1);
+        assert_eq!(EndpointPicker::pick(&eps, &tried, false), Some(2));
+        drop(_busy);
+
+        // Once the failures have aged (one half-life a second) traffic evens out again.
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let recovered = count(&eps);
+        assert!(recovered[2] > 120, "recovered: {recovered:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn when_every_endpoint_fails_alike_load_decides() {
+        let eps = endpoints(3);
+        for e in &eps {
+            (0..20).for_each(|_| e.record_outcome(true));
+        }
+        let _busy: Vec<_> = (0..3).map(|_| eps[1].start()).collect();
+        let mut n = [0usize; 3];
+        for _ in 0..600 {
+            n[EndpointPicker::pick(&eps, &Tried::default(), false).expect("some")] += 1;
+        }
+        assert!(n[0] > 150 && n[2] > 150, "{n:?}");
+        assert!(n[1] < n[0] / 2, "the loaded one is picked less: {n:?}");
     }
 
     #[tokio::test(start_paused = true)]

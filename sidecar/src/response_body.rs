@@ -60,7 +60,9 @@ impl Body for ProxyBody {
                         .metrics
                         .mid_stream_errors
                         .fetch_add(1, Ordering::Relaxed);
-                    upstream.endpoints[*endpoint].record_failure(&upstream.config.passive_health);
+                    let state = &upstream.endpoints[*endpoint];
+                    state.record_outcome(true);
+                    state.record_failure(&upstream.config.passive_health);
                     tracing::warn!(upstream = %upstream.config.name, endpoint = %upstream.endpoints[*endpoint].endpoint.addr, error = %e, "response body failed mid-stream; not retried");
                 }
                 polled

@@ -314,7 +314,10 @@ fn classify(
             // Any response proves the transport works; statuses never eject (rules document).
             state.record_success();
             let status = response.status().as_u16();
-            if policy.is_some_and(|p| p.retry_statuses.contains(status)) {
+            let retryable = policy.is_some_and(|p| p.retry_statuses.contains(status));
+            // A retryable status weighs the endpoint's choice, never its health.
+            state.record_outcome(retryable);
+            if retryable {
                 let kind = FailureKind::UpstreamStatus(status);
                 span.failed(kind, Some(status));
                 report.first_error.get_or_insert(kind);
@@ -334,6 +337,7 @@ fn classify(
         Err((kind, phase)) => {
             span.failed(kind, None);
             if kind.is_transport() {
+                state.record_outcome(true);
                 state.record_failure(&up.config.passive_health);
             }
             report.first_error.get_or_insert(kind);

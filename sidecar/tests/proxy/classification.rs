@@ -1,6 +1,7 @@
 //! Which failures are retried: statuses, 429 with Retry-After, transport
 //! errors, read timeouts, failure boundaries, mid-stream body errors.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::{config, Action, Sidecar, Upstream};
@@ -350,20 +351,34 @@ async fn a_body_failing_mid_stream_is_never_retried_and_feeds_passive_health() {
 
 #[tokio::test]
 async fn passive_health_ejects_after_consecutive_transport_failures() {
+    // Alone in its upstream, the endpoint takes every request: the second
+    // reset in a row ejects it, the first does not.
+    let bad = Upstream::always(Action::Reset).await;
+    let sidecar = Sidecar::start(&config(
+        &[&bad],
+        "    passive_health: { consecutive_failures: 2, ejection_ms: 60000 }\n    retries: { attempts: 0 }\n",
+    ))
+    .await;
+    let endpoint = || Arc::clone(&sidecar.proxy.routes().upstreams["api"].endpoints[0]);
+    assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 502);
+    assert!(!endpoint().is_ejected());
+    assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 502);
+    assert!(endpoint().is_ejected());
+    assert_eq!(endpoint().ejections(), 1);
+
+    // With a healthy peer, an ejected endpoint is never picked.
     let bad = Upstream::always(Action::Reset).await;
     let good = Upstream::always(Action::Reply(200)).await;
     let sidecar = Sidecar::start(&config(
         &[&bad, &good],
-        "    passive_health: { consecutive_failures: 2, ejection_ms: 60000 }\n    retries: { attempts: 1 }\n",
+        "    passive_health: { consecutive_failures: 1, ejection_ms: 60000 }\n    retries: { attempts: 1 }\n",
     ))
     .await;
     for _ in 0..40 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
     }
-    assert_eq!(
-        bad.count(),
-        2,
-        "after two resets the endpoint is ejected and never picked again"
-    );
-    assert!(sidecar.proxy.routes().upstreams["api"].endpoints[0].is_ejected());
+    assert!(bad.count() <= 1, "picked again after its ejection");
+    if bad.count() == 1 {
+        assert!(sidecar.proxy.routes().upstreams["api"].endpoints[0].is_ejected());
+    }
 }
