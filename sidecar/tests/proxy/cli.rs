@@ -367,9 +367,19 @@ async fn admin_endpoints_and_one_log_event_per_request() {
 
 #[tokio::test]
 async fn sigterm_finishes_in_flight_requests_then_exits_zero() {
+    sigterm_drains("drain-mt", &[("TOKIO_WORKER_THREADS", "2")]).await;
+}
+
+#[tokio::test]
+async fn with_one_worker_the_single_threaded_runtime_proxies_and_drains() {
+    // One worker selects tokio's current-thread scheduler (main.rs).
+    sigterm_drains("drain-ct", &[("TOKIO_WORKER_THREADS", "1")]).await;
+}
+
+async fn sigterm_drains(name: &str, env: &[(&str, &str)]) {
     let slow = Upstream::always(Action::Stall(Duration::from_millis(800))).await;
-    let path = temp_file("drain", &config(&[&slow], ""));
-    let mut sidecar = Running::start(&path).await;
+    let path = temp_file(name, &config(&[&slow], ""));
+    let mut sidecar = Running::start_with_env(&path, env).await;
     let listen = sidecar.listen;
     let in_flight = tokio::spawn(async move {
         let mut s = tokio::net::TcpStream::connect(listen)
