@@ -16,6 +16,7 @@ pub mod endpoint;
 pub mod endpoint_picker;
 pub mod failure;
 pub mod hop_by_hop;
+pub mod log_output;
 pub mod metrics;
 pub mod outcome;
 pub mod proxy;

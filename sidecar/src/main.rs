@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use reprise_sidecar::admin::{Admin, LogLevelSetter};
+use reprise_sidecar::log_output::{BatchedWriter, FlushGuard};
 use reprise_sidecar::proxy::Proxy;
 use reprise_sidecar::subscription::Subscription;
 use reprise_sidecar::telemetry::Tracing;
@@ -52,7 +53,13 @@ fn main() -> ExitCode {
         };
         return check(config);
     }
-    let (set_log_level, _log_flush) = init_logging(&args.log_format);
+    let (set_log_level, _log_flush) = match init_logging(&args.log_format) {
+        Ok(logging) => logging,
+        Err(e) => {
+            eprintln!("reprise-sidecar: cannot start the log writer: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let workers = worker_threads();
     let runtime = match build_runtime(workers) {
         Ok(r) => r,
@@ -136,14 +143,11 @@ fn check(path: &std::path::Path) -> ExitCode {
 /// Logs go through a bounded in-memory queue drained by a dedicated thread, so a
 /// slow or blocked stdout never stalls the proxy: when the queue is full, lines
 /// are dropped instead. The guard flushes what is queued at exit.
-fn init_logging(format: &str) -> (LogLevelSetter, tracing_appender::non_blocking::WorkerGuard) {
+fn init_logging(format: &str) -> std::io::Result<(LogLevelSetter, FlushGuard)> {
     let filter = EnvFilter::try_from_env("REPRISE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = log_reload::Layer::new(filter);
     let registry = tracing_subscriber::registry().with(filter);
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(64 * 1024)
-        .finish(std::io::stdout());
+    let (writer, guard) = BatchedWriter::spawn(std::io::stdout())?;
     if format == "text" {
         registry
             .with(tracing_subscriber::fmt::layer().with_writer(writer))
@@ -163,7 +167,7 @@ fn init_logging(format: &str) -> (LogLevelSetter, tracing_appender::non_blocking
         let filter = EnvFilter::try_new(spec).map_err(|e| e.to_string())?;
         handle.reload(filter).map_err(|e| e.to_string())
     });
-    (setter, guard)
+    Ok((setter, guard))
 }
 
 /// Longest the exit waits for queued spans to reach the collector.
