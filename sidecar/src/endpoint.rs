@@ -38,6 +38,8 @@ pub struct EndpointState {
 
     /// `address:port`, pre-built for request URIs.
     pub authority: Authority,
+    /// The name logs give it: the configured name (the pod), else `address:port`.
+    pub label: String,
     in_flight: AtomicU32,
     /// Failure estimate as f64 bits, as of `failure_at_ms`.
     failure_bits: AtomicU64,
@@ -56,10 +58,15 @@ impl EndpointState {
     pub fn new(endpoint: Endpoint, client: crate::upstream::EndpointClient) -> Self {
         let authority = Authority::try_from(endpoint.addr.to_string().as_str())
             .unwrap_or_else(|_| Authority::from_static("invalid"));
+        let label = endpoint
+            .name
+            .clone()
+            .unwrap_or_else(|| endpoint.addr.to_string());
         Self {
             endpoint,
             client,
             authority,
+            label,
 
             in_flight: AtomicU32::new(0),
             failure_bits: AtomicU64::new(0),

@@ -470,27 +470,35 @@ fn log_request(
     started: Instant,
     trace_id: Option<String>,
 ) {
-    let endpoints: Vec<String> = report
-        .tried
-        .as_slice()
-        .iter()
-        .map(|i| {
-            let e = &upstream.endpoints[*i].endpoint;
-            e.name.clone().unwrap_or_else(|| e.addr.to_string())
-        })
-        .collect();
+    // Fields as plain strings and numbers: formatting `%Display` fields costs
+    // a fmt round trip each, and this runs once per request.
+    let endpoint_label = |i: &usize| upstream.endpoints[*i].label.as_str();
+    let endpoints: std::borrow::Cow<'_, str> = match report.tried.as_slice() {
+        [one] => endpoint_label(one).into(),
+        tried => tried
+            .iter()
+            .map(endpoint_label)
+            .collect::<Vec<_>>()
+            .join(",")
+            .into(),
+    };
+    let rule: std::borrow::Cow<'_, str> = match source {
+        None => "none".into(),
+        Some(PolicySource::Upstream) => "upstream".into(),
+        Some(s) => s.to_string().into(),
+    };
     tracing::info!(
         target: "reprise::request",
-        upstream = %upstream.config.name,
-        method = %method,
-        path = %path.path(),
-        rule = %source.map_or_else(|| "none".to_string(), |s| s.to_string()),
+        upstream = upstream.config.name.as_str(),
+        method = method.as_str(),
+        path = path.path(),
+        rule = &*rule,
         attempts = report.attempts,
         max_attempts = max_retries + 1,
-        endpoints = %endpoints.join(","),
+        endpoints = &*endpoints,
         outcome = report.outcome.name(),
         reason = report.outcome.reason(),
-        first_error = %report.first_error.map_or_else(String::new, |k| k.name().into_owned()),
+        first_error = &*report.first_error.map_or(std::borrow::Cow::Borrowed(""), |k| k.name()),
         hedged = report.hedged,
         status = status.as_u16(),
         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
