@@ -378,11 +378,14 @@ impl RetryRule {
             delay_ms: u64::try_from(h.delay_ms).unwrap_or(0),
         });
         let hedge_delay = common::hedge(&mut camel, &rp, hedge.as_ref());
-        let replay = common::replay_limit(
-            &mut camel,
-            &format!("{p}.replay_limit_bytes"),
-            u64::try_from(self.replay_limit_bytes).ok(),
+        // A negative size must be refused, not read as "unset" (the default).
+        let replay_bytes = non_negative(
+            errs,
+            &format!("{p}.replayLimitBytes"),
+            self.replay_limit_bytes,
         );
+        let replay =
+            common::replay_limit(&mut camel, &format!("{p}.replay_limit_bytes"), replay_bytes);
         // The shared checks name fields as the file does; rename them to the resource's camelCase.
         for e in camel.0 {
             errs.push(snake_to_camel(&e.field), snake_to_camel(&e.rule));
@@ -410,6 +413,16 @@ impl RetryRule {
         let retry_after_max = non_negative(errs, &retry_after_max_field, r.retry_after_max_ms)
             .map(|v| common::ranged(errs, &retry_after_max_field, Some(v), 0, 0, 600_000))
             .unwrap_or(0);
+        // Bounded like the CRD schema; negative is refused rather than read as 0.
+        let min_per_second_field = format!("{rp}.budgetMinRetriesPerSecond");
+        let min_retries_per_second = non_negative(
+            errs,
+            &min_per_second_field,
+            i64::from(r.budget_min_retries_per_second),
+        )
+        .map(|v| common::ranged(errs, &min_per_second_field, Some(v), 0, 0, 100_000))
+        .and_then(|v| u32::try_from(v).ok())
+        .unwrap_or(0);
         let request_match = self
             .request_match
             .as_ref()
@@ -453,7 +466,7 @@ impl RetryRule {
         let budget = BudgetSettings {
             percent: r.budget_percent,
             window: Duration::from_secs(10),
-            min_retries_per_second: u32::try_from(r.budget_min_retries_per_second).unwrap_or(0),
+            min_retries_per_second,
         };
         (rule, budget)
     }
@@ -498,6 +511,40 @@ mod tests {
         let mut errs = ValidationErrors::default();
         rule.resolve("ns/p", "api.ns", "spec", &mut errs);
         errs.to_string()
+    }
+
+    fn resolve_errors(rule: &RetryRule) -> String {
+        let mut errs = ValidationErrors::default();
+        rule.resolve("ns/p", "api.ns", "spec", &mut errs);
+        errs.to_string()
+    }
+
+    #[test]
+    fn a_negative_replay_limit_or_budget_floor_is_refused_not_read_as_a_default() {
+        let replay = RetryRule {
+            replay_limit_bytes: -1,
+            ..RetryRule::default()
+        };
+        assert_eq!(
+            resolve_errors(&replay),
+            "spec.replayLimitBytes: must be at least 0 (got -1)"
+        );
+        let floor = |v: i32| RetryRule {
+            retries: Retries {
+                budget_min_retries_per_second: v,
+                ..Retries::default()
+            },
+            ..RetryRule::default()
+        };
+        assert_eq!(
+            resolve_errors(&floor(-5)),
+            "spec.retries.budgetMinRetriesPerSecond: must be at least 0 (got -5)"
+        );
+        assert_eq!(
+            resolve_errors(&floor(100_001)),
+            "spec.retries.budgetMinRetriesPerSecond: must be at most 100000 (got 100001)"
+        );
+        assert_eq!(resolve_errors(&floor(20)), "");
     }
 
     #[test]
