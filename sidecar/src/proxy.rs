@@ -143,7 +143,7 @@ impl Proxy {
                 .unknown_upstream
                 .fetch_add(1, Ordering::Relaxed);
             if routes.config.proxy.forward_unknown_hosts {
-                return self.forward(req).await;
+                return self.forward(req, span).await;
             }
             let msg = format!("reprise: no upstream named \"{host}\"\n");
             return local(StatusCode::BAD_GATEWAY, "unknown_upstream", msg);
@@ -301,7 +301,7 @@ impl Proxy {
 
     /// A host no policy covers, in Kubernetes mode: forwarded once, as a plain
     /// proxy would, so that HTTP_PROXY does not break the application's other calls.
-    async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    async fn forward(&self, req: Request<Incoming>, span: &RequestSpan) -> Response<ProxyBody> {
         if req.method() == Method::CONNECT {
             return local(StatusCode::METHOD_NOT_ALLOWED, "connect_unsupported", "reprise: CONNECT to a host outside the mesh is not supported; add it to NO_PROXY\n".into());
         }
@@ -343,15 +343,18 @@ impl Proxy {
         hop_by_hop::strip(&mut parts.headers, false);
         parts.uri = uri;
         parts.version = Version::HTTP_11;
-        let request = Request::from_parts(parts, crate::replay_body::AttemptBody::Direct(body));
+        let mut request = Request::from_parts(parts, crate::replay_body::AttemptBody::Direct(body));
+        let attempt = span.forwarded(&authority, &mut request);
         match self.passthrough.request(request).await {
             Ok(response) => {
+                attempt.responded(response.status().as_u16());
                 let (mut parts, body) = response.into_parts();
                 hop_by_hop::strip(&mut parts.headers, false);
                 Response::from_parts(parts, ProxyBody::Passthrough(body))
             }
             Err(e) => {
                 let (kind, _) = crate::failure::classify_client_error(&e);
+                attempt.failed(kind, None);
                 local(
                     kind.status(),
                     &kind.name(),

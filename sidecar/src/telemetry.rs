@@ -51,6 +51,12 @@ impl Tracing {
         Ok(Tracing(Some(Arc::new(pipeline))))
     }
 
+    /// Tracing through an already built pipeline (tests: an exporter aimed
+    /// at their own collector, where `start` would read the process environment).
+    pub fn with_pipeline(pipeline: Pipeline) -> Self {
+        Tracing(Some(Arc::new(pipeline)))
+    }
+
     /// True when spans are recorded and exported.
     pub fn is_on(&self) -> bool {
         self.0.is_some()

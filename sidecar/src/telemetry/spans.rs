@@ -163,6 +163,45 @@ impl RequestSpan {
         AttemptSpan(Some(span))
     }
 
+    /// Starts the CLIENT span of a request forwarded once to a host outside
+    /// every upstream (`authority` as the application addressed it) and puts
+    /// its context in `request`'s `traceparent`.
+    pub fn forwarded<B>(&self, authority: &str, request: &mut Request<B>) -> AttemptSpan {
+        let Some(inner) = &self.0 else {
+            return AttemptSpan(None);
+        };
+        let mut builder = inner
+            .tracer
+            .span_builder(inner.name.clone())
+            .with_kind(SpanKind::Client);
+        if inner.recording {
+            let mut attributes = Vec::with_capacity(5);
+            method_attributes(request.method(), &mut attributes);
+            // The query is left out: it may carry credentials.
+            attributes.push(KeyValue::new(
+                URL_FULL,
+                format!("http://{authority}{}", request.uri().path()),
+            ));
+            let (host, port) = match authority.rsplit_once(':') {
+                Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+                    (h, p.parse::<i64>().unwrap_or(80))
+                }
+                _ => (authority, 80),
+            };
+            attributes.push(KeyValue::new(
+                SERVER_ADDRESS,
+                host.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string(),
+            ));
+            attributes.push(KeyValue::new(SERVER_PORT, port));
+            builder = builder.with_attributes(attributes);
+        }
+        let span = builder.start_with_context(&inner.tracer, &inner.cx);
+        propagation::inject(span.span_context(), request.headers_mut());
+        AttemptSpan(Some(span))
+    }
+
     /// A retry will be sent after `delay`.
     pub fn backoff(&self, delay: Duration) {
         self.event("backoff", || vec![KeyValue::new(BACKOFF_MS, millis(delay))]);

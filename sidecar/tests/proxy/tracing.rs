@@ -359,3 +359,114 @@ async fn tracing_off_passes_the_apps_traceparent_through() {
         .collect();
     assert_eq!(parents, [traceparent]);
 }
+
+#[tokio::test]
+async fn a_request_forwarded_outside_every_upstream_gets_a_client_span() {
+    let collector = Collector::start().await;
+    // Built here with an explicit endpoint: `Tracing::start` reads the OTLP
+    // endpoint from the process environment, which other tests share.
+    let exporter = {
+        use opentelemetry_otlp::WithExportConfig;
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(format!("http://{}/v1/traces", collector.addr))
+            .build()
+            .expect("exporter")
+    };
+    let batch = reprise_sidecar::telemetry::BatchSettings {
+        schedule_delay: Duration::from_millis(100),
+        export_timeout: Duration::from_secs(5),
+        max_queue_size: 2048,
+        max_export_batch_size: 512,
+    };
+    let tracing = reprise_sidecar::telemetry::Tracing::with_pipeline(
+        reprise_sidecar::telemetry::Pipeline::with_exporter(
+            exporter,
+            batch,
+            reprise_sidecar::telemetry::Service::SIDECAR,
+        ),
+    );
+    // Kubernetes mode forwards hosts no policy covers, once, as a plain proxy.
+    let mesh = Upstream::always(Action::Reply(200)).await;
+    let outside = Upstream::always(Action::Reply(200)).await;
+    let mut cfg = reprise_crds::file::parse(&config(&[&mesh], ""), "test").expect("config");
+    cfg.proxy.forward_unknown_hosts = true;
+    let proxy = reprise_sidecar::proxy::Proxy::with_tracing(cfg, tracing);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let listen = listener.local_addr().expect("addr");
+    tokio::spawn(reprise_sidecar::server::serve_proxy(
+        listener,
+        proxy,
+        std::future::pending(),
+    ));
+
+    let port = outside.addr.port();
+    let raw = format!(
+        "GET http://127.0.0.1:{port}/outside?token=x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\ntraceparent: 00-{TRACE}-{PARENT}-01\r\nConnection: close\r\n\r\n"
+    );
+    let mut s = tokio::net::TcpStream::connect(listen)
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut s, raw.as_bytes())
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut out),
+    )
+    .await
+    .expect("answered in time")
+    .expect("read");
+    assert!(
+        out.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert_eq!(mesh.count(), 0);
+
+    let spans = collector.wait_for(&unhex(TRACE), 2).await;
+    let server = &spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Server as i32)
+        .expect("server span")
+        .span;
+    let client = &spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Client as i32)
+        .expect("client span")
+        .span;
+    assert_eq!(client.parent_span_id, server.span_id);
+    assert_eq!(
+        text(&client.attributes, "server.address"),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        int(&client.attributes, "server.port"),
+        Some(i64::from(port))
+    );
+    assert_eq!(
+        text(&client.attributes, "url.full"),
+        Some(format!("http://127.0.0.1:{port}/outside").as_str()),
+        "no query: it may carry credentials"
+    );
+    assert_eq!(
+        int(&client.attributes, "http.response.status_code"),
+        Some(200)
+    );
+    // The outside server received the CLIENT span's context.
+    let got = outside.received();
+    let traceparent: Vec<_> = got[0]
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "traceparent")
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(
+        traceparent,
+        [format!("00-{TRACE}-{}-01", hex(&client.span_id))]
+    );
+}
