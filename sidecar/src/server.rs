@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use http::header::{HeaderValue, CONNECTION};
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -34,6 +35,10 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections still idle after it are closed. A request that arrives just as
 /// they close can still be lost: the window narrows that race, it cannot end it.
 pub const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
+
+/// Most connections taken from the listen backlog when the drain starts (the
+/// kernel's default `somaxconn` is 4096; one burst of clients is what matters).
+const MAX_BACKLOG_ON_DRAIN: usize = 4096;
 
 /// Where the drain is, as seen by every connection task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -85,19 +90,22 @@ pub async fn serve_proxy(
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve_connection(
-                    stream,
-                    Arc::clone(&proxy),
-                    Arc::clone(&builder),
-                    phase_rx.clone(),
-                ));
+                spawn_connection(stream, &proxy, &builder, &phase_rx);
             }
             () = &mut shutdown => break,
         }
     }
     // First, so that every response from now on carries `Connection: close`.
     proxy.start_draining();
+    // Connections the kernel has completed but this loop has not accepted yet
+    // would be reset when the listener closes, their requests lost: take them
+    // in (at most a backlog's worth) and serve them like the others.
+    for _ in 0..MAX_BACKLOG_ON_DRAIN {
+        match listener.accept().now_or_never() {
+            Some(Ok((stream, _))) => spawn_connection(stream, &proxy, &builder, &phase_rx),
+            _ => break,
+        }
+    }
     drop(listener);
     drop(phase_rx);
     let _ = phase.send(Phase::Draining);
@@ -112,6 +120,21 @@ pub async fn serve_proxy(
         phase.closed().await;
     };
     tokio::time::timeout(drain, finished).await.is_ok()
+}
+
+fn spawn_connection(
+    stream: TcpStream,
+    proxy: &Arc<Proxy>,
+    builder: &Arc<auto::Builder<TokioExecutor>>,
+    phase: &watch::Receiver<Phase>,
+) {
+    let _ = stream.set_nodelay(true);
+    tokio::spawn(serve_connection(
+        stream,
+        Arc::clone(proxy),
+        Arc::clone(builder),
+        phase.clone(),
+    ));
 }
 
 /// Serves one accepted connection, following the drain `phase`.

@@ -411,3 +411,33 @@ async fn h2c_connections_get_goaway_as_soon_as_the_drain_starts() {
     );
     assert!(sidecar.finished(WAIT).await);
 }
+
+#[tokio::test]
+async fn connections_waiting_in_the_backlog_when_the_drain_starts_are_served() {
+    let up = upstream().await;
+    let yaml = config(&[&up], "");
+    let cfg = reprise_crds::file::parse(&yaml, "test.yaml").expect("config");
+    let proxy = Proxy::new(cfg);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // The kernel completes these connections before the proxy accepts any:
+    // they wait in the listen backlog with their requests sent.
+    let mut clients = Vec::new();
+    for _ in 0..5 {
+        let mut c = Client::connect(addr).await;
+        c.send(FAST_GET).await;
+        clients.push(c);
+    }
+    // The drain starts at once, racing the first accept.
+    let served = tokio::spawn(serve_proxy(listener, proxy, async {}));
+    for c in &mut clients {
+        let r = c.response().await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.closes(), "{r:?}");
+    }
+    let finished = tokio::time::timeout(WAIT, served)
+        .await
+        .expect("serve_proxy returned in time")
+        .expect("no panic");
+    assert!(finished);
+}
