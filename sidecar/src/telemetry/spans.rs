@@ -124,22 +124,7 @@ impl RequestSpan {
         resends: u32,
         hedge: bool,
     ) -> AttemptSpan {
-        let Some(inner) = &self.0 else {
-            return AttemptSpan(None);
-        };
-        let mut builder = inner
-            .tracer
-            .span_builder(inner.name.clone())
-            .with_kind(SpanKind::Client);
-        if inner.recording {
-            let mut attributes = Vec::with_capacity(8);
-            method_attributes(request.method(), &mut attributes);
-            // The query is left out: it may carry credentials.
-            let authority = request.uri().authority().map_or("", |a| a.as_str());
-            attributes.push(KeyValue::new(
-                URL_FULL,
-                format!("http://{authority}{}", request.uri().path()),
-            ));
+        self.client_span(None, request, |attributes| {
             attributes.push(KeyValue::new(
                 SERVER_ADDRESS,
                 endpoint.addr.ip().to_string(),
@@ -154,34 +139,14 @@ impl RequestSpan {
             if hedge {
                 attributes.push(KeyValue::new(HEDGE, true));
             }
-            builder = builder.with_attributes(attributes);
-        }
-        // Even an unsampled attempt gets its own span id, so the upstream's
-        // spans still hang off this attempt.
-        let span = builder.start_with_context(&inner.tracer, &inner.cx);
-        propagation::inject(span.span_context(), request.headers_mut());
-        AttemptSpan(Some(span))
+        })
     }
 
     /// Starts the CLIENT span of a request forwarded once to a host outside
     /// every upstream (`authority` as the application addressed it) and puts
     /// its context in `request`'s `traceparent`.
     pub fn forwarded<B>(&self, authority: &str, request: &mut Request<B>) -> AttemptSpan {
-        let Some(inner) = &self.0 else {
-            return AttemptSpan(None);
-        };
-        let mut builder = inner
-            .tracer
-            .span_builder(inner.name.clone())
-            .with_kind(SpanKind::Client);
-        if inner.recording {
-            let mut attributes = Vec::with_capacity(5);
-            method_attributes(request.method(), &mut attributes);
-            // The query is left out: it may carry credentials.
-            attributes.push(KeyValue::new(
-                URL_FULL,
-                format!("http://{authority}{}", request.uri().path()),
-            ));
+        self.client_span(Some(authority), request, |attributes| {
             let (host, port) = match authority.rsplit_once(':') {
                 Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
                     (h, p.parse::<i64>().unwrap_or(80))
@@ -195,8 +160,42 @@ impl RequestSpan {
                     .to_string(),
             ));
             attributes.push(KeyValue::new(SERVER_PORT, port));
+        })
+    }
+
+    /// A CLIENT span under the SERVER span, with the method and `url.full`
+    /// (for `authority`, else the request URI's) plus what `more` adds, its
+    /// context injected into `request`. Attributes are built only when the
+    /// trace is sampled.
+    fn client_span<B>(
+        &self,
+        authority: Option<&str>,
+        request: &mut Request<B>,
+        more: impl FnOnce(&mut Vec<KeyValue>),
+    ) -> AttemptSpan {
+        let Some(inner) = &self.0 else {
+            return AttemptSpan(None);
+        };
+        let mut builder = inner
+            .tracer
+            .span_builder(inner.name.clone())
+            .with_kind(SpanKind::Client);
+        if inner.recording {
+            let mut attributes = Vec::with_capacity(8);
+            method_attributes(request.method(), &mut attributes);
+            // The query is left out: it may carry credentials.
+            let authority = authority
+                .or_else(|| request.uri().authority().map(|a| a.as_str()))
+                .unwrap_or("");
+            attributes.push(KeyValue::new(
+                URL_FULL,
+                format!("http://{authority}{}", request.uri().path()),
+            ));
+            more(&mut attributes);
             builder = builder.with_attributes(attributes);
         }
+        // Even an unsampled attempt gets its own span id, so the upstream's
+        // spans still hang off this attempt.
         let span = builder.start_with_context(&inner.tracer, &inner.cx);
         propagation::inject(span.span_context(), request.headers_mut());
         AttemptSpan(Some(span))
