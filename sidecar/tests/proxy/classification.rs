@@ -382,3 +382,26 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
         assert!(sidecar.proxy.routes().upstreams["api"].endpoints[0].is_ejected());
     }
 }
+
+#[tokio::test]
+async fn retryable_statuses_weigh_endpoint_choice_but_never_eject() {
+    // The rules document: an origin status does not mark the endpoint
+    // unhealthy. It only shifts load (the failure estimate), never ejects.
+    let bad = Upstream::always(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(&config(
+        &[&bad],
+        "    passive_health: { consecutive_failures: 2, ejection_ms: 60000 }\n    retries: { attempts: 1 }\n",
+    ))
+    .await;
+    for _ in 0..5 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 503);
+    }
+    let routes = sidecar.proxy.routes();
+    let endpoint = &routes.upstreams["api"].endpoints[0];
+    assert!(!endpoint.is_ejected());
+    assert_eq!(endpoint.ejections(), 0);
+    assert!(
+        endpoint.failure_estimate() > 0.5,
+        "the 503s weigh its choice"
+    );
+}
