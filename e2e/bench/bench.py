@@ -41,6 +41,8 @@ PORTS = {
     "haproxy": 17003,
     "nginx": 17004,
     "traefik": 17005,
+    # Scenario 1's reference ceiling, not a peer: see s1_passthrough.
+    "bare-forwarder": 17021,
 }
 # Direct (no proxy) addresses of each upstream pool, by Host.
 DIRECT = {
@@ -128,6 +130,35 @@ def rss_kib(pid):
         except OSError:
             pass
     return total
+
+
+def cpu_seconds(pid):
+    """(user, kernel) CPU seconds used so far by pid and all its descendants."""
+    kids = children_of()
+    hz = os.sysconf("SC_CLK_TCK")
+    user = kernel = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(kids.get(p, []))
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            user += int(fields[11]) / hz
+            kernel += int(fields[12]) / hz
+        except OSError:
+            pass
+    return user, kernel
+
+
+def steal_ms(cpu):
+    """Time the hypervisor has kept CPU `cpu` from running so far ("steal" in
+    /proc/stat), in ms. 0 on bare metal."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                return int(line.split()[8]) * 1000 / os.sysconf("SC_CLK_TCK")
+    return 0.0
 
 
 def http_get(addr, host, path="/", timeout=2.0):
@@ -282,6 +313,8 @@ def start_proxy(name):
     elif name == "traefik":
         p = Proc(name, [TOOLS["traefik"], "--configfile=traefik.yml"], PROXY_CPU, cwd=CONF,
                  env={"GOMAXPROCS": "1"})
+    elif name == "bare-forwarder":
+        p = Proc(name, [TOOLS["bare-forwarder"], f"127.0.0.1:{port}", DIRECT["bench"][0]], PROXY_CPU)
     else:
         raise ValueError(name)
     return p
@@ -462,14 +495,32 @@ def addr_of(system, pool="bench"):
 
 
 def s1_passthrough(args, systems):
+    """wrk through each system, with the proxy's CPU time per request split into
+    user and kernel. `bare-forwarder` (e2e/src/bin/bench-bare-forwarder.rs) is
+    a reference, not a peer: it makes the same socket calls per request as a
+    keep-alive proxy and does nothing else, so its req/s is the most any proxy
+    can reach on this CPU split (CPU 1 also runs wrk and the upstream)."""
     fleet = Fleet([s for s in systems if s != "direct"])
     fleet.start()
     try:
         for s in systems:  # warm-up: connection pools, allocators
             if s not in fleet.failed:
                 wrk(addr_of(s), "bench", 1)
-        return interleave(systems, args.rounds, lambda s, r: wrk(addr_of(s), "bench", args.s1_seconds, args.s1_conns),
-                          "s1 pass-through", fleet.failed)
+
+        def one(s, r):
+            if s == "direct":
+                return wrk(addr_of(s), "bench", args.s1_seconds, args.s1_conns)
+            u0, k0, st0 = *cpu_seconds(fleet.pid(s)), steal_ms(PROXY_CPU)
+            res = wrk(addr_of(s), "bench", args.s1_seconds, args.s1_conns)
+            u1, k1 = cpu_seconds(fleet.pid(s))
+            res["steal_ms"] = steal_ms(PROXY_CPU) - st0
+            n = res["rps"] * args.s1_seconds
+            if n > 0:
+                res["user_us"] = (u1 - u0) / n * 1e6
+                res["kernel_us"] = (k1 - k0) / n * 1e6
+            return res
+
+        return interleave(systems, args.rounds, one, "s1 pass-through", fleet.failed)
     finally:
         fleet.stop()
 
@@ -483,7 +534,10 @@ def s2_fixed_rate(args, systems):
                 warm_fixed_rate(addr_of(s), args)
 
         def one(s, r):
-            return oha(addr_of(s), "bench", args.s2_seconds, args.rate)
+            before = steal_ms(PROXY_CPU)
+            res = oha(addr_of(s), "bench", args.s2_seconds, args.rate)
+            res["steal_ms"] = steal_ms(PROXY_CPU) - before
+            return res
 
         res = interleave(systems, args.rounds, one, "s2 fixed rate", fleet.failed)
     finally:
@@ -785,6 +839,7 @@ def main():
         "envoy": os.environ["ENVOY_BIN"],
         "traefik": os.path.join(CACHE, "venv", "bin", "traefik"),
         "oha": os.path.join(CACHE, "oha", "bin", "oha"),
+        "bare-forwarder": os.path.join(CACHE, "target", "release", "bench-bare-forwarder"),
     }
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     t_start = time.time()
@@ -824,24 +879,37 @@ def main():
             foreign = ForeignCpu([u.pid for u in ups])
             foreign.__enter__()
             if sc == "1":
-                res = s1_passthrough(args, base + ["reprise+log"])
+                res = s1_passthrough(args, base + ["reprise+log", "bare-forwarder"])
                 md, m = table(res, [("rps", "req/s", 0, True), ("p50", "p50 ms", 3, False),
-                                    ("p99", "p99 ms", 3, False), ("errors", "errors", 0, False)], {"rps", "p99"},
+                                    ("p99", "p99 ms", 3, False), ("errors", "errors", 0, False),
+                                    ("user_us", "user CPU µs/req", 1, False),
+                                    ("kernel_us", "kernel CPU µs/req", 1, False),
+                                    ("steal_ms", f"CPU {PROXY_CPU} steal ms", 0, False)], {"rps", "p99"},
                               f"wrk, 1 thread, {args.s1_conns} keep-alive connections, {args.s1_seconds} s per round, "
                               f"128-byte body from nginx. `reprise+log` is Reprise with its default per-request access "
-                              f"log on (to /dev/null); every other proxy has access logs off.")
+                              f"log on (to /dev/null); every other proxy has access logs off. CPU µs/req: the proxy's "
+                              f"processes' user and kernel time over the round (/proc/PID/stat) ÷ requests served; the "
+                              f"kernel share includes the loopback TCP receive work its sends trigger.\n\n"
+                              f"`bare-forwarder` is a reference ceiling, not a peer "
+                              f"(e2e/src/bin/bench-bare-forwarder.rs): it copies each request and response between a "
+                              f"client connection and its own upstream connection, with no routing, header handling, "
+                              f"retries, pool, logs or metrics. It makes the same socket calls per request as a "
+                              f"keep-alive proxy, so its req/s is about the most any proxy reaches on this CPU split "
+                              f"(wrk and the upstream share CPU {LOAD_CPU}).")
                 title = "1. Pass-through, HTTP/1.1 keep-alive, small body"
             elif sc == "2":
                 res = s2_fixed_rate(args, base + ["reprise+log"])
                 md, m = table(res, [("rps", "achieved req/s", 0, True), ("p50", "p50 ms", 3, False),
                                     ("p99", "p99 ms", 3, False), ("p999", "p99.9 ms", 3, False),
                                     ("add_p50", "added p50 ms", 3, False), ("add_p99", "added p99 ms", 3, False),
-                                    ("add_p999", "added p99.9 ms", 3, False), ("errors", "errors", 0, False)],
+                                    ("add_p999", "added p99.9 ms", 3, False), ("errors", "errors", 0, False),
+                                    ("steal_ms", f"CPU {PROXY_CPU} steal ms", 0, False)],
                               {"add_p99"},
                               f"oha, open loop: {args.rate} req/s evenly spaced over 50 keep-alive connections, "
                               f"{args.s2_seconds} s per round, latency from each request's scheduled send time "
                               f"(--latency-correction). Added = proxy percentile − direct percentile of the same "
-                              f"round, median over rounds.")
+                              f"round, median over rounds. Steal = time the hypervisor kept CPU {PROXY_CPU} (the proxies') from running during "
+                              f"the round (/proc/stat), as a sign of how busy the host was.")
                 title = f"2. Fixed rate {args.rate} req/s: latency added over direct"
             elif sc == "3":
                 res = s3_flaky(args, base)
@@ -940,6 +1008,10 @@ def check_targets(m):
         best = max(g("1", p, "rps") for p in PEERS)
         r = g("1", "reprise", "rps")
         row("pass-through req/s ≥ 1.1 × best peer", f"{r:,.0f} vs {best:,.0f} ({r / best:.2f}×)", r >= 1.1 * best)
+        c = g("1", "bare-forwarder", "rps")
+        if c == c:
+            lines.append(f"| (reference) pass-through ceiling: bare forwarder ÷ best peer | {c:,.0f} vs {best:,.0f} "
+                         f"({c / best:.2f}×) | {'1.1× reachable' if c >= 1.1 * best else '**1.1× out of reach here**'} |")
     if "2" in m:
         r, e = g("2", "reprise", "add_p99"), g("2", "envoy", "add_p99")
         row("added p99 at fixed rate ≤ 0.7 × Envoy's", f"{r:.3f} ms vs {e:.3f} ms",
