@@ -8,6 +8,7 @@
 //! response headers reach the client.
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod address_map;
 pub mod admin;
 pub mod budget;

@@ -112,6 +112,17 @@ impl BatchedWriter {
     pub fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
     }
+
+    /// Buffers one whole line, or drops and counts it when the buffer is full.
+    pub fn append(&self, line: &[u8]) {
+        let mut state = self.shared.lock();
+        if state.lines.len() + line.len() > self.shared.limit {
+            drop(state);
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            state.lines.extend_from_slice(line);
+        }
+    }
 }
 
 impl Shared {
@@ -123,13 +134,7 @@ impl Shared {
 impl Write for BatchedWriter {
     /// Takes a whole line (tracing's formatter writes each event at once).
     fn write(&mut self, line: &[u8]) -> io::Result<usize> {
-        let mut state = self.shared.lock();
-        if state.lines.len() + line.len() > self.shared.limit {
-            drop(state);
-            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-        } else {
-            state.lines.extend_from_slice(line);
-        }
+        self.append(line);
         Ok(line.len())
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use reprise_sidecar::access_log::AccessLog;
 use reprise_sidecar::admin::{Admin, LogLevelSetter};
 use reprise_sidecar::log_output::{BatchedWriter, FlushGuard};
 use reprise_sidecar::proxy::Proxy;
@@ -53,7 +54,7 @@ fn main() -> ExitCode {
         };
         return check(config);
     }
-    let (set_log_level, _log_flush) = match init_logging(&args.log_format) {
+    let (set_log_level, access_log, _log_flush) = match init_logging(&args.log_format) {
         Ok(logging) => logging,
         Err(e) => {
             eprintln!("reprise-sidecar: cannot start the log writer: {e}");
@@ -77,7 +78,7 @@ fn main() -> ExitCode {
         },
         "runtime"
     );
-    match runtime.block_on(run(args, set_log_level)) {
+    match runtime.block_on(run(args, set_log_level, access_log)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("reprise-sidecar: {e:#}");
@@ -142,17 +143,20 @@ fn check(path: &std::path::Path) -> ExitCode {
 
 /// Logs go through a bounded in-memory queue drained by a dedicated thread, so a
 /// slow or blocked stdout never stalls the proxy: when the queue is full, lines
-/// are dropped instead. The guard flushes what is queued at exit.
-fn init_logging(format: &str) -> std::io::Result<(LogLevelSetter, FlushGuard)> {
+/// are dropped instead. The guard flushes what is queued at exit. With JSON
+/// logs, access log lines skip the formatter and are written to the same queue.
+fn init_logging(format: &str) -> std::io::Result<(LogLevelSetter, AccessLog, FlushGuard)> {
     let filter = EnvFilter::try_from_env("REPRISE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = log_reload::Layer::new(filter);
     let registry = tracing_subscriber::registry().with(filter);
     let (writer, guard) = BatchedWriter::spawn(std::io::stdout())?;
-    if format == "text" {
+    let access_log = if format == "text" {
         registry
             .with(tracing_subscriber::fmt::layer().with_writer(writer))
             .init();
+        AccessLog::Event
     } else {
+        let access_log = AccessLog::Json(writer.clone());
         registry
             .with(
                 tracing_subscriber::fmt::layer()
@@ -162,18 +166,23 @@ fn init_logging(format: &str) -> std::io::Result<(LogLevelSetter, FlushGuard)> {
                     .with_writer(writer),
             )
             .init();
-    }
+        access_log
+    };
     let setter: LogLevelSetter = Arc::new(move |spec: &str| {
         let filter = EnvFilter::try_new(spec).map_err(|e| e.to_string())?;
         handle.reload(filter).map_err(|e| e.to_string())
     });
-    Ok((setter, guard))
+    Ok((setter, access_log, guard))
 }
 
 /// Longest the exit waits for queued spans to reach the collector.
 const TRACE_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCode> {
+async fn run(
+    args: Args,
+    set_log_level: LogLevelSetter,
+    access_log: AccessLog,
+) -> anyhow::Result<ExitCode> {
     let traces = Tracing::from_env().context("OpenTelemetry tracing")?;
     let (proxy, source) = match &args.config {
         Some(path) => {
@@ -190,7 +199,7 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
                 }
             };
             (
-                Proxy::with_tracing(config, traces.clone()),
+                Proxy::with_telemetry(config, traces.clone(), access_log.clone()),
                 Source::File(path.clone(), bytes),
             )
         }
@@ -203,7 +212,7 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
                 Some((snapshot, config)) => {
                     tracing::info!(version = %snapshot.version, "serving the saved snapshot until the controller answers");
                     (
-                        Proxy::with_tracing(config, traces.clone()),
+                        Proxy::with_telemetry(config, traces.clone(), access_log.clone()),
                         Some(snapshot.version),
                     )
                 }
@@ -211,7 +220,7 @@ async fn run(args: Args, set_log_level: LogLevelSetter) -> anyhow::Result<ExitCo
                     let empty = reprise_crds::snapshot::Snapshot::new(Vec::new(), Vec::new())
                         .resolve()
                         .map_err(|e| anyhow::anyhow!("empty snapshot: {e}"))?;
-                    let proxy = Proxy::with_tracing(empty, traces.clone());
+                    let proxy = Proxy::with_telemetry(empty, traces.clone(), access_log.clone());
                     proxy.set_ready(false);
                     (proxy, None)
                 }

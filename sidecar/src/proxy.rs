@@ -13,6 +13,7 @@ use hyper_util::rt::TokioIo;
 use reprise_crds::{Config, Protocol};
 use tokio::time::Instant;
 
+use crate::access_log::{AccessLog, Entry};
 use crate::endpoint_picker::{EndpointPicker, Tried};
 use crate::hop_by_hop;
 use crate::metrics::ProxyMetrics;
@@ -35,6 +36,7 @@ pub struct Proxy {
     ready: AtomicBool,
     passthrough: crate::upstream::PassthroughClient,
     tracing: Tracing,
+    access_log: AccessLog,
 }
 
 /// Header that tells the client which local failure the sidecar answered for.
@@ -46,8 +48,15 @@ impl Proxy {
         Self::with_tracing(config, Tracing::off())
     }
 
-    /// A proxy serving `config` that records spans with `tracing`.
+    /// A proxy serving `config` that records spans with `tracing`; access log
+    /// lines (when `proxy.access_log` is on) go out as `tracing` events.
     pub fn with_tracing(config: Config, tracing: Tracing) -> Arc<Self> {
+        Self::with_telemetry(config, tracing, AccessLog::Event)
+    }
+
+    /// A proxy serving `config` that records spans with `tracing` and writes
+    /// access log lines to `access_log`.
+    pub fn with_telemetry(config: Config, tracing: Tracing, access_log: AccessLog) -> Arc<Self> {
         let reservation = ReplayReservation::new(config.proxy.replay_reservation_bytes);
         Arc::new(Self {
             routes: ArcSwap::from_pointee(Routes::new(config, None)),
@@ -57,6 +66,7 @@ impl Proxy {
             ready: AtomicBool::new(true),
             passthrough: crate::upstream::passthrough_client(),
             tracing,
+            access_log,
         })
     }
 
@@ -285,6 +295,7 @@ impl Proxy {
         };
         if routes.config.proxy.access_log {
             log_request(
+                &self.access_log,
                 &upstream,
                 &parts.method,
                 &path,
@@ -463,6 +474,7 @@ fn local(status: StatusCode, kind: &str, message: String) -> Response<ProxyBody>
 
 #[allow(clippy::too_many_arguments)]
 fn log_request(
+    access_log: &AccessLog,
     upstream: &UpstreamState,
     method: &Method,
     path: &http::uri::PathAndQuery,
@@ -473,8 +485,6 @@ fn log_request(
     started: Instant,
     trace_id: Option<String>,
 ) {
-    // Fields as plain strings and numbers: formatting `%Display` fields costs
-    // a fmt round trip each, and this runs once per request.
     let endpoint_label = |i: &usize| upstream.endpoints[*i].label.as_str();
     let endpoints: std::borrow::Cow<'_, str> = match report.tried.as_slice() {
         [one] => endpoint_label(one).into(),
@@ -490,22 +500,22 @@ fn log_request(
         Some(PolicySource::Upstream) => "upstream".into(),
         Some(s) => s.to_string().into(),
     };
-    tracing::info!(
-        target: "reprise::request",
-        upstream = upstream.config.name.as_str(),
-        method = method.as_str(),
-        path = path.path(),
-        rule = &*rule,
-        attempts = report.attempts,
-        max_attempts = max_retries + 1,
-        endpoints = &*endpoints,
-        outcome = report.outcome.name(),
-        reason = report.outcome.reason(),
-        first_error = &*report.first_error.map_or(std::borrow::Cow::Borrowed(""), |k| k.name()),
-        hedged = report.hedged,
-        status = status.as_u16(),
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-        trace_id = trace_id.as_deref().unwrap_or(""),
-        "request"
-    );
+    access_log.record(&Entry {
+        upstream: &upstream.config.name,
+        method: method.as_str(),
+        path: path.path(),
+        rule: &rule,
+        attempts: report.attempts,
+        max_attempts: max_retries + 1,
+        endpoints: &endpoints,
+        outcome: report.outcome.name(),
+        reason: report.outcome.reason(),
+        first_error: &report
+            .first_error
+            .map_or(std::borrow::Cow::Borrowed(""), |k| k.name()),
+        hedged: report.hedged,
+        status: status.as_u16(),
+        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+        trace_id: trace_id.as_deref().unwrap_or(""),
+    });
 }

@@ -366,6 +366,61 @@ async fn admin_endpoints_and_one_log_event_per_request() {
 }
 
 #[tokio::test]
+async fn the_access_log_follows_the_log_filter_set_at_run_time() {
+    let good = Upstream::always(Action::Reply(200)).await;
+    let path = temp_file("access-filter", &config(&[&good], ""));
+    let mut sidecar = Running::start(&path).await;
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n");
+    let set_filter = |spec: &str| {
+        format!(
+            "PUT /log-level HTTP/1.1\r\nHost: admin\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{spec}",
+            spec.len()
+        )
+    };
+    assert_eq!(
+        sidecar
+            .request(sidecar.listen, &get("/before"))
+            .await
+            .map(|r| r.0),
+        Some(200)
+    );
+    let off = set_filter("info,reprise::request=off");
+    assert_eq!(
+        sidecar.request(sidecar.admin, &off).await.map(|r| r.0),
+        Some(200)
+    );
+    assert_eq!(
+        sidecar
+            .request(sidecar.listen, &get("/while-off"))
+            .await
+            .map(|r| r.0),
+        Some(200)
+    );
+    let on = set_filter("info");
+    assert_eq!(
+        sidecar.request(sidecar.admin, &on).await.map(|r| r.0),
+        Some(200)
+    );
+    assert_eq!(
+        sidecar
+            .request(sidecar.listen, &get("/after"))
+            .await
+            .map(|r| r.0),
+        Some(200)
+    );
+    sidecar.signal("-TERM");
+    let stdout = sidecar.child.stdout.take().expect("stdout");
+    let paths: Vec<String> = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .filter(|v| v["target"] == "reprise::request")
+        .map(|v| v["path"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(paths, ["/before", "/after"]);
+}
+
+#[tokio::test]
 async fn sigterm_finishes_in_flight_requests_then_exits_zero() {
     sigterm_drains("drain-mt", &[("TOKIO_WORKER_THREADS", "2")]).await;
 }

@@ -1,0 +1,269 @@
+//! The access log: one line per logical request, target `reprise::request`.
+//!
+//! With JSON logs (the default) the line is formatted straight into the log
+//! buffer: the same object `tracing-subscriber`'s JSON formatter writes, without
+//! its per-event machinery (a timestamp `String`, a `fmt::Write` adaptor per
+//! field, the subscriber's dispatch), which cost about as much CPU as proxying
+//! the request itself. Whether the line is written still follows the log filter
+//! (`REPRISE_LOG`, `PUT /log-level`), so `reprise::request=off` turns it off.
+
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::log_output::BatchedWriter;
+
+/// The `tracing` target of access log lines.
+pub const TARGET: &str = "reprise::request";
+
+/// Where access log lines go.
+#[derive(Clone, Debug, Default)]
+pub enum AccessLog {
+    /// As a `tracing` event, formatted by the installed subscriber (text logs,
+    /// and library use such as tests).
+    #[default]
+    Event,
+    /// As a JSON line written straight into the log buffer.
+    Json(BatchedWriter),
+}
+
+/// One request's access log fields.
+#[derive(Debug)]
+pub struct Entry<'a> {
+    /// The upstream's name.
+    pub upstream: &'a str,
+    /// The request method.
+    pub method: &'a str,
+    /// The request path (no query).
+    pub path: &'a str,
+    /// The policy that applied: `rule:<id>`, `upstream` or `none`.
+    pub rule: &'a str,
+    /// Attempts made, the first included.
+    pub attempts: u32,
+    /// Attempts the policy allowed.
+    pub max_attempts: u32,
+    /// Endpoints tried, in order, comma-separated.
+    pub endpoints: &'a str,
+    /// `ok`, `recovered`, `exhausted` or `skipped`.
+    pub outcome: &'a str,
+    /// Why the outcome (empty for `ok`).
+    pub reason: &'a str,
+    /// The first failure's kind, or empty.
+    pub first_error: &'a str,
+    /// True when a hedge was sent.
+    pub hedged: bool,
+    /// The status sent to the client.
+    pub status: u16,
+    /// Time from the request's arrival to its response head, in ms.
+    pub duration_ms: f64,
+    /// The trace id, or empty when the request is not traced.
+    pub trace_id: &'a str,
+}
+
+impl AccessLog {
+    /// Logs `entry` if the log filter lets `reprise::request` info lines through.
+    pub fn record(&self, entry: &Entry<'_>) {
+        if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
+            return;
+        }
+        match self {
+            Self::Event => tracing::info!(
+                target: TARGET,
+                upstream = entry.upstream,
+                method = entry.method,
+                path = entry.path,
+                rule = entry.rule,
+                attempts = entry.attempts,
+                max_attempts = entry.max_attempts,
+                endpoints = entry.endpoints,
+                outcome = entry.outcome,
+                reason = entry.reason,
+                first_error = entry.first_error,
+                hedged = entry.hedged,
+                status = entry.status,
+                duration_ms = entry.duration_ms,
+                trace_id = entry.trace_id,
+                "request"
+            ),
+            Self::Json(writer) => writer.append(&entry.json_line(SystemTime::now())),
+        }
+    }
+}
+
+impl Entry<'_> {
+    /// The line as `tracing-subscriber`'s flattened JSON formatter writes the
+    /// equivalent event: timestamp, level, the message, the fields, the target.
+    pub fn json_line(&self, now: SystemTime) -> Vec<u8> {
+        let mut line = Vec::with_capacity(384);
+        line.extend_from_slice(b"{\"timestamp\":\"");
+        push_timestamp(&mut line, now);
+        line.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"request\"");
+        let strings = [
+            ("upstream", self.upstream),
+            ("method", self.method),
+            ("path", self.path),
+            ("rule", self.rule),
+        ];
+        push_strings(&mut line, &strings);
+        push_number(&mut line, "attempts", self.attempts);
+        push_number(&mut line, "max_attempts", self.max_attempts);
+        let strings = [
+            ("endpoints", self.endpoints),
+            ("outcome", self.outcome),
+            ("reason", self.reason),
+            ("first_error", self.first_error),
+        ];
+        push_strings(&mut line, &strings);
+        line.extend_from_slice(if self.hedged {
+            b",\"hedged\":true"
+        } else {
+            b",\"hedged\":false"
+        });
+        push_number(&mut line, "status", self.status);
+        line.extend_from_slice(b",\"duration_ms\":");
+        // serde_json writes f64 as tracing-subscriber's formatter does (it uses serde_json).
+        let _ = serde_json::to_writer(&mut line, &self.duration_ms);
+        push_strings(&mut line, &[("trace_id", self.trace_id)]);
+        line.extend_from_slice(b",\"target\":\"reprise::request\"}\n");
+        line
+    }
+}
+
+fn push_strings(line: &mut Vec<u8>, fields: &[(&str, &str)]) {
+    for (name, value) in fields {
+        line.push(b',');
+        line.push(b'"');
+        line.extend_from_slice(name.as_bytes());
+        line.extend_from_slice(b"\":");
+        // Escapes quotes, backslashes and control characters: a path or a
+        // policy id cannot break the line or the JSON.
+        let _ = serde_json::to_writer(&mut *line, value);
+    }
+}
+
+fn push_number(line: &mut Vec<u8>, name: &str, value: impl Into<u64>) {
+    let _ = write!(line, ",\"{name}\":{}", value.into());
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC, microseconds), the format of
+/// tracing-subscriber's default timer, so every log line reads alike.
+fn push_timestamp(line: &mut Vec<u8>, now: SystemTime) {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let of_day = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    let _ = write!(
+        line,
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60,
+        since.subsec_micros()
+    );
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    // day is in 1..=31 and month in 1..=12 by construction.
+    (year, month as u32, day as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn at(secs: u64, micros: u32) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(u64::from(micros))
+    }
+
+    fn timestamp(t: SystemTime) -> String {
+        let mut line = Vec::new();
+        push_timestamp(&mut line, t);
+        String::from_utf8(line).expect("utf-8")
+    }
+
+    #[test]
+    fn timestamps_are_utc_with_microseconds_across_leap_days_and_centuries() {
+        assert_eq!(timestamp(at(0, 0)), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(timestamp(at(951_782_400, 7)), "2000-02-29T00:00:00.000007Z");
+        assert_eq!(
+            timestamp(at(951_868_799, 999_999)),
+            "2000-02-29T23:59:59.999999Z"
+        );
+        assert_eq!(timestamp(at(951_868_800, 0)), "2000-03-01T00:00:00.000000Z");
+        assert_eq!(
+            timestamp(at(1_796_083_200, 0)),
+            "2026-12-01T00:00:00.000000Z"
+        );
+        assert_eq!(
+            timestamp(at(4_107_456_000, 0)),
+            "2100-02-28T00:00:00.000000Z"
+        );
+        assert_eq!(
+            timestamp(at(4_107_542_400, 0)),
+            "2100-03-01T00:00:00.000000Z"
+        );
+    }
+
+    fn entry<'a>(path: &'a str, rule: &'a str) -> Entry<'a> {
+        Entry {
+            upstream: "api",
+            method: "GET",
+            path,
+            rule,
+            attempts: 2,
+            max_attempts: 3,
+            endpoints: "api-0,api-1",
+            outcome: "recovered",
+            reason: "",
+            first_error: "upstream_status_503",
+            hedged: false,
+            status: 200,
+            duration_ms: 12.5,
+            trace_id: "",
+        }
+    }
+
+    #[test]
+    fn a_line_is_one_json_object_with_every_field_typed() {
+        let line = entry("/items", "rule:r1").json_line(at(1_796_083_200, 250));
+        assert_eq!(line.last(), Some(&b'\n'));
+        assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1);
+        let v: serde_json::Value = serde_json::from_slice(&line).expect("json");
+        assert_eq!(v["timestamp"], "2026-12-01T00:00:00.000250Z");
+        assert_eq!(v["level"], "INFO");
+        assert_eq!(v["message"], "request");
+        assert_eq!(v["target"], TARGET);
+        assert_eq!(v["path"], "/items");
+        assert_eq!(v["rule"], "rule:r1");
+        assert_eq!(v["attempts"], 2);
+        assert_eq!(v["max_attempts"], 3);
+        assert_eq!(v["hedged"], false);
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["duration_ms"], 12.5);
+        assert_eq!(v["first_error"], "upstream_status_503");
+        assert_eq!(v["trace_id"], "");
+    }
+
+    #[test]
+    fn quotes_backslashes_and_control_characters_cannot_break_the_line() {
+        let path = "/a\"b\\c\nd\u{1}";
+        let line = entry(path, "rule:\"x\"").json_line(at(0, 0));
+        assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1);
+        let v: serde_json::Value = serde_json::from_slice(&line).expect("json");
+        assert_eq!(v["path"], path);
+        assert_eq!(v["rule"], "rule:\"x\"");
+    }
+}
