@@ -42,7 +42,7 @@ pub struct RequestTemplate {
 }
 
 /// Request header carrying the attempt number (1 for the first) on retryable requests.
-pub const ATTEMPT_HEADER: &str = "x-reprise-attempt";
+pub const ATTEMPT_HEADER: http::HeaderName = http::HeaderName::from_static("x-reprise-attempt");
 
 /// Where the request body comes from.
 #[derive(Debug)]
@@ -536,7 +536,7 @@ impl RequestTemplate {
             // Like Envoy's x-envoy-attempt-count: lets an upstream see a retry for what it is.
             request
                 .headers_mut()
-                .insert(ATTEMPT_HEADER, http::HeaderValue::from(self.attempts_sent));
+                .insert(ATTEMPT_HEADER, attempt_number(self.attempts_sent));
         }
         let span = trace.attempt(
             &up.endpoints[endpoint].endpoint,
@@ -545,6 +545,15 @@ impl RequestTemplate {
             hedge,
         );
         (request, span)
+    }
+}
+
+/// The attempt header's value; the usual numbers without an allocation.
+fn attempt_number(n: u32) -> http::HeaderValue {
+    const SMALL: [&str; 10] = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10"];
+    match n.checked_sub(1).and_then(|i| SMALL.get(i as usize)) {
+        Some(s) => http::HeaderValue::from_static(s),
+        None => http::HeaderValue::from(n),
     }
 }
 
@@ -841,5 +850,15 @@ mod tests {
             assert_eq!(t, Some((Duration::from_secs(3), FailureKind::ReadTimeout)));
             assert_eq!(attempt_timeout(None, None), None);
         });
+    }
+
+    #[test]
+    fn attempt_numbers_read_as_decimal_from_zero_to_past_the_table() {
+        for n in [0, 1, 2, 9, 10, 11, 4_000_000_000] {
+            assert_eq!(
+                super::attempt_number(n).to_str().ok(),
+                Some(n.to_string().as_str())
+            );
+        }
     }
 }
