@@ -10,12 +10,19 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 /// Removes hop-by-hop headers. With `keep_upgrade`, `Connection: upgrade` and
 /// `Upgrade` survive so an upgrade can be forwarded.
 pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Most messages carry none: one pass over the names instead of seven
-    // hashed removals (this runs twice per proxied request).
-    if !headers.keys().any(is_hop_by_hop) {
+    // One pass over the names finds which hop-by-hop headers are present
+    // (usually none, or just Connection), so only those cost a hashed removal.
+    // This runs twice per proxied request.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
         return;
     }
-    if headers.contains_key(CONNECTION) {
+    if present[0] {
         // `close` and `keep-alive` (the usual tokens) name nothing left to
         // remove: skipping them keeps the usual case free of allocations.
         let named: Vec<HeaderName> = headers
@@ -34,21 +41,18 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
         }
         if keep_upgrade {
             headers.insert(CONNECTION, http::HeaderValue::from_static("upgrade"));
-        } else {
-            headers.remove(CONNECTION);
         }
     }
-    headers.remove(KEEP_ALIVE);
-    headers.remove(PROXY_CONNECTION);
-    headers.remove(PROXY_AUTHORIZATION);
-    headers.remove(TE);
-    headers.remove(TRANSFER_ENCODING);
-    if !keep_upgrade {
-        headers.remove(UPGRADE);
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
+        let kept = keep_upgrade && (*name == CONNECTION || *name == UPGRADE);
+        if !kept {
+            headers.remove(name);
+        }
     }
 }
 
 /// Headers that are always hop-by-hop (more may be named by `Connection`).
+/// `Connection` first: `strip` reads its tokens before removing it.
 static HOP_BY_HOP: [HeaderName; 7] = [
     CONNECTION,
     KEEP_ALIVE,
@@ -58,10 +62,6 @@ static HOP_BY_HOP: [HeaderName; 7] = [
     TRANSFER_ENCODING,
     UPGRADE,
 ];
-
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
-}
 
 /// True when the request asks for a protocol upgrade (e.g. WebSocket).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {

@@ -154,7 +154,10 @@ pub async fn run(
             .filter(|_| matches!(&body, BodySource::Replay(b) if b.is_buffered()));
         let attempted = match hedge {
             Some(delay) => {
-                let (attempted, earlier) = race_with_hedge(
+                // Boxed: the hedge race is the largest state in this loop
+                // (two attempts and a timer); inline, it would be copied
+                // with every enclosing future on every request, hedged or not.
+                let (attempted, earlier) = Box::pin(race_with_hedge(
                     up,
                     &mut template,
                     &body,
@@ -166,7 +169,7 @@ pub async fn run(
                     &mut report,
                     &mut retries,
                     trace,
-                )
+                ))
                 .await;
                 if let Some(earlier) = earlier {
                     // The loser failed first; its failure still counts for health and reporting.
@@ -527,17 +530,22 @@ impl RequestTemplate {
         *request.method_mut() = self.method.clone();
         *request.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
         *request.version_mut() = self.version;
+        // Like Envoy's x-envoy-attempt-count: lets an upstream see a retry for
+        // what it is. The first attempt's number goes into the template, so
+        // that each copy already has the entry and a retry only overwrites its
+        // value (inserting a new name into a fresh copy would grow it).
         *request.headers_mut() = if last {
             std::mem::take(&mut self.headers)
         } else {
-            self.headers.clone()
+            if self.attempts_sent == 1 {
+                self.headers.insert(ATTEMPT_HEADER, attempt_number(1));
+            }
+            let mut headers = self.headers.clone();
+            if self.attempts_sent > 1 {
+                headers.insert(ATTEMPT_HEADER, attempt_number(self.attempts_sent));
+            }
+            headers
         };
-        if !last {
-            // Like Envoy's x-envoy-attempt-count: lets an upstream see a retry for what it is.
-            request
-                .headers_mut()
-                .insert(ATTEMPT_HEADER, attempt_number(self.attempts_sent));
-        }
         let span = trace.attempt(
             &up.endpoints[endpoint].endpoint,
             &mut request,
