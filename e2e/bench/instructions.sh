@@ -2,13 +2,14 @@
 # User-space instructions per proxied request, counted by valgrind's callgrind,
 # for Reprise, HAProxy, nginx and the bare-forwarder ceiling, with the ratio
 # to nginx. Unlike req/s on a shared VM (which moves by 15% between rounds),
-# the count is the same from run to run, so it shows small changes.
+# the count varies by well under 1% from run to run, so it shows small changes.
 #
 #   bash e2e/bench/instructions.sh            # after run.sh has installed and built
 #   REQUESTS=4000 bash e2e/bench/instructions.sh
 #
 # Method: each proxy runs under callgrind with one worker; h2load --h1 sends
-# N and then 3N requests (10 keep-alive connections, Host: bench, the same
+# N and then 3N requests (one keep-alive connection, so the event loop's
+# batching cannot vary between runs; Host: bench; the same
 # configuration files as run.sh) through it to nginx serving a 128-byte body;
 # (total(3N) - total(N)) / 2N leaves out start-up and shutdown. Envoy and
 # Traefik are left out: under valgrind they take minutes to start.
@@ -42,7 +43,7 @@ total_instructions() {
   valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>"$WORK/valgrind.log" &
   local pid=$!
   for _ in $(seq 300); do curl -fso /dev/null -H 'Host: bench' "http://127.0.0.1:$port/" && break; sleep 0.2; done
-  h2load --h1 -n "$requests" -c 10 -H ':authority: bench' "http://127.0.0.1:$port/" \
+  h2load --h1 -n "$requests" -c 1 -H ':authority: bench' "http://127.0.0.1:$port/" \
     | grep -q "$requests succeeded" || { echo "h2load through port $port failed" >&2; kill "$pid"; return 1; }
   kill -TERM "$pid"
   sleep 2
@@ -81,4 +82,4 @@ while read -r name count; do
   echo "| $name | $count | $(awk -v a="$count" -v b="$nginx_count" 'BEGIN {printf "%.2f×", a / b}') |"
 done <"$WORK/results"
 echo
-echo "callgrind, $N and $((3 * N)) requests per system (h2load --h1 -c 10), difference ÷ $((2 * N))."
+echo "callgrind, $N and $((3 * N)) requests per system (h2load --h1 -c 1), difference ÷ $((2 * N))."
