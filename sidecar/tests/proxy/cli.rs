@@ -64,7 +64,9 @@ impl Running {
             admin,
             health,
         };
-        for _ in 0..100 {
+        // Up to 20 s: under a loaded CI machine (a build and a cluster beside
+        // the tests) a start has taken more than 5 s.
+        for _ in 0..400 {
             if running
                 .get(running.admin, "/ready")
                 .await
