@@ -115,13 +115,21 @@ def children_of():
     return kids
 
 
-def rss_kib(pid):
-    """VmRSS of pid and all its descendants (nginx: master + worker), KiB."""
+def process_tree(pid):
+    """pid and all its descendants (nginx: master + worker)."""
     kids = children_of()
-    total, todo = 0, [pid]
+    tree, todo = [], [pid]
     while todo:
         p = todo.pop()
+        tree.append(p)
         todo.extend(kids.get(p, []))
+    return tree
+
+
+def rss_kib(pid):
+    """VmRSS of pid and all its descendants, KiB."""
+    total = 0
+    for p in process_tree(pid):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
@@ -134,13 +142,9 @@ def rss_kib(pid):
 
 def cpu_seconds(pid):
     """(user, kernel) CPU seconds used so far by pid and all its descendants."""
-    kids = children_of()
     hz = os.sysconf("SC_CLK_TCK")
     user = kernel = 0.0
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(kids.get(p, []))
+    for p in process_tree(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
