@@ -60,9 +60,15 @@ pub struct Entry<'a> {
 }
 
 impl AccessLog {
+    /// True when the log filter lets `reprise::request` info lines through;
+    /// callers check it before gathering an entry's fields.
+    pub fn enabled() -> bool {
+        tracing::enabled!(target: TARGET, tracing::Level::INFO)
+    }
+
     /// Logs `entry` if the log filter lets `reprise::request` info lines through.
     pub fn record(&self, entry: &Entry<'_>) {
-        if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
+        if !Self::enabled() {
             return;
         }
         match self {

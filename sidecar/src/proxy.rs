@@ -293,7 +293,9 @@ impl Proxy {
                 ),
             ),
         };
-        if routes.config.proxy.access_log {
+        // The filter is checked first: with `reprise::request=off` the entry's
+        // strings (endpoint list, rule, trace id) are not built at all.
+        if routes.config.proxy.access_log && AccessLog::enabled() {
             log_request(
                 &self.access_log,
                 &upstream,
