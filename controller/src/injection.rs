@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use reprise_crds::sidecar_env;
 use serde::{Deserialize, Serialize};
 
 /// Name of the injected container.
@@ -39,6 +40,8 @@ pub const IMAGE: &str = "reprise.dev/sidecar-image";
 
 /// The push token's audience; the controller's TokenReview asks for it.
 const TOKEN_AUDIENCE: &str = reprise_crds::protocol::AUDIENCE;
+/// Where the projected token and the snapshot volume are mounted: the
+/// directories of the sidecar's default paths, so the two always agree.
 const TOKEN_DIR: &str = "/var/run/secrets/reprise";
 const STATE_DIR: &str = "/var/lib/reprise";
 const LOG_LEVELS: [&str; 5] = ["trace", "debug", "info", "warn", "error"];
@@ -295,30 +298,30 @@ fn sidecar_container(config: &InjectionConfig, o: &Overrides, ca_pem: &str) -> C
         ..Default::default()
     };
     let mut env = vec![
-        env("REPRISE_CONTROLLER", &config.controller_address),
+        env(sidecar_env::CONTROLLER, &config.controller_address),
         EnvVar {
-            name: "REPRISE_POD_NAME".into(),
+            name: sidecar_env::POD_NAME.into(),
             value_from: Some(field("metadata.name")),
             ..Default::default()
         },
         EnvVar {
-            name: "REPRISE_POD_NAMESPACE".into(),
+            name: sidecar_env::POD_NAMESPACE.into(),
             value_from: Some(field("metadata.namespace")),
             ..Default::default()
         },
-        env("REPRISE_TOKEN_PATH", &format!("{TOKEN_DIR}/token")),
-        env("REPRISE_CA_PEM", ca_pem),
+        env(sidecar_env::TOKEN_PATH, &format!("{TOKEN_DIR}/token")),
+        env(sidecar_env::CA_PEM, ca_pem),
         env(
-            "REPRISE_SNAPSHOT_PATH",
+            sidecar_env::SNAPSHOT_PATH,
             &format!("{STATE_DIR}/snapshot.json"),
         ),
-        env("REPRISE_LOG", &o.log_level),
+        env(sidecar_env::LOG, &o.log_level),
     ];
     if let Some(name) = &config.server_name {
-        env.push(self::env("REPRISE_CONTROLLER_SERVER_NAME", name));
+        env.push(self::env(sidecar_env::CONTROLLER_SERVER_NAME, name));
     }
     if let Some(map) = &config.address_map {
-        env.push(self::env("REPRISE_ENDPOINT_ADDRESS_MAP", map));
+        env.push(self::env(sidecar_env::ENDPOINT_ADDRESS_MAP, map));
     }
     if !config.otel.endpoint.is_empty() {
         env.push(self::env(
@@ -328,7 +331,11 @@ fn sidecar_container(config: &InjectionConfig, o: &Overrides, ca_pem: &str) -> C
         env.push(self::env("OTEL_SERVICE_NAME", "reprise-sidecar"));
         env.push(self::env(
             "OTEL_RESOURCE_ATTRIBUTES",
-            "k8s.pod.name=$(REPRISE_POD_NAME),k8s.namespace.name=$(REPRISE_POD_NAMESPACE)",
+            &format!(
+                "k8s.pod.name=$({}),k8s.namespace.name=$({})",
+                sidecar_env::POD_NAME,
+                sidecar_env::POD_NAMESPACE
+            ),
         ));
         for (name, value) in [
             ("OTEL_EXPORTER_OTLP_PROTOCOL", &config.otel.protocol),

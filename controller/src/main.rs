@@ -189,11 +189,11 @@ async fn main() -> anyhow::Result<()> {
                 .json()
                 .flatten_event(true)
                 .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("REPRISE_LOG")
+                    tracing_subscriber::EnvFilter::try_from_env(reprise_crds::sidecar_env::LOG)
                         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
                 )
                 .init();
-            let traces = Tracing::from_env().context("OpenTelemetry tracing")?;
+            let traces = Tracing::from_env(telemetry::SERVICE).context("OpenTelemetry tracing")?;
             let client = kube::Client::try_default()
                 .await
                 .context("no Kubernetes configuration (in cluster or KUBECONFIG)")?;

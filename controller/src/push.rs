@@ -143,7 +143,7 @@ impl PushServer {
     /// (its span ends as dropped).
     fn push_started(&self, id: &Identity, version: &str) {
         if self.tracing.is_on() {
-            let span = self.tracing.push_span(&id.namespace, &id.pod, version);
+            let span = PushSpan::start(&self.tracing, &id.namespace, &id.pod, version);
             self.pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

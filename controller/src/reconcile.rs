@@ -53,7 +53,7 @@ impl std::fmt::Debug for Context {
 
 /// Reconciles one RetryPolicy. Idempotent: with nothing changed, it reads and writes nothing else.
 pub async fn reconcile(policy: Arc<RetryPolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let mut span = ctx.tracing.reconcile(&policy);
+    let mut span = ReconcileSpan::start(&ctx.tracing, &policy);
     let result = reconcile_policy(&policy, &ctx, &mut span).await;
     span.end(&result);
     result

@@ -14,7 +14,7 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SpanData};
 use reprise_controller::reconcile::{reconcile, Context};
 use reprise_controller::telemetry::{self, Tracing};
 use reprise_crds::resource::{RetryPolicy, RetryPolicyStatus};
-use reprise_sidecar::telemetry::{BatchSettings, Pipeline};
+use reprise_telemetry::{BatchSettings, Pipeline};
 use serde_json::{json, Value};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;

@@ -15,6 +15,7 @@ pub mod protocol;
 #[cfg(feature = "resource")]
 pub mod resource;
 pub mod retry_rule;
+pub mod sidecar_env;
 pub mod snapshot;
 pub mod validation;
 

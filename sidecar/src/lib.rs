@@ -46,22 +46,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// An `OTEL_*` variable asks for something the sidecar cannot do. Refused
-    /// at start: a typo must not leave tracing silently pointing nowhere.
-    #[error("{var}={value:?}: {reason}")]
-    TracingEnv {
-        /// The variable.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// What is accepted.
-        reason: &'static str,
-    },
-    /// The OTLP trace exporter could not be set up (e.g. a malformed endpoint).
-    #[error("cannot set up the OTLP trace exporter")]
-    TracingExporter {
-        /// The exporter's error.
-        #[source]
-        source: opentelemetry_otlp::ExporterBuildError,
-    },
+    /// Tracing could not be set up from the `OTEL_*` variables.
+    #[error(transparent)]
+    Telemetry(#[from] reprise_telemetry::Error),
 }

@@ -12,7 +12,7 @@ use reprise_sidecar::admin::{Admin, LogLevelSetter};
 use reprise_sidecar::log_output::{BatchedWriter, FlushGuard};
 use reprise_sidecar::proxy::Proxy;
 use reprise_sidecar::subscription::Subscription;
-use reprise_sidecar::telemetry::Tracing;
+use reprise_sidecar::telemetry::{Tracing, SERVICE};
 use reprise_sidecar::{reload, server};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -146,7 +146,8 @@ fn check(path: &std::path::Path) -> ExitCode {
 /// are dropped instead. The guard flushes what is queued at exit. With JSON
 /// logs, access log lines skip the formatter and are written to the same queue.
 fn init_logging(format: &str) -> std::io::Result<(LogLevelSetter, AccessLog, FlushGuard)> {
-    let filter = EnvFilter::try_from_env("REPRISE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env(reprise_crds::sidecar_env::LOG)
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = log_reload::Layer::new(filter);
     let registry = tracing_subscriber::registry().with(filter);
     let (writer, guard) = BatchedWriter::spawn(std::io::stdout())?;
@@ -183,7 +184,7 @@ async fn run(
     set_log_level: LogLevelSetter,
     access_log: AccessLog,
 ) -> anyhow::Result<ExitCode> {
-    let traces = Tracing::from_env().context("OpenTelemetry tracing")?;
+    let traces = Tracing::from_env(SERVICE).context("OpenTelemetry tracing")?;
     let (proxy, source) = match &args.config {
         Some(path) => {
             let bytes =

@@ -123,7 +123,7 @@ impl Proxy {
         req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, Infallible> {
         self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
-        let mut span = self.tracing.request(&req);
+        let mut span = RequestSpan::start(&self.tracing, &req);
         let response = self.route(req, &mut span).await;
         let local_error = response
             .headers()

@@ -16,6 +16,7 @@ use reprise_crds::protocol::{
     Ack, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
     UPGRADE_PROTOCOL, VERSION_PARAM,
 };
+use reprise_crds::sidecar_env as env;
 use reprise_crds::snapshot::Snapshot;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -86,12 +87,12 @@ impl Subscription {
     /// Settings from `REPRISE_*` environment variables; `None` when
     /// `REPRISE_CONTROLLER` is unset (standalone mode).
     pub fn from_env() -> Result<Option<Subscription>, String> {
-        let Ok(controller) = std::env::var("REPRISE_CONTROLLER") else {
+        let Ok(controller) = std::env::var(env::CONTROLLER) else {
             return Ok(None);
         };
         let controller: Uri = controller
             .parse()
-            .map_err(|e| format!("REPRISE_CONTROLLER: {e}"))?;
+            .map_err(|e| format!("{}: {e}", env::CONTROLLER))?;
         let var = |name: &str| {
             std::env::var(name).map_err(|_| format!("{name} must be set in Kubernetes mode"))
         };
@@ -100,16 +101,16 @@ impl Subscription {
         };
         Ok(Some(Subscription {
             controller,
-            server_name: std::env::var("REPRISE_CONTROLLER_SERVER_NAME").ok(),
-            pod: var("REPRISE_POD_NAME")?,
-            namespace: var("REPRISE_POD_NAMESPACE")?,
-            token_path: path("REPRISE_TOKEN_PATH", "/var/run/secrets/reprise/token"),
-            ca: match std::env::var("REPRISE_CA_PEM") {
+            server_name: std::env::var(env::CONTROLLER_SERVER_NAME).ok(),
+            pod: var(env::POD_NAME)?,
+            namespace: var(env::POD_NAMESPACE)?,
+            token_path: path(env::TOKEN_PATH, env::DEFAULT_TOKEN_PATH),
+            ca: match std::env::var(env::CA_PEM) {
                 Ok(pem) if !pem.trim().is_empty() => TrustedCa::Pem(pem),
-                _ => TrustedCa::File(path("REPRISE_CA_PATH", "/var/run/secrets/reprise/ca.crt")),
+                _ => TrustedCa::File(path(env::CA_PATH, env::DEFAULT_CA_PATH)),
             },
-            snapshot_path: path("REPRISE_SNAPSHOT_PATH", "/var/lib/reprise/snapshot.json"),
-            address_map: std::env::var("REPRISE_ENDPOINT_ADDRESS_MAP")
+            snapshot_path: path(env::SNAPSHOT_PATH, env::DEFAULT_SNAPSHOT_PATH),
+            address_map: std::env::var(env::ENDPOINT_ADDRESS_MAP)
                 .ok()
                 .map(|s| AddressMap::parse(&s))
                 .transpose()?,
@@ -348,7 +349,7 @@ impl Subscription {
                 })?,
                 path.display().to_string(),
             ),
-            TrustedCa::Pem(pem) => (pem.clone().into_bytes(), "REPRISE_CA_PEM".to_string()),
+            TrustedCa::Pem(pem) => (pem.clone().into_bytes(), env::CA_PEM.to_string()),
         };
         for cert in CertificateDer::pem_slice_iter(&ca) {
             let cert = cert.map_err(|e| SubscriptionError::Tls(format!("{origin}: {e}")))?;

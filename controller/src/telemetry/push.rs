@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::{SdkTracer, Span};
+use opentelemetry_sdk::trace::Span;
 use opentelemetry_semantic_conventions::attribute::{ERROR_TYPE, K8S_NAMESPACE_NAME, K8S_POD_NAME};
+use reprise_telemetry::Tracing;
 
 /// The span's name.
 pub const NAME: &str = "push";
@@ -33,7 +34,14 @@ impl PushSpan {
         PushSpan(None)
     }
 
-    pub(super) fn start(tracer: &SdkTracer, namespace: &str, pod: &str, version: &str) -> Self {
+    /// Starts the span of one snapshot push: `version` sent to the sidecar of
+    /// pod `pod` in `namespace`; records nothing while `tracing` is off. End it
+    /// with [`PushSpan::acked`], [`PushSpan::nacked`] or [`PushSpan::dropped`];
+    /// dropped unfinished, it ends as `dropped`.
+    pub fn start(tracing: &Tracing, namespace: &str, pod: &str, version: &str) -> Self {
+        let Some(tracer) = tracing.tracer() else {
+            return Self::off();
+        };
         let span = tracer
             .span_builder(NAME)
             .with_kind(SpanKind::Client)
@@ -98,7 +106,7 @@ mod tests {
     use opentelemetry::trace::Status;
     use opentelemetry::Value;
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SpanData};
-    use reprise_sidecar::telemetry::{BatchSettings, Pipeline};
+    use reprise_telemetry::{BatchSettings, Pipeline};
 
     use super::*;
     use crate::telemetry::{Tracing, SERVICE};
@@ -125,14 +133,11 @@ mod tests {
     #[tokio::test]
     async fn a_push_ends_acked_nacked_or_dropped() {
         let (tracing, exporter) = traced();
-        tracing
-            .push_span("shop", "web-1", "v7")
-            .acked(Duration::from_millis(12));
-        tracing
-            .push_span("shop", "web-2", "v7")
+        PushSpan::start(&tracing, "shop", "web-1", "v7").acked(Duration::from_millis(12));
+        PushSpan::start(&tracing, "shop", "web-2", "v7")
             .nacked("spec.retries.attempts: must be in 0..=10");
-        tracing.push_span("shop", "web-3", "v7").dropped();
-        drop(tracing.push_span("shop", "web-4", "v7"));
+        PushSpan::start(&tracing, "shop", "web-3", "v7").dropped();
+        drop(PushSpan::start(&tracing, "shop", "web-4", "v7"));
         assert!(tracing.flush(Duration::from_secs(5)).await);
 
         let spans = exporter.get_finished_spans().expect("spans");
@@ -170,7 +175,7 @@ mod tests {
     #[test]
     fn off_records_nothing_and_the_span_can_cross_tasks() {
         fn send_sync<T: Send + Sync>(_: &T) {}
-        let span = Tracing::off().push_span("shop", "web-1", "v7");
+        let span = PushSpan::start(&Tracing::off(), "shop", "web-1", "v7");
         send_sync(&span);
         assert!(span.0.is_none());
         span.acked(Duration::ZERO);

@@ -3,9 +3,10 @@
 
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::{SdkTracer, Span};
+use opentelemetry_sdk::trace::Span;
 use opentelemetry_semantic_conventions::attribute::{ERROR_TYPE, K8S_NAMESPACE_NAME};
 use reprise_crds::resource::RetryPolicy;
+use reprise_telemetry::Tracing;
 
 use crate::status::{Evaluation, SyncCounts};
 use crate::Error;
@@ -47,7 +48,12 @@ impl ReconcileSpan {
         ReconcileSpan(None)
     }
 
-    pub(super) fn start(tracer: &SdkTracer, policy: &RetryPolicy) -> Self {
+    /// Starts the span of one reconcile of `policy`; records nothing while
+    /// `tracing` is off.
+    pub fn start(tracing: &Tracing, policy: &RetryPolicy) -> Self {
+        let Some(tracer) = tracing.tracer() else {
+            return Self::off();
+        };
         let mut attributes = Vec::with_capacity(3);
         if let Some(ns) = &policy.metadata.namespace {
             attributes.push(KeyValue::new(K8S_NAMESPACE_NAME, ns.clone()));

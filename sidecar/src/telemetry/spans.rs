@@ -17,11 +17,12 @@ use opentelemetry_semantic_conventions::attribute::{
 };
 use reprise_crds::Endpoint;
 
-use super::propagation;
 use crate::failure::FailureKind;
 use crate::outcome::{ExhaustedBy, Outcome};
 use crate::retry::Report;
 use crate::routes::PolicySource;
+use reprise_telemetry::propagation;
+use reprise_telemetry::Tracing;
 
 /// `ok`, `recovered`, `exhausted` or `skipped` (SERVER span).
 pub const OUTCOME: &str = "reprise.outcome";
@@ -74,8 +75,12 @@ impl RequestSpan {
         RequestSpan(None)
     }
 
-    /// Starts the SERVER span, child of the application's `traceparent` if valid.
-    pub(super) fn start<B>(tracer: &SdkTracer, req: &Request<B>) -> Self {
+    /// Starts the SERVER span of `req` (a child of the application's
+    /// `traceparent` when valid); records nothing while `tracing` is off.
+    pub fn start<B>(tracing: &Tracing, req: &Request<B>) -> Self {
+        let Some(tracer) = tracing.tracer() else {
+            return Self::off();
+        };
         let parent = propagation::extract(req.headers());
         let name: Cow<'static, str> = match known_method(req.method()) {
             Some(m) => Cow::Borrowed(m),

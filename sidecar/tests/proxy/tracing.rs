@@ -380,11 +380,11 @@ async fn a_request_forwarded_outside_every_upstream_gets_a_client_span() {
         max_queue_size: 2048,
         max_export_batch_size: 512,
     };
-    let tracing = reprise_sidecar::telemetry::Tracing::with_pipeline(
+    let tracing = reprise_sidecar::telemetry::Tracing::on(
         reprise_sidecar::telemetry::Pipeline::with_exporter(
             exporter,
             batch,
-            reprise_sidecar::telemetry::Service::SIDECAR,
+            reprise_sidecar::telemetry::SERVICE,
         ),
     );
     // Kubernetes mode forwards hosts no policy covers, once, as a plain proxy.

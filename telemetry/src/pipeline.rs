@@ -12,12 +12,9 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanExporter};
 use opentelemetry_sdk::Resource;
 use opentelemetry_semantic_conventions::resource::{SERVICE_NAME, SERVICE_VERSION};
 
-use super::batch::{BatchProcessor, SpanCounters, Stopper};
-use super::settings::{BatchSettings, Protocol, Settings};
+use crate::batch::{BatchProcessor, SpanCounters, Stopper};
+use crate::settings::{BatchSettings, Protocol, Settings};
 use crate::Error;
-
-/// `service.name` when neither `OTEL_SERVICE_NAME` nor `OTEL_RESOURCE_ATTRIBUTES` names one.
-pub const DEFAULT_SERVICE_NAME: &str = "reprise-sidecar";
 
 /// Which program the spans come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,14 +24,6 @@ pub struct Service {
     pub name: &'static str,
     /// `service.version` unless `OTEL_RESOURCE_ATTRIBUTES` sets one.
     pub version: &'static str,
-}
-
-impl Service {
-    /// The sidecar.
-    pub const SIDECAR: Service = Service {
-        name: DEFAULT_SERVICE_NAME,
-        version: env!("CARGO_PKG_VERSION"),
-    };
 }
 
 /// A running pipeline: a tracer whose finished spans are batched and exported
@@ -62,7 +51,7 @@ impl Pipeline {
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .build(),
         }
-        .map_err(|source| Error::TracingExporter { source })?;
+        .map_err(|source| Error::Exporter { source })?;
         let pipeline = Self::with_exporter(exporter, settings.batch, service);
         tracing::info!(
             protocol = settings.protocol.name(),

@@ -17,7 +17,7 @@ use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 
-use super::settings::BatchSettings;
+use crate::settings::BatchSettings;
 
 /// Spans exported and dropped since start.
 #[derive(Debug, Default)]

@@ -83,7 +83,7 @@ impl Settings {
                 if names.iter().all(|n| *n == "none") {
                     return Ok(None);
                 }
-                return Err(Error::TracingEnv {
+                return Err(Error::Env {
                     var: "OTEL_TRACES_EXPORTER",
                     value: exporters,
                     reason: "supported values are otlp and none",
@@ -101,7 +101,7 @@ impl Settings {
         };
         // Neither OTLP client here is built with TLS: refuse rather than fail every export.
         if endpoint.to_ascii_lowercase().starts_with("https://") {
-            return Err(Error::TracingEnv {
+            return Err(Error::Env {
                 var,
                 value: endpoint,
                 reason: "TLS to the collector is not supported; use an http:// endpoint (a collector in the cluster or on the node)",
@@ -119,7 +119,7 @@ impl Settings {
             None | Some("http/protobuf") => Protocol::HttpProtobuf,
             Some("grpc") => Protocol::Grpc,
             Some(other) => {
-                return Err(Error::TracingEnv {
+                return Err(Error::Env {
                     var,
                     value: other.to_string(),
                     reason: "supported values are grpc and http/protobuf",

@@ -1,0 +1,108 @@
+//! Telemetry plumbing both Reprise binaries use, so that neither depends on
+//! the other: the OpenTelemetry trace pipeline (settings from the standard
+//! `OTEL_*` variables, OTLP export in batches from a Tokio task, span
+//! counters), W3C trace-context propagation on HTTP headers, and the
+//! Prometheus text format (families, one histogram type, RAII gauges).
+//!
+//! The contract: tracing is off unless an OTLP endpoint is set, and while off
+//! [`Tracing`] is an empty `Option`, so callers record unconditionally at no
+//! cost. Each binary defines its own span types on top of [`Tracing::tracer`].
+#![forbid(unsafe_code)]
+
+mod batch;
+mod pipeline;
+pub mod prometheus;
+pub mod propagation;
+mod settings;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry_sdk::trace::SdkTracer;
+
+pub use batch::SpanCounters;
+pub use pipeline::{Pipeline, Service};
+pub use settings::{BatchSettings, Protocol, Settings};
+
+/// Errors setting up telemetry.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An `OTEL_*` variable asks for something Reprise cannot do. Refused at
+    /// start: a typo must not leave tracing silently pointing nowhere.
+    #[error("{var}={value:?}: {reason}")]
+    Env {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        reason: &'static str,
+    },
+    /// The OTLP trace exporter could not be set up (e.g. a malformed endpoint).
+    #[error("cannot set up the OTLP trace exporter")]
+    Exporter {
+        /// The exporter's error.
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+}
+
+/// Process-wide tracing: off, or a running export pipeline. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Tracing(Option<Arc<Pipeline>>);
+
+impl Tracing {
+    /// Tracing off.
+    pub fn off() -> Self {
+        Tracing(None)
+    }
+
+    /// Tracing as the `OTEL_*` environment variables say, naming the spans'
+    /// resource after `service`. Must run inside the Tokio runtime: the export
+    /// task lives on it.
+    pub fn from_env(service: Service) -> Result<Self, Error> {
+        match Settings::from_env()? {
+            Some(settings) => Ok(Self::on(Pipeline::start(&settings, service)?)),
+            None => Ok(Self::off()),
+        }
+    }
+
+    /// Tracing through `pipeline` (tests build one on their own exporter).
+    pub fn on(pipeline: Pipeline) -> Self {
+        Tracing(Some(Arc::new(pipeline)))
+    }
+
+    /// True when spans are recorded and exported.
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The tracer spans are started from; `None` while off.
+    pub fn tracer(&self) -> Option<&SdkTracer> {
+        self.0.as_deref().map(Pipeline::tracer)
+    }
+
+    /// Spans exported and dropped so far; `None` while off.
+    pub fn counters(&self) -> Option<&SpanCounters> {
+        self.0.as_deref().map(Pipeline::counters)
+    }
+
+    /// Exports the spans queued now, waiting at most `timeout`. Returns false
+    /// when the time ran out or the pipeline is stopped.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        match &self.0 {
+            Some(p) => p.flush(timeout).await,
+            None => true,
+        }
+    }
+
+    /// Exports the spans still queued and stops, waiting at most `timeout`
+    /// (an unreachable collector must not hold up the exit). Returns false
+    /// when the time ran out.
+    pub async fn shutdown(&self, timeout: Duration) -> bool {
+        match &self.0 {
+            Some(p) => p.shutdown(timeout).await,
+            None => true,
+        }
+    }
+}
