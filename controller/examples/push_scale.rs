@@ -150,17 +150,17 @@ async fn server(dir: &str) -> anyhow::Result<()> {
 async fn clients(addr: &str, dir: &str, n: usize) -> anyhow::Result<()> {
     std::fs::write(format!("{dir}/token"), "t")?;
     for i in 0..n {
-        let sub = reprise_sidecar::subscription::Subscription {
+        let sub = reprise_sidecar::config::Subscription {
             controller: format!("https://{addr}").parse()?,
             server_name: Some("localhost".into()),
             pod: format!("client-{i}"),
             namespace: "bench".into(),
             token_path: format!("{dir}/token").into(),
-            ca: reprise_sidecar::subscription::TrustedCa::File(format!("{dir}/ca.crt").into()),
+            ca: reprise_sidecar::config::TrustedCa::File(format!("{dir}/ca.crt").into()),
             snapshot_path: format!("{dir}/snap/{i}.json").into(),
             address_map: None,
         };
-        let proxy = reprise_sidecar::proxy::Proxy::new(
+        let proxy = reprise_sidecar::Proxy::new(
             Snapshot::new(vec![], vec![])
                 .resolve()
                 .map_err(|e| anyhow::anyhow!("{e}"))?,

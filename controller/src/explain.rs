@@ -177,7 +177,7 @@ pub fn answer(config: &Config, q: &Question, out: &mut String) {
     let _ = writeln!(
         out,
         "  up to {} retries, each to an endpoint not yet tried{}",
-        p.attempts,
+        p.max_retries,
         if p.reuse_endpoints {
             " (reuse allowed when none is left)"
         } else {

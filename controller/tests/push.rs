@@ -15,8 +15,8 @@ use reprise_controller::push::{PushServer, SnapshotSource};
 use reprise_controller::sidecars::SidecarRegistry;
 use reprise_crds::retry_rule::{Retries, RetryRule};
 use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
-use reprise_sidecar::proxy::Proxy;
-use reprise_sidecar::subscription::{Subscription, SubscriptionError, TrustedCa};
+use reprise_sidecar::Proxy;
+use reprise_sidecar::config::{Subscription, SubscriptionError, TrustedCa};
 use tokio::sync::watch;
 
 struct FixedTokens(HashMap<String, (String, String)>);
@@ -174,8 +174,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 fn endpoint_ports(proxy: &Proxy) -> Vec<u16> {
     proxy
-        .routes()
-        .config
+        .config()
         .upstreams
         .iter()
         .flat_map(|u| u.endpoints.iter().map(|e| e.addr.port()))
@@ -204,7 +203,7 @@ async fn snapshots_are_pushed_acked_nacked_and_resumed() {
     assert_eq!(endpoint_ports(&proxy), vec![1001]);
     assert!(proxy.is_ready());
     assert!(
-        proxy.routes().upstream("api").is_some(),
+        proxy.stats("api").is_some(),
         "the Service's short name routes"
     );
     assert!(

@@ -70,12 +70,13 @@ pub struct BudgetSettings {
     #[serde(with = "crate::policy::millis")]
     pub window: Duration,
     /// Retries per second always allowed on top of the percentage (0 = the
-    /// gateway document's formula exactly).
+    /// budget formula exactly).
     pub min_retries_per_second: u32,
 }
 
 /// Passive health: eject an endpoint after consecutive transport failures or
-/// mid-stream body errors. Upstream statuses never count (rules document).
+/// mid-stream body errors. Upstream statuses never count: a status proves the
+/// transport works, not that the endpoint is unhealthy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct PassiveHealth {
     /// Consecutive failures that eject an endpoint (0 = never eject).

@@ -1,10 +1,10 @@
 //! The standalone configuration file (`reprise-sidecar --config FILE`).
 //!
-//! The gateway document's format loads unchanged: `upstreams:` with `name`,
-//! `endpoints` of `{address, port}`, `timeouts` and a `retries` block. The rules
-//! document's retry rules sit beside it under `rules:`. Field names are
-//! snake_case as in the gateway document; unknown fields are refused so a typo
-//! never silently turns a setting off.
+//! The gateway format loads unchanged (`examples/gateway.yaml`): `upstreams:`
+//! with `name`, `endpoints` of `{address, port}`, `timeouts` and a `retries`
+//! block. Retry rules sit beside it under `rules:`. Field names are
+//! snake_case; unknown fields are refused so a typo never silently turns a
+//! setting off (README: "Configuration file").
 
 pub(crate) mod common;
 mod retries;
@@ -54,7 +54,7 @@ pub struct UpstreamSpec {
     /// Connect and per-attempt read timeouts.
     #[serde(default)]
     pub timeouts: TimeoutsSpec,
-    /// The gateway document's retries block; no keys means retries off.
+    /// The upstream's own retries block; no keys means retries off.
     #[serde(default)]
     pub retries: RetriesSpec,
     /// Passive health (ejection after consecutive transport failures).

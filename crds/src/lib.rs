@@ -1,8 +1,7 @@
 //! Reprise's retry policy model, shared by the controller and the sidecar.
 //!
 //! Everything that crosses a process boundary lives here: the standalone
-//! configuration file (the gateway document's `upstreams:` format plus the rules
-//! document's retry rules), the resolved [`Config`] a sidecar executes, its
+//! configuration file (the `upstreams:` format plus retry rules), the resolved [`Config`] a sidecar executes, its
 //! defaults, and the validation both processes run so that a policy the
 //! controller accepts is exactly a policy the sidecar accepts.
 #![forbid(unsafe_code)]

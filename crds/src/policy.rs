@@ -4,17 +4,17 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Most retries beyond the first attempt (gateway document: "Validation caps it at 10").
-pub const MAX_ATTEMPTS: u32 = 10;
-/// Largest per-rule replay buffer (rules document: "capped at 4 MiB").
+/// Most retries beyond the first attempt.
+pub const MAX_RETRIES: u32 = 10;
+/// Largest per-rule replay buffer.
 pub const MAX_REPLAY_LIMIT_BYTES: u64 = 4 * 1024 * 1024;
-/// Default reservation shared by every replay buffer in one sidecar (rules document: 64 MiB).
+/// Default reservation shared by every replay buffer in one sidecar.
 pub const DEFAULT_REPLAY_RESERVATION_BYTES: u64 = 64 * 1024 * 1024;
-/// Largest `total_deadline_ms` (gateway document: "Max 600000").
+/// Largest `total_deadline_ms`.
 pub const MAX_TOTAL_DEADLINE_MS: u64 = 600_000;
-/// The rules document's "gateway failures" status preset.
+/// The `gateway` status preset: gateway failures.
 pub const GATEWAY_STATUSES: [u16; 3] = [502, 503, 504];
-/// The rules document's "broader transient failures" status preset.
+/// The `transient` status preset: broader transient failures.
 pub const TRANSIENT_STATUSES: [u16; 7] = [408, 425, 429, 500, 502, 503, 504];
 
 /// Which failures may be retried, by how far the failed attempt got.
@@ -53,8 +53,10 @@ pub struct StatusSet([u64; 4]);
 /// Everything the retry loop needs to decide about one request.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RetryPolicy {
-    /// Retries beyond the first attempt (0 = retries off).
-    pub attempts: u32,
+    /// Retries beyond the first attempt (0 = retries off). Written
+    /// `attempts`, as in the configuration formats.
+    #[serde(rename = "attempts")]
+    pub max_retries: u32,
     /// Methods this policy retries.
     pub methods: MethodSet,
     /// How far a failed attempt may have got and still be retried.
@@ -81,7 +83,7 @@ pub struct RetryPolicy {
     #[serde(with = "opt_millis")]
     pub hedge_delay: Option<Duration>,
     /// Whether a retry may go back to an endpoint this request already tried when no
-    /// untried one is left (the rules document's strict behaviour: no).
+    /// untried one is left (default no: a retry goes to an endpoint not yet tried).
     pub reuse_endpoints: bool,
     /// Longest `Retry-After` the sidecar will wait for; a longer one ends retries.
     #[serde(with = "millis")]
@@ -105,7 +107,7 @@ impl MethodSet {
     /// GET, HEAD and OPTIONS: the safe methods of RFC 9110 §9.2.1 that Reprise
     /// retries without a duplicate-risk acknowledgement.
     pub const SAFE: MethodSet = MethodSet(1 | 1 << 1 | 1 << 2);
-    /// The rules document's recommended starting set.
+    /// The recommended starting set for rules.
     pub const GET_HEAD: MethodSet = MethodSet(1 | 1 << 1);
     /// The empty set.
     pub const NONE: MethodSet = MethodSet(0);
@@ -216,7 +218,7 @@ impl Serialize for StatusSet {
 impl RetryPolicy {
     /// True when this policy can retry anything at all.
     pub fn enabled(&self) -> bool {
-        self.attempts > 0
+        self.max_retries > 0
     }
 
     /// Nominal (pre-jitter) backoff before retry `n` (1-based): `min(base * 2^(n-1), cap)`.

@@ -9,13 +9,13 @@ use crate::config::{BudgetSettings, Rule};
 use crate::file::common;
 use crate::matching::RequestMatch;
 use crate::policy::{
-    FailureBoundary, MethodSet, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_ATTEMPTS,
+    FailureBoundary, MethodSet, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_RETRIES,
     TRANSIENT_STATUSES,
 };
 use crate::validation::ValidationErrors;
 
-/// Which requests are retried and how (the rules document's rule fields and the
-/// gateway document's retries block).
+/// Which requests are retried and how: a rule's match and safety fields plus a
+/// retries block.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "resource", derive(kube::KubeSchema))]
 #[cfg_attr(
@@ -149,7 +149,7 @@ pub struct HeaderCondition {
     pub value: Option<String>,
 }
 
-/// The gateway document's retries block.
+/// The retries block: attempts, budget, backoff, deadline, hedge.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "resource", derive(kube::KubeSchema))]
 #[cfg_attr(
@@ -358,7 +358,7 @@ impl RetryRule {
         let r = &self.retries;
         let rp = format!("{p}.retries");
         let attempts = u32::try_from(r.attempts).unwrap_or(u32::MAX);
-        if r.attempts < 0 || attempts > MAX_ATTEMPTS {
+        if r.attempts < 0 || attempts > MAX_RETRIES {
             errs.push(
                 format!("{rp}.attempts"),
                 format!("must be in 0..=10 (got {})", r.attempts),
@@ -447,7 +447,7 @@ impl RetryRule {
             methods,
             request_match,
             policy: RetryPolicy {
-                attempts: attempts.min(MAX_ATTEMPTS),
+                max_retries: attempts.min(MAX_RETRIES),
                 methods,
                 failure_boundary: boundary,
                 retry_statuses: statuses,

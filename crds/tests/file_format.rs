@@ -6,7 +6,7 @@ use std::time::Duration;
 use reprise_crds::file::parse;
 use reprise_crds::{Error, FailureBoundary};
 
-/// The example from the gateway document, byte for byte.
+/// The gateway format's example (examples/gateway.yaml), byte for byte.
 const GATEWAY_EXAMPLE: &str = include_str!("../../examples/gateway.yaml");
 
 fn invalid(yaml: &str) -> String {
@@ -32,7 +32,7 @@ fn gateway_example_loads_unchanged_with_documented_defaults() {
     assert_eq!(api.endpoints.len(), 2);
     assert_eq!(api.endpoints[1].addr.to_string(), "10.0.0.2:8080");
     let r = &api.retries;
-    assert_eq!(r.attempts, 2);
+    assert_eq!(r.max_retries, 2);
     assert_eq!(r.replay_limit_bytes, 16384);
     assert_eq!(r.total_deadline, Some(Duration::from_millis(10_000)));
     assert_eq!(r.backoff_base, Duration::from_millis(25));
@@ -83,7 +83,7 @@ fn rules_default_to_the_safe_starting_configuration_and_sort() {
     let ids: Vec<_> = cfg.rules.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["z", "a", "b"]);
     let p = &cfg.rules[0].policy;
-    assert_eq!(p.attempts, 1);
+    assert_eq!(p.max_retries, 1);
     assert_eq!(p.failure_boundary, FailureBoundary::Connect);
     assert!(p.retry_statuses.is_empty());
     assert_eq!(p.replay_limit_bytes, 0);

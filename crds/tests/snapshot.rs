@@ -92,7 +92,7 @@ fn a_valid_snapshot_resolves_rules_budget_and_aliases() {
     let r = &cfg.rules[0];
     assert_eq!(r.id, "default/p");
     assert_eq!(r.upstreams, vec!["api.default".to_string()]);
-    assert_eq!(r.policy.attempts, 3);
+    assert_eq!(r.policy.max_retries, 3);
     assert_eq!(r.policy.failure_boundary, FailureBoundary::BeforeHeaders);
     assert_eq!(r.policy.retry_statuses.statuses(), vec![502, 503, 504]);
     assert_eq!(

@@ -30,8 +30,7 @@ use reprise_crds::policy::{GATEWAY_STATUSES, TRANSIENT_STATUSES};
 use reprise_crds::retry_rule::{Boundary, HttpMethod, RetryRule, StatusPreset};
 use reprise_crds::{FailureBoundary, RetryPolicy, ValidationErrors};
 use reprise_fuzz::Origin;
-use reprise_sidecar::failure::{retry_after, FailureKind};
-use reprise_sidecar::retry::full_jitter;
+use reprise_sidecar::retry::{full_jitter, retry_after, FailureKind, ThreadRandom};
 
 #[derive(Arbitrary, Debug)]
 enum Entry {
@@ -91,7 +90,7 @@ fn entry(e: &Entry) -> StatusEntry {
     }
 }
 
-/// The statuses a written list names, by the rules document's definitions.
+/// The statuses a written list names, by the presets' definitions (README: "`rules[]`").
 fn model_statuses(entries: &[Entry]) -> BTreeSet<u16> {
     let mut set = BTreeSet::new();
     for e in entries {
@@ -182,7 +181,10 @@ fn check(
         let sleep = match retry_after(&headers) {
             Some(wait) if wait > p.retry_after_max => None,
             Some(wait) => Some(wait),
-            None => Some(full_jitter(p.nominal_backoff(p.attempts.max(1)))),
+            None => Some(full_jitter(
+                p.nominal_backoff(p.max_retries.max(1)),
+                &mut ThreadRandom,
+            )),
         };
         if let Some(sleep) = sleep {
             assert!(sleep <= p.retry_after_max.max(p.backoff_cap));

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use libfuzzer_sys::fuzz_target;
-use reprise_sidecar::failure::{retry_after, RETRY_AFTER_MAX_SECS};
+use reprise_sidecar::retry::{retry_after, RETRY_AFTER_MAX_SECS};
 
 fuzz_target!(|data: &[u8]| {
     // Several values: the first one is the one that counts (`HeaderMap::get`).

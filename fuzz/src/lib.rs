@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use reprise_crds::policy::{MAX_ATTEMPTS, MAX_REPLAY_LIMIT_BYTES, MAX_TOTAL_DEADLINE_MS};
+use reprise_crds::policy::{MAX_RETRIES, MAX_REPLAY_LIMIT_BYTES, MAX_TOTAL_DEADLINE_MS};
 use reprise_crds::{Config, FailureBoundary, RetryPolicy, Rule};
 
 /// Where a policy came from: the rules format (which needs the duplicate-risk
@@ -65,7 +65,7 @@ pub fn check_config(cfg: &Config) {
 pub fn check_rule(r: &Rule) {
     check_policy(&r.policy, Origin::Rule);
     assert_eq!(r.methods, r.policy.methods, "rule matches what it retries");
-    // The rules document: a rule needs the acknowledgement for anything that
+    // A rule needs the duplicate-risk acknowledgement for anything that
     // may duplicate an upstream operation.
     if r.policy.methods.has_unsafe()
         || r.policy.failure_boundary == FailureBoundary::BeforeHeaders
@@ -81,7 +81,7 @@ pub fn check_rule(r: &Rule) {
 
 /// Panics when a resolved policy breaks a bound.
 pub fn check_policy(p: &RetryPolicy, origin: Origin) {
-    assert!(p.attempts <= MAX_ATTEMPTS, "attempts {}", p.attempts);
+    assert!(p.max_retries <= MAX_RETRIES, "attempts {}", p.max_retries);
     assert!(p.backoff_base <= p.backoff_cap, "backoff base > cap");
     assert!(p.backoff_cap <= Duration::from_secs(600));
     assert!(p.replay_limit_bytes <= MAX_REPLAY_LIMIT_BYTES);

@@ -1,35 +1,37 @@
-//! Reprise's sidecar proxy: the retry engine.
+//! Reprise's sidecar proxy: the retry engine in front of an application's
+//! outbound HTTP.
 //!
-//! An application sends its outbound HTTP requests here (as an HTTP proxy, or
-//! by Host). The sidecar routes each to an upstream by name, picks the retry
-//! policy (first matching rule, else the upstream's `retries` block), and runs
-//! the retry loop: attempt cap, rolling budget, full-jitter backoff, total
-//! deadline, body replay, alternate endpoints and optional hedging, all before
-//! response headers reach the client.
+//! The contract: an application sends its requests here (as an HTTP proxy,
+//! or by Host); each is routed to an upstream by name, gets the first
+//! matching retry rule's policy (else the upstream's `retries` block), and
+//! runs the retry loop: attempt cap, rolling budget, full-jitter backoff,
+//! total deadline, body replay, alternate endpoints and optional hedging, all
+//! before response headers reach the client. The folders follow a request:
+//!
+//! - [`server`]: listeners, protocol sniffing, the drain, the admin endpoint.
+//! - `proxy`: the request's phases: route, admit, prepare, forward, respond.
+//! - [`retry`]: the engine: attempts, gates, hedging, backoff, budget, replay.
+//! - `balance`: endpoints, the picker, per-upstream state, HTTP clients.
+//! - [`config`]: where the configuration comes from and how it changes.
+//! - [`observe`]: metrics and stats, the access log, log output, spans.
+//!
+//! `docs/architecture.md` walks the request and control paths through them.
 #![forbid(unsafe_code)]
 
-pub mod access_log;
-pub mod address_map;
-pub mod admin;
-pub mod budget;
-pub mod clock;
-pub mod endpoint;
-pub mod endpoint_picker;
-pub mod failure;
-pub mod hop_by_hop;
-pub mod log_output;
-pub mod metrics;
-pub mod outcome;
-pub mod proxy;
-pub mod reload;
-pub mod replay_body;
-pub mod response_body;
+mod balance;
+mod clock;
+pub mod config;
+pub mod observe;
+mod proxy;
+mod random;
 pub mod retry;
-pub mod routes;
+pub mod run;
 pub mod server;
-pub mod subscription;
-pub mod telemetry;
-pub mod upstream;
+
+pub use observe::metrics::{EndpointStats, UpstreamStats};
+pub use proxy::local::ERROR_HEADER;
+pub use proxy::Proxy;
+pub use server::{serve_proxy, DRAIN_IDLE_GRACE, HEADER_READ_TIMEOUT};
 
 /// Errors the sidecar library reports to its binary.
 #[derive(Debug, thiserror::Error)]
@@ -37,15 +39,6 @@ pub enum Error {
     /// The configuration could not be loaded.
     #[error(transparent)]
     Config(#[from] reprise_crds::Error),
-    /// A listener could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
     /// Tracing could not be set up from the `OTEL_*` variables.
     #[error(transparent)]
     Telemetry(#[from] reprise_telemetry::Error),

@@ -1,5 +1,10 @@
-//! Listeners: the outbound proxy (HTTP/1.1 and h2c) and the admin endpoint,
-//! with graceful drain on shutdown.
+//! The listeners: the outbound proxy (HTTP/1.1 and h2c, told apart by their
+//! first bytes in [`sniff`]), with the graceful drain of [`drain`] on
+//! shutdown, and the admin endpoint ([`admin`]).
+
+pub(crate) mod admin;
+pub(crate) mod drain;
+mod sniff;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,9 +21,11 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::admin::Admin;
+pub use self::admin::{Admin, LogLevelSetter};
+use self::drain::{reached, ConnDrain, Drain, DrainPhase, ServedBody};
+use self::sniff::Protocol;
+use crate::clock;
 use crate::proxy::Proxy;
-use crate::response_body::ProxyBody;
 
 /// How long a new connection may stay silent before its first bytes, and then
 /// how long a client gets to send each whole HTTP/1 request head (request line
@@ -27,43 +34,35 @@ use crate::response_body::ProxyBody;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long, after the drain starts, an idle HTTP/1 keep-alive connection (or
-/// an accepted one that has not spoken yet) stays open. Its client could not
-/// know about the drain (its last response carried no `Connection: close`), so
-/// a request it sends in this window is still answered, with `Connection:
-/// close`; one second covers a request already on the wire plus a client's
-/// usual pause between requests without holding shutdown up for long.
-/// Connections still idle after it are closed. A request that arrives just as
-/// they close can still be lost: the window narrows that race, it cannot end it.
+/// an accepted one that has not spoken yet) stays open; for a connection
+/// whose last response was still streaming at the signal, counted from that
+/// response's end. Its client could not know about the drain (its last
+/// response carried no `Connection: close`), so a request it sends in this
+/// window is still answered, with `Connection: close`; one second covers a
+/// request already on the wire plus a client's usual pause between requests
+/// without holding shutdown up for long. Connections still quiet after it are
+/// closed. A request that arrives just as they close can still be lost: the
+/// window narrows that race, it cannot end it.
 pub const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 
 /// Most connections taken from the listen backlog when the drain starts (the
 /// kernel's default `somaxconn` is 4096; one burst of clients is what matters).
 const MAX_BACKLOG_ON_DRAIN: usize = 4096;
 
-/// Where the drain is, as seen by every connection task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Phase {
-    Serving,
-    /// Shutdown began: HTTP/1 responses carry `Connection: close`, HTTP/2
-    /// connections get GOAWAY.
-    Draining,
-    /// The grace window is over: HTTP/1 connections close once idle.
-    ClosingIdle,
-}
-
-/// Serves the proxy on `listener` until `shutdown` resolves, then drains: stops
-/// accepting, sends `Connection: close` on every HTTP/1 response and GOAWAY on
-/// HTTP/2, keeps idle HTTP/1 connections open for [`DRAIN_IDLE_GRACE`] (at
-/// most half the drain timeout) and closes them after that. Requests in flight
-/// get up to the configured drain timeout. Returns true when every connection
-/// finished within it.
+/// Serves the proxy on `listener` until `shutdown` resolves, then drains (see
+/// [`drain`]): stops accepting, sends `Connection: close` on every HTTP/1
+/// response and GOAWAY on HTTP/2, closes quiet HTTP/1 connections after
+/// [`DRAIN_IDLE_GRACE`] (at most half the drain timeout). Requests in flight,
+/// tunnels and upgraded connections get up to the configured drain timeout.
+/// Returns true when all of them finished within it.
 pub async fn serve_proxy(
     listener: TcpListener,
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    let max_head = proxy.routes().config.proxy.max_request_header_bytes;
+    let config = proxy.config();
+    let max_head = config.proxy.max_request_header_bytes;
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -74,9 +73,9 @@ pub async fn serve_proxy(
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX));
     let builder = Arc::new(builder);
-    // Every connection task holds a receiver, so `phase.closed()` also tells
+    // Every connection task holds a receiver, so `drain.closed()` also tells
     // when the last connection has finished.
-    let (phase, phase_rx) = watch::channel(Phase::Serving);
+    let (drain, drain_rx) = watch::channel(Drain::SERVING);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -90,7 +89,7 @@ pub async fn serve_proxy(
                         continue;
                     }
                 };
-                spawn_connection(stream, &proxy, &builder, &phase_rx);
+                spawn_connection(stream, &proxy, &builder, &drain_rx);
             }
             () = &mut shutdown => break,
         }
@@ -102,75 +101,85 @@ pub async fn serve_proxy(
     // in (at most a backlog's worth) and serve them like the others.
     for _ in 0..MAX_BACKLOG_ON_DRAIN {
         match listener.accept().now_or_never() {
-            Some(Ok((stream, _))) => spawn_connection(stream, &proxy, &builder, &phase_rx),
+            Some(Ok((stream, _))) => spawn_connection(stream, &proxy, &builder, &drain_rx),
             _ => break,
         }
     }
     drop(listener);
-    drop(phase_rx);
-    let _ = phase.send(Phase::Draining);
-    let drain = proxy.routes().config.proxy.drain_timeout;
-    let grace = DRAIN_IDLE_GRACE.min(drain / 2);
+    drop(drain_rx);
+    let timeout = proxy.config().proxy.drain_timeout;
+    let grace = DRAIN_IDLE_GRACE.min(timeout / 2);
+    let _ = drain.send(Drain {
+        phase: DrainPhase::Draining,
+        started_ms: clock::now_ms(),
+        grace,
+    });
     let finished = async {
         tokio::select! {
-            () = phase.closed() => return,
-            () = tokio::time::sleep(grace) => {}
+            () = drain.closed() => {}
+            () = tokio::time::sleep(grace) => {
+                drain.send_modify(|d| d.phase = DrainPhase::ClosingIdle);
+                drain.closed().await;
+            }
         }
-        let _ = phase.send(Phase::ClosingIdle);
-        phase.closed().await;
+        proxy.tunnels().idle().await;
     };
-    tokio::time::timeout(drain, finished).await.is_ok()
+    tokio::time::timeout(timeout, finished).await.is_ok()
 }
 
 fn spawn_connection(
     stream: TcpStream,
     proxy: &Arc<Proxy>,
     builder: &Arc<auto::Builder<TokioExecutor>>,
-    phase: &watch::Receiver<Phase>,
+    drain: &watch::Receiver<Drain>,
 ) {
     let _ = stream.set_nodelay(true);
     tokio::spawn(serve_connection(
         stream,
         Arc::clone(proxy),
         Arc::clone(builder),
-        phase.clone(),
+        drain.clone(),
     ));
 }
 
-/// Serves one accepted connection, following the drain `phase`.
+/// Serves one accepted connection, following the drain.
 async fn serve_connection(
     stream: TcpStream,
     proxy: Arc<Proxy>,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    mut phase: watch::Receiver<Phase>,
+    mut drain: watch::Receiver<Drain>,
 ) {
     // Biased: a client whose bytes are already here is served even if the
     // drain has started; a silent one gets the grace window, then is dropped.
-    let h2 = tokio::select! {
+    let protocol = tokio::select! {
         biased;
-        detected = detect_protocol(&stream) => match detected {
-            Some(h2) => h2,
+        detected = sniff::detect(&stream) => match detected {
+            Some(p) => p,
             None => return,
         },
-        () = reached(&mut phase, Phase::ClosingIdle) => return,
+        () = reached(&mut drain, DrainPhase::ClosingIdle) => return,
     };
-    let service = service_fn(move |req| serve_request(Arc::clone(&proxy), req));
+    let conn_drain = (protocol == Protocol::Http1).then(|| Arc::new(ConnDrain::default()));
+    let responses = conn_drain.clone();
+    let service = service_fn(move |req| serve_request(Arc::clone(&proxy), req, responses.clone()));
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(conn);
     // HTTP/2's GOAWAY lets streams in flight finish and tells the client
     // exactly which were not processed, so it goes out at once; HTTP/1 has no
-    // such signal for an idle connection, hence the grace window.
-    let shut_at = if h2 {
-        Phase::Draining
-    } else {
-        Phase::ClosingIdle
+    // such signal for an idle connection, hence the wait for a quiet one.
+    let quiet = async {
+        reached(&mut drain, DrainPhase::Draining).await;
+        if let Some(c) = &conn_drain {
+            let d = *drain.borrow();
+            c.quiet(d.started_ms, d.grace).await;
+        }
     };
     // Biased: the connection is polled before any shutdown, which would
     // otherwise cancel it while hyper is still reading its preface.
     let result = tokio::select! {
         biased;
         result = conn.as_mut() => result,
-        () = reached(&mut phase, shut_at) => {
+        () = quiet => {
             // Closes an idle HTTP/1 connection now and a busy one after its
             // response; sends GOAWAY on HTTP/2.
             conn.as_mut().graceful_shutdown();
@@ -182,18 +191,15 @@ async fn serve_connection(
     }
 }
 
-/// Resolves once the drain has reached `at` (or `serve_proxy` is gone).
-async fn reached(phase: &mut watch::Receiver<Phase>, at: Phase) {
-    let _ = phase.wait_for(|p| *p >= at).await;
-}
-
 /// Handles one request; while draining, an HTTP/1 response also carries
 /// `Connection: close`, after which hyper closes the connection, so the client
 /// opens its next request on a new connection (to a pod that is not leaving).
 async fn serve_request(
     proxy: Arc<Proxy>,
     req: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Infallible> {
+    conn: Option<Arc<ConnDrain>>,
+) -> Result<Response<ServedBody>, Infallible> {
+    let end = conn.as_ref().map(ConnDrain::request);
     let http1 = req.version() <= Version::HTTP_11;
     let connect = req.method() == Method::CONNECT;
     let mut response = Arc::clone(&proxy).handle(req).await?;
@@ -206,33 +212,7 @@ async fn serve_request(
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    Ok(response)
-}
-
-/// Waits, up to [`HEADER_READ_TIMEOUT`], until the client has sent enough to
-/// tell HTTP/1.1 from h2c: `Some(true)` for h2c (the whole HTTP/2 preface),
-/// `Some(false)` for HTTP/1; `None` when it sends nothing (or only a prefix of
-/// the preface) in that time, or closes. hyper's header read timeout only
-/// starts once the protocol is known, so without this a client that connects
-/// and stays silent would hold its connection open forever.
-async fn detect_protocol(stream: &TcpStream) -> Option<bool> {
-    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    let wait = async {
-        let mut buf = [0u8; PREFACE.len()];
-        loop {
-            match stream.peek(&mut buf).await {
-                Ok(0) | Err(_) => return None,
-                Ok(n) if n == PREFACE.len() => return Some(buf == PREFACE),
-                Ok(n) if buf[..n] != PREFACE[..n] => return Some(false),
-                // A partial preface: peek returns at once while bytes wait, so pause.
-                Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-    };
-    tokio::time::timeout(HEADER_READ_TIMEOUT, wait)
-        .await
-        .ok()
-        .flatten()
+    Ok(response.map(|body| ServedBody::new(body, end)))
 }
 
 /// Serves the admin endpoint on `listener` forever.

@@ -1,4 +1,5 @@
-//! The gateway document's `retries` block, with Reprise's extensions.
+//! An upstream's `retries` block, with Reprise's extensions (README:
+//! "`upstreams[].retries`").
 
 use std::time::Duration;
 
@@ -7,12 +8,13 @@ use serde::{Deserialize, Serialize};
 use super::common;
 use crate::config::BudgetSettings;
 use crate::policy::{
-    FailureBoundary, MethodSet, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_ATTEMPTS,
+    FailureBoundary, MethodSet, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_RETRIES,
 };
 use crate::validation::ValidationErrors;
 
-/// `retries` as written. Every field of the gateway document's Fields table, plus
-/// the rules document's settings that the gateway format lacks.
+/// `retries` as written: the gateway format's fields (attempts, budget, backoff,
+/// buffering, deadline, hedge), plus the rule settings that format lacks
+/// (methods, failure boundary, acknowledgement, endpoint reuse).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetriesSpec {
@@ -102,10 +104,10 @@ impl RetriesSpec {
         errs: &mut ValidationErrors,
     ) -> (RetryPolicy, BudgetSettings) {
         let attempts = self.attempts.unwrap_or(0);
-        if attempts > MAX_ATTEMPTS {
+        if attempts > MAX_RETRIES {
             errs.push(
                 format!("{p}.attempts"),
-                format!("must be at most {MAX_ATTEMPTS} (got {attempts})"),
+                format!("must be at most {MAX_RETRIES} (got {attempts})"),
             );
         }
         let retry_post = self.retry_post.unwrap_or(false);
@@ -140,7 +142,8 @@ impl RetriesSpec {
             None => StatusSet::from_statuses(GATEWAY_STATUSES),
             Some(list) => common::statuses(errs, &format!("{p}.retry_statuses"), list),
         };
-        // The gateway document retries 429 (honouring Retry-After) whenever status retries are on.
+        // 429 (honouring Retry-After) is retried whenever status retries are on
+        // (README: "`upstreams[].retries`", `retry_statuses`).
         let mut statuses = statuses;
         if !statuses.is_empty() {
             statuses.insert(429);
@@ -171,7 +174,7 @@ impl RetriesSpec {
             600_000,
         );
         let policy = RetryPolicy {
-            attempts: attempts.min(MAX_ATTEMPTS),
+            max_retries: attempts.min(MAX_RETRIES),
             methods,
             failure_boundary: self
                 .failure_boundary

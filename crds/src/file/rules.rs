@@ -1,4 +1,5 @@
-//! The rules document's retry rules.
+//! Retry rules (`rules:` in the file): match conditions and a policy,
+//! evaluated by priority then id (README: "`rules[]`").
 
 use std::time::Duration;
 
@@ -8,10 +9,10 @@ use super::common;
 use super::retries::{HedgeSpec, StatusEntry};
 use crate::config::Rule;
 use crate::matching::RequestMatch;
-use crate::policy::{FailureBoundary, MethodSet, RetryPolicy, MAX_ATTEMPTS};
+use crate::policy::{FailureBoundary, MethodSet, RetryPolicy, MAX_RETRIES};
 use crate::validation::ValidationErrors;
 
-/// A retry rule as written. Defaults are the rules document's safe starting
+/// A retry rule as written. Defaults are the safe starting
 /// configuration: GET and HEAD, one retry, connection-establishment boundary,
 /// transport failures only, no body buffering.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -83,10 +84,10 @@ impl RuleSpec {
             errs.push(format!("{p}.id"), "must not be empty");
         }
         let attempts = self.attempts.unwrap_or(1);
-        if attempts > MAX_ATTEMPTS {
+        if attempts > MAX_RETRIES {
             errs.push(
                 format!("{p}.attempts"),
-                format!("must be at most {MAX_ATTEMPTS} (got {attempts})"),
+                format!("must be at most {MAX_RETRIES} (got {attempts})"),
             );
         }
         let methods = match &self.methods {
@@ -152,7 +153,7 @@ impl RuleSpec {
             methods,
             request_match: self.request_match.clone(),
             policy: RetryPolicy {
-                attempts: attempts.min(MAX_ATTEMPTS),
+                max_retries: attempts.min(MAX_RETRIES),
                 methods,
                 failure_boundary: boundary,
                 retry_statuses: statuses,

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use reprise_sidecar::server::HEADER_READ_TIMEOUT;
+use reprise_sidecar::HEADER_READ_TIMEOUT;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -299,13 +299,11 @@ async fn an_invalid_chunk_size_gets_400_and_is_never_retried() {
     .await;
     let r = exchange(&streaming, bad).await;
     assert_eq!(r.status(), 400, "{}", r.text());
-    let routes = streaming.proxy.routes();
-    for e in &routes.upstreams["api"].endpoints {
+    for e in &streaming.stats("api").endpoints {
         assert_eq!(
-            e.ejections(),
-            0,
+            e.ejections, 0,
             "{:?} ejected for the client's error",
-            e.endpoint.addr
+            e.addr
         );
     }
     settle().await;

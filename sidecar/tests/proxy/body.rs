@@ -27,7 +27,7 @@ async fn a_body_within_the_cap_is_replayed_byte_for_byte() {
     }
     assert_eq!(b.count(), 6);
     assert_eq!(
-        sidecar.proxy.reservation().in_use(),
+        sidecar.proxy.replay_buffer_bytes(),
         0,
         "buffers are given back"
     );
@@ -167,5 +167,5 @@ async fn with_retries_off_a_large_body_streams_through_without_buffering() {
     let r = sidecar.send("POST", "api", "/", &body).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body.as_ref().expect("body").len(), 8 << 20);
-    assert_eq!(sidecar.proxy.reservation().in_use(), 0);
+    assert_eq!(sidecar.proxy.replay_buffer_bytes(), 0);
 }

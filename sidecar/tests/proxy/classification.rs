@@ -1,7 +1,6 @@
 //! Which failures are retried: statuses, 429 with Retry-After, transport
 //! errors, read timeouts, failure boundaries, mid-stream body errors.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::{config, Action, Sidecar, Upstream};
@@ -340,13 +339,7 @@ async fn a_body_failing_mid_stream_is_never_retried_and_feeds_passive_health() {
     assert_eq!(a.count() + b.count(), 1, "never retried");
     // Give the response body wrapper a moment to record the error.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let routes = sidecar.proxy.routes();
-    let m = &routes.upstreams["api"].metrics;
-    assert_eq!(
-        m.mid_stream_errors
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(sidecar.stats("api").response_body_errors, 1);
 }
 
 #[tokio::test]
@@ -359,12 +352,12 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
         "    passive_health: { consecutive_failures: 2, ejection_ms: 60000 }\n    retries: { attempts: 0 }\n",
     ))
     .await;
-    let endpoint = || Arc::clone(&sidecar.proxy.routes().upstreams["api"].endpoints[0]);
+    let endpoint = || sidecar.stats("api").endpoints[0].clone();
     assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 502);
-    assert!(!endpoint().is_ejected());
+    assert!(!endpoint().ejected);
     assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 502);
-    assert!(endpoint().is_ejected());
-    assert_eq!(endpoint().ejections(), 1);
+    assert!(endpoint().ejected);
+    assert_eq!(endpoint().ejections, 1);
 
     // With a healthy peer, an ejected endpoint is never picked.
     let bad = Upstream::always(Action::Reset).await;
@@ -379,7 +372,7 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
     }
     assert!(bad.count() <= 1, "picked again after its ejection");
     if bad.count() == 1 {
-        assert!(sidecar.proxy.routes().upstreams["api"].endpoints[0].is_ejected());
+        assert!(sidecar.stats("api").endpoints[0].ejected);
     }
 }
 
@@ -396,12 +389,8 @@ async fn retryable_statuses_weigh_endpoint_choice_but_never_eject() {
     for _ in 0..5 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 503);
     }
-    let routes = sidecar.proxy.routes();
-    let endpoint = &routes.upstreams["api"].endpoints[0];
-    assert!(!endpoint.is_ejected());
-    assert_eq!(endpoint.ejections(), 0);
-    assert!(
-        endpoint.failure_estimate() > 0.5,
-        "the 503s weigh its choice"
-    );
+    let endpoint = &sidecar.stats("api").endpoints[0];
+    assert!(!endpoint.ejected);
+    assert_eq!(endpoint.ejections, 0);
+    assert!(endpoint.failure_estimate > 0.5, "the 503s weigh its choice");
 }

@@ -20,8 +20,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use reprise_sidecar::proxy::Proxy;
-use reprise_sidecar::server::{serve_proxy, DRAIN_IDLE_GRACE};
+use reprise_sidecar::Proxy;
+use reprise_sidecar::{serve_proxy, DRAIN_IDLE_GRACE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -31,6 +31,9 @@ use crate::support::{config, Upstream};
 
 /// How long the upstream holds back the body of `/slow` after its headers.
 const BODY_DELAY: Duration = Duration::from_millis(300);
+
+/// How long `/slower` holds back its body: past the drain's idle grace.
+const LONG_BODY_DELAY: Duration = Duration::from_millis(DRAIN_IDLE_GRACE.as_millis() as u64 + 500);
 
 /// Bound on any single wait for the proxy, so a regression fails instead of hanging.
 const WAIT: Duration = Duration::from_secs(3);
@@ -62,8 +65,9 @@ impl Body for Delayed {
 }
 
 /// A hyper HTTP/1.1 upstream: `/slow` sends its headers at once and its body
-/// after [`BODY_DELAY`]; `/hold` waits 1 s before answering; anything else
-/// is answered at once. Request bodies are read in full.
+/// after [`BODY_DELAY`]; `/slower` the same after [`LONG_BODY_DELAY`]; `/hold`
+/// waits 1 s before answering; anything else is answered at once. Request
+/// bodies are read in full.
 async fn upstream() -> Upstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -80,10 +84,10 @@ async fn upstream() -> Upstream {
                         if path == "/hold" {
                             tokio::time::sleep(Duration::from_secs(1)).await;
                         }
-                        let delay = if path == "/slow" {
-                            BODY_DELAY
-                        } else {
-                            Duration::ZERO
+                        let delay = match path.as_str() {
+                            "/slow" => BODY_DELAY,
+                            "/slower" => LONG_BODY_DELAY,
+                            _ => Duration::ZERO,
                         };
                         let body = Delayed {
                             sleep: Box::pin(tokio::time::sleep(delay)),
@@ -297,6 +301,63 @@ async fn a_request_sent_just_after_the_drain_started_is_answered_with_connection
         sidecar.finished(WAIT).await,
         "every connection finished within the drain timeout"
     );
+}
+
+#[tokio::test]
+async fn a_request_after_a_response_that_outlived_the_grace_window_is_answered() {
+    // Measured in the soak: a body still streaming at SIGTERM that ends after
+    // the idle grace left its connection to be closed at once, and the POST
+    // the client sent on it next was dropped unread. The grace now counts from
+    // the end of that response, which could not say `Connection: close`.
+    let up = upstream().await;
+    let mut sidecar = Draining::start(&config(&[&up], "")).await;
+    let mut client = Client::connect(sidecar.addr).await;
+    client
+        .send("GET /slower HTTP/1.1\r\nHost: api\r\n\r\n")
+        .await;
+    let mut first = client.head().await;
+    assert_eq!(first.status, 200);
+    assert!(!first.closes(), "the head left before the drain: {first:?}");
+    let started = sidecar.begin().await;
+    client.body(&mut first).await;
+    assert_eq!(first.body, b"body of /slower");
+    assert!(
+        started.elapsed() > DRAIN_IDLE_GRACE,
+        "the body ended after the grace from the signal ({:?})",
+        started.elapsed()
+    );
+
+    client.send(POST).await;
+    let second = client.response().await;
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(second.body, b"body of /post");
+    assert!(second.closes(), "{second:?}");
+    assert!(client.closed_within(WAIT).await);
+    assert!(sidecar.finished(WAIT).await);
+}
+
+#[tokio::test]
+async fn an_open_tunnel_counts_as_in_flight_until_it_closes() {
+    let up = upstream().await;
+    let mut sidecar = Draining::start(&config(&[&up], "")).await;
+    let mut client = Client::connect(sidecar.addr).await;
+    client
+        .send("CONNECT api:80 HTTP/1.1\r\nHost: api:80\r\n\r\n")
+        .await;
+    let opened = client.head().await;
+    assert_eq!(opened.status, 200, "{opened:?}");
+    sidecar.begin().await;
+    // Past the grace window the tunnel still carries a request end to end.
+    tokio::time::sleep(DRAIN_IDLE_GRACE + Duration::from_millis(200)).await;
+    client.send(FAST_GET).await;
+    let through = client.response().await;
+    assert_eq!(through.body, b"body of /fast", "{through:?}");
+    assert!(
+        !sidecar.served.is_finished(),
+        "the drain waits for the open tunnel"
+    );
+    drop(client);
+    assert!(sidecar.finished(WAIT).await, "done once the tunnel closed");
 }
 
 #[tokio::test]

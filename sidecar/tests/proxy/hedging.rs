@@ -43,10 +43,7 @@ async fn a_slow_first_attempt_is_hedged_and_the_first_answer_wins() {
         (1, 1),
         "one original, one duplicate on the other endpoint"
     );
-    let hedges = sidecar.proxy.routes().upstreams["api"]
-        .metrics
-        .hedges
-        .load(Ordering::Relaxed);
+    let hedges = sidecar.stats("api").hedges;
     assert_eq!(hedges, 1);
     // A fast request is never hedged.
     let r = sidecar.send("GET", "api", "/", b"").await;

@@ -8,6 +8,7 @@ mod body;
 mod classification;
 mod cli;
 mod drain;
+mod gauges;
 mod hedging;
 mod limits;
 mod methods;

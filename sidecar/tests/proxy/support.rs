@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use reprise_sidecar::proxy::Proxy;
+use reprise_sidecar::Proxy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -336,7 +336,7 @@ impl Sidecar {
             .expect("bind sidecar");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(reprise_sidecar::server::serve_proxy(
+        tokio::spawn(reprise_sidecar::serve_proxy(
             listener,
             Arc::clone(&proxy),
             async {
@@ -396,9 +396,12 @@ impl Sidecar {
 
     /// Counter value of `outcome` for upstream `name`.
     pub fn outcomes(&self, upstream: &str, outcome: &str) -> u64 {
-        self.proxy.routes().upstreams[upstream]
-            .metrics
-            .outcome_count(outcome)
+        self.stats(upstream).outcome(outcome)
+    }
+
+    /// What upstream `name` has done so far.
+    pub fn stats(&self, name: &str) -> reprise_sidecar::UpstreamStats {
+        self.proxy.stats(name).expect("a configured upstream")
     }
 }
 

@@ -374,30 +374,29 @@ async fn a_request_forwarded_outside_every_upstream_gets_a_client_span() {
             .build()
             .expect("exporter")
     };
-    let batch = reprise_sidecar::telemetry::BatchSettings {
+    let batch = reprise_telemetry::BatchSettings {
         schedule_delay: Duration::from_millis(100),
         export_timeout: Duration::from_secs(5),
         max_queue_size: 2048,
         max_export_batch_size: 512,
     };
-    let tracing = reprise_sidecar::telemetry::Tracing::on(
-        reprise_sidecar::telemetry::Pipeline::with_exporter(
+    let tracing =
+        reprise_sidecar::observe::Tracing::on(reprise_telemetry::Pipeline::with_exporter(
             exporter,
             batch,
-            reprise_sidecar::telemetry::SERVICE,
-        ),
-    );
+            reprise_sidecar::observe::SERVICE,
+        ));
     // Kubernetes mode forwards hosts no policy covers, once, as a plain proxy.
     let mesh = Upstream::always(Action::Reply(200)).await;
     let outside = Upstream::always(Action::Reply(200)).await;
     let mut cfg = reprise_crds::file::parse(&config(&[&mesh], ""), "test").expect("config");
     cfg.proxy.forward_unknown_hosts = true;
-    let proxy = reprise_sidecar::proxy::Proxy::with_tracing(cfg, tracing);
+    let proxy = reprise_sidecar::Proxy::with_tracing(cfg, tracing);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let listen = listener.local_addr().expect("addr");
-    tokio::spawn(reprise_sidecar::server::serve_proxy(
+    tokio::spawn(reprise_sidecar::serve_proxy(
         listener,
         proxy,
         std::future::pending(),

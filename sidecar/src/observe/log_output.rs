@@ -109,7 +109,8 @@ impl BatchedWriter {
     }
 
     /// Lines dropped since the last write out (the buffer was full).
-    pub fn dropped(&self) -> u64 {
+    #[cfg(test)]
+    fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
     }
 

@@ -48,7 +48,10 @@ pub async fn watch(path: PathBuf, proxy: Arc<Proxy>, loaded: Vec<u8>) {
                 tracing::info!(path = %label, forced, "configuration reloaded");
             }
             Err(e) => {
-                proxy.metrics.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                proxy
+                    .metrics
+                    .reloads_refused
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, "reload refused; keeping the running configuration");
             }
         }

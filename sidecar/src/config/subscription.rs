@@ -22,7 +22,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
-use crate::address_map::AddressMap;
+use super::address_map::AddressMap;
 use crate::proxy::Proxy;
 
 /// Where and as whom to subscribe (from the environment; see the README).
@@ -287,7 +287,7 @@ impl Subscription {
             Err(e) => {
                 proxy
                     .metrics
-                    .reloads_failed
+                    .reloads_refused
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::error!(version = %snapshot.version, error = %e, "snapshot refused; keeping the running configuration");
                 Ack {

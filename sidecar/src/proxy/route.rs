@@ -1,13 +1,15 @@
-//! The routing table: which upstream a request goes to and which retry policy
-//! applies. Swapped atomically as a whole on every reload.
+//! The route phase: the routing table (which upstream a host names, and which
+//! retry policy a request gets), swapped atomically as a whole on every
+//! reload, and the host a request addresses.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::HeaderMap;
+use http::header::HOST;
+use http::{HeaderMap, Request};
 use reprise_crds::{Config, RetryPolicy};
 
-use crate::upstream::UpstreamState;
+use crate::balance::upstream::UpstreamState;
 
 /// A configuration ready to serve.
 #[derive(Debug)]
@@ -104,4 +106,22 @@ impl std::fmt::Display for PolicySource<'_> {
             PolicySource::Upstream => f.write_str("upstream"),
         }
     }
+}
+
+/// The host a request addresses: the absolute-form URI's host, else the Host
+/// header's, without a port.
+pub fn request_host<B>(req: &Request<B>) -> Option<&str> {
+    if let Some(h) = req.uri().host() {
+        return Some(h.trim_start_matches('[').trim_end_matches(']'));
+    }
+    let host = req.headers().get(HOST)?.to_str().ok()?;
+    let host = match host.rfind(':') {
+        Some(i)
+            if !host[i + 1..].is_empty() && host[i + 1..].bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            &host[..i]
+        }
+        _ => host,
+    };
+    (!host.is_empty()).then_some(host)
 }

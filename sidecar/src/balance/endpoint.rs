@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use http::uri::Authority;
 use reprise_crds::{Endpoint, PassiveHealth};
 
+use super::client::EndpointClient;
 use crate::clock;
 
 /// How far each attempt's outcome moves the failure estimate toward 1 (failed)
@@ -34,7 +35,7 @@ pub struct EndpointState {
     /// The configured endpoint.
     pub endpoint: Endpoint,
     /// Pooled connections to it.
-    pub client: crate::upstream::EndpointClient,
+    pub client: EndpointClient,
 
     /// `address:port`, pre-built for request URIs.
     pub authority: Authority,
@@ -55,7 +56,7 @@ pub struct InFlight<'a>(&'a EndpointState);
 
 impl EndpointState {
     /// Fresh state for `endpoint`.
-    pub fn new(endpoint: Endpoint, client: crate::upstream::EndpointClient) -> Self {
+    pub fn new(endpoint: Endpoint, client: EndpointClient) -> Self {
         let authority = Authority::try_from(endpoint.addr.to_string().as_str())
             .unwrap_or_else(|_| Authority::from_static("invalid"));
         let label = endpoint
@@ -175,7 +176,7 @@ mod tests {
 
     fn state() -> EndpointState {
         let addr: std::net::SocketAddr = "127.0.0.1:1".parse().expect("addr");
-        let client = crate::upstream::endpoint_client(
+        let client = crate::balance::client::endpoint_client(
             addr,
             reprise_crds::Protocol::Http1,
             Duration::from_secs(1),

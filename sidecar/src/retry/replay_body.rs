@@ -41,8 +41,8 @@ pub enum ReplayBody {
         data: Bytes,
         /// Trailers, if the client sent any.
         trailers: Option<HeaderMap>,
-        /// Memory held for `data`.
-        reserved: Option<Reserved>,
+        /// Memory held for `data`, given back when the body is dropped.
+        _reserved: Option<Reserved>,
     },
     /// Streams from the client; replayable only while unconsumed.
     Streaming(Arc<Mutex<StreamState>>),
@@ -142,7 +142,7 @@ impl ReplayBody {
             return Ok(ReplayBody::Buffered {
                 data: Bytes::new(),
                 trailers: None,
-                reserved: None,
+                _reserved: None,
             });
         }
         let want = match content_length {
@@ -177,7 +177,7 @@ impl ReplayBody {
         Ok(ReplayBody::Buffered {
             data: buf.freeze(),
             trailers,
-            reserved: Some(reserved),
+            _reserved: Some(reserved),
         })
     }
 
@@ -194,14 +194,6 @@ impl ReplayBody {
     /// True when the whole body is in memory (required for hedging).
     pub fn is_buffered(&self) -> bool {
         matches!(self, ReplayBody::Buffered { .. })
-    }
-
-    /// Buffered size, if buffered.
-    pub fn buffered_len(&self) -> Option<usize> {
-        match self {
-            ReplayBody::Buffered { data, .. } => Some(data.len()),
-            ReplayBody::Streaming(_) => None,
-        }
     }
 
     /// True when another attempt can send this body in full.

@@ -1,4 +1,7 @@
-//! What went wrong with one attempt, and how far it got.
+//! What went wrong with one attempt, and how far it got: the failure
+//! taxonomy every log line, metric label and span names (pinned by
+//! `names_are_stable`), and the classification of the HTTP client's errors
+//! by their types (hyper's error kinds, `io::ErrorKind`), never their text.
 
 use std::borrow::Cow;
 use std::error::Error as StdError;
@@ -36,7 +39,7 @@ pub enum FailureKind {
 
 /// How far a failed attempt got, which decides whether its failure boundary allows a retry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub enum Stage {
     /// Before the request was written: the upstream cannot have seen it.
     Connect,
     /// After the request may have reached the upstream, before response headers.
@@ -51,7 +54,7 @@ pub struct Failure<B> {
     /// What went wrong.
     pub kind: FailureKind,
     /// How far it got.
-    pub phase: Phase,
+    pub stage: Stage,
     /// The response, for a status failure (discarded if retried).
     pub response: Option<http::Response<B>>,
     /// A seconds-form `Retry-After` from that response.
@@ -100,15 +103,16 @@ impl FailureKind {
 }
 
 /// Classifies an error from the HTTP client.
-pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (FailureKind, Phase) {
+pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (FailureKind, Stage) {
     if err.is_connect() {
+        // hyper-util reports its own connect timeout as an `io::Error` of kind
+        // `TimedOut`, like the kernel's.
         let kind = match find_io(err).map(io::Error::kind) {
             Some(io::ErrorKind::ConnectionRefused) => FailureKind::ConnectRefused,
             Some(io::ErrorKind::TimedOut) => FailureKind::ConnectTimeout,
-            _ if format!("{err:?}").contains("ConnectTimeout") => FailureKind::ConnectTimeout,
             _ => FailureKind::ConnectError,
         };
-        return (kind, Phase::Connect);
+        return (kind, Stage::Connect);
     }
     let mut source: Option<&(dyn StdError + 'static)> = err.source();
     while let Some(e) = source {
@@ -117,13 +121,13 @@ pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (Failur
             // chunked framing or its dropped connection), even when it carries an
             // I/O error: that error is the client's, never the upstream's.
             if h.is_user() || (h.is_body_write_aborted() && find_io(h).is_none()) {
-                return (FailureKind::RequestBodyError, Phase::AfterWrite);
+                return (FailureKind::RequestBodyError, Stage::AfterWrite);
             }
             if h.is_parse() || h.is_parse_status() {
-                return (FailureKind::ProtocolError, Phase::AfterWrite);
+                return (FailureKind::ProtocolError, Stage::AfterWrite);
             }
             if h.is_incomplete_message() {
-                return (FailureKind::ConnectionClosed, Phase::AfterWrite);
+                return (FailureKind::ConnectionClosed, Stage::AfterWrite);
             }
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
@@ -136,12 +140,12 @@ pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (Failur
                     io::ErrorKind::TimedOut => FailureKind::ReadTimeout,
                     _ => FailureKind::Other,
                 },
-                Phase::AfterWrite,
+                Stage::AfterWrite,
             );
         }
         source = e.source();
     }
-    (FailureKind::Other, Phase::AfterWrite)
+    (FailureKind::Other, Stage::AfterWrite)
 }
 
 fn find_io<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a io::Error> {

@@ -3,8 +3,6 @@
 //! log level.
 
 use std::convert::Infallible;
-use std::fmt::Write;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -12,7 +10,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::metrics::Families;
+use crate::observe::metrics;
 use crate::proxy::Proxy;
 
 /// Changes the log filter at run time; returns an error message for a bad filter.
@@ -66,9 +64,11 @@ impl Admin {
                     ),
                 }
             }
-            (&Method::GET, "/metrics") => {
-                (StatusCode::OK, "text/plain; version=0.0.4", self.metrics())
-            }
+            (&Method::GET, "/metrics") => (
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                metrics::render(&self.proxy),
+            ),
             (&Method::PUT | &Method::POST, "/log-level") => self.set_log_level(req).await,
             (_, "/live" | "/ready" | "/config" | "/metrics" | "/log-level") => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -120,91 +120,6 @@ impl Admin {
                 format!("invalid log filter \"{filter}\": {e}\n"),
             ),
         }
-    }
-
-    fn metrics(&self) -> String {
-        let routes = self.proxy.routes();
-        let mut fams = Families::default();
-        // By configured name only: aliases point at the same state.
-        let mut names: Vec<&String> = routes.config.upstreams.iter().map(|u| &u.name).collect();
-        names.sort();
-        for name in names {
-            let Some(up) = routes.upstreams.get(name) else {
-                continue;
-            };
-            up.metrics.render(name, &mut fams);
-            fams.sample(
-                "reprise_retry_budget_remaining",
-                name,
-                up.budget.remaining(),
-            );
-            for ep in &up.endpoints {
-                let pod = ep.endpoint.name.as_deref().unwrap_or("");
-                let labels = format!(
-                    "upstream=\"{name}\",endpoint=\"{}\",pod=\"{pod}\"",
-                    ep.endpoint.addr
-                );
-                let _ = writeln!(
-                    fams.family("reprise_endpoint_in_flight"),
-                    "reprise_endpoint_in_flight{{{labels}}} {}",
-                    ep.in_flight()
-                );
-                let _ = writeln!(
-                    fams.family("reprise_endpoint_ejected"),
-                    "reprise_endpoint_ejected{{{labels}}} {}",
-                    u8::from(ep.is_ejected())
-                );
-                let _ = writeln!(
-                    fams.family("reprise_endpoint_ejections_total"),
-                    "reprise_endpoint_ejections_total{{{labels}}} {}",
-                    ep.ejections()
-                );
-            }
-        }
-        let m = &self.proxy.metrics;
-        let _ = writeln!(
-            fams.family("reprise_requests_in_flight"),
-            "reprise_requests_in_flight {}",
-            m.in_flight.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            fams.family("reprise_replay_buffer_bytes"),
-            "reprise_replay_buffer_bytes {}",
-            self.proxy.reservation().in_use()
-        );
-        let _ = writeln!(
-            fams.family("reprise_replay_buffer_limit_bytes"),
-            "reprise_replay_buffer_limit_bytes {}",
-            routes.config.proxy.replay_reservation_bytes
-        );
-        let reloads = fams.family("reprise_config_reloads_total");
-        let _ = writeln!(
-            reloads,
-            "reprise_config_reloads_total{{result=\"ok\"}} {}",
-            m.reloads_ok.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            reloads,
-            "reprise_config_reloads_total{{result=\"refused\"}} {}",
-            m.reloads_failed.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            fams.family("reprise_unknown_upstream_total"),
-            "reprise_unknown_upstream_total {}",
-            m.unknown_upstream.load(Ordering::Relaxed)
-        );
-        let spans = self.proxy.tracing().counters();
-        let _ = writeln!(
-            fams.family("reprise_trace_spans_exported_total"),
-            "reprise_trace_spans_exported_total {}",
-            spans.map_or(0, |c| c.exported())
-        );
-        let _ = writeln!(
-            fams.family("reprise_trace_spans_dropped_total"),
-            "reprise_trace_spans_dropped_total {}",
-            spans.map_or(0, |c| c.dropped())
-        );
-        fams.finish()
     }
 }
 

@@ -10,7 +10,13 @@
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::log_output::BatchedWriter;
+use http::{Method, StatusCode};
+use tokio::time::Instant;
+
+use super::log_output::BatchedWriter;
+use crate::balance::upstream::UpstreamState;
+use crate::proxy::route::PolicySource;
+use crate::retry::Report;
 
 /// The `tracing` target of access log lines.
 pub const TARGET: &str = "reprise::request";
@@ -92,6 +98,58 @@ impl AccessLog {
             ),
             Self::Json(writer) => writer.append(&entry.json_line(SystemTime::now())),
         }
+    }
+}
+
+impl AccessLog {
+    /// Logs one logical request to `upstream`: what it was, which policy
+    /// applied, what the retry loop did and what the client got.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn request(
+        &self,
+        upstream: &UpstreamState,
+        method: &Method,
+        path: &http::uri::PathAndQuery,
+        source: Option<PolicySource<'_>>,
+        max_retries: u32,
+        report: &Report,
+        status: StatusCode,
+        started: Instant,
+        trace_id: Option<String>,
+    ) {
+        let endpoint_label = |i: &usize| upstream.endpoints[*i].label.as_str();
+        let endpoints: std::borrow::Cow<'_, str> = match report.tried.as_slice() {
+            [one] => endpoint_label(one).into(),
+            tried => tried
+                .iter()
+                .map(endpoint_label)
+                .collect::<Vec<_>>()
+                .join(",")
+                .into(),
+        };
+        let rule: std::borrow::Cow<'_, str> = match source {
+            None => "none".into(),
+            Some(PolicySource::Upstream) => "upstream".into(),
+            Some(s) => s.to_string().into(),
+        };
+        self.record(&Entry {
+            upstream: &upstream.config.name,
+            method: method.as_str(),
+            path: path.path(),
+            rule: &rule,
+            attempts: report.attempts,
+            max_attempts: max_retries + 1,
+            endpoints: &endpoints,
+            outcome: report.outcome.name(),
+            reason: report.outcome.reason(),
+            first_error: &report
+                .first_error
+                .map_or(std::borrow::Cow::Borrowed(""), |k| k.name()),
+            hedged: report.hedged,
+            status: status.as_u16(),
+            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            trace_id: trace_id.as_deref().unwrap_or(""),
+        });
     }
 }
 

@@ -1,4 +1,5 @@
-//! The outcome of one logical request, as the rules document names it.
+//! The outcome of one logical request: `ok`, `recovered`, `exhausted` or
+//! `skipped`, with the reason (README: "Metrics" lists them all).
 
 /// What the retry layer did for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,8 +34,10 @@ pub enum ExhaustedBy {
 pub enum SkipReason {
     /// No policy with attempts applies to this request.
     RetriesOff,
-    /// The method is not retried by the policy (or is CONNECT/TRACE).
+    /// The method is not retried by the policy (TRACE never is).
     Method,
+    /// A CONNECT tunnel: its bytes are opaque, so it is never retried.
+    Tunnel,
     /// Protocol upgrades are never retried.
     Upgrade,
     /// A streamed body was already (partly) sent.
@@ -73,6 +76,7 @@ impl Outcome {
             Outcome::Skipped(why) => match why {
                 SkipReason::RetriesOff => "retries_off",
                 SkipReason::Method => "method",
+                SkipReason::Tunnel => "tunnel",
                 SkipReason::Upgrade => "upgrade",
                 SkipReason::BodyConsumed => "body_consumed",
                 SkipReason::FailureBoundary => "failure_boundary",

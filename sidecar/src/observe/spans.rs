@@ -17,10 +17,9 @@ use opentelemetry_semantic_conventions::attribute::{
 };
 use reprise_crds::Endpoint;
 
-use crate::failure::FailureKind;
-use crate::outcome::{ExhaustedBy, Outcome};
+use crate::proxy::route::PolicySource;
+use crate::retry::failure::FailureKind;
 use crate::retry::Report;
-use crate::routes::PolicySource;
 use reprise_telemetry::propagation;
 use reprise_telemetry::Tracing;
 
@@ -223,13 +222,9 @@ impl RequestSpan {
         self.event("budget_refused", Vec::new);
     }
 
-    /// The retry loop stopped with `outcome`: marks budget and deadline stops.
-    pub fn stopped(&self, outcome: Outcome) {
-        match outcome {
-            Outcome::Exhausted(ExhaustedBy::Budget) => self.budget_refused(),
-            Outcome::Exhausted(ExhaustedBy::Deadline) => self.event("deadline_exceeded", Vec::new),
-            _ => {}
-        }
+    /// The total deadline ended the retries.
+    pub fn deadline_exceeded(&self) {
+        self.event("deadline_exceeded", Vec::new);
     }
 
     /// Records what the retry loop did: outcome, rule and attempts.
@@ -298,11 +293,6 @@ impl RequestSpan {
 }
 
 impl AttemptSpan {
-    /// A span that records nothing.
-    pub fn off() -> Self {
-        AttemptSpan(None)
-    }
-
     /// The endpoint answered with a status the policy does not retry.
     pub fn responded(mut self, status: u16) {
         if let Some(mut span) = self.0.take() {

@@ -2,7 +2,6 @@
 //! watched for mid-stream failure, or a short local answer.
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -10,7 +9,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::upstream::UpstreamState;
+use crate::balance::upstream::UpstreamState;
 
 /// A response body towards the client.
 #[derive(Debug)]
@@ -56,10 +55,7 @@ impl Body for ProxyBody {
             } => {
                 let polled = Pin::new(inner).poll_frame(cx);
                 if let Poll::Ready(Some(Err(e))) = &polled {
-                    upstream
-                        .metrics
-                        .mid_stream_errors
-                        .fetch_add(1, Ordering::Relaxed);
+                    upstream.metrics.record_response_body_error();
                     let state = &upstream.endpoints[*endpoint];
                     state.record_outcome(true);
                     state.record_failure(&upstream.config.passive_health);

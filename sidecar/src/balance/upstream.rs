@@ -1,0 +1,65 @@
+//! One upstream's live state: its endpoints, retry budget and metrics, kept
+//! across reloads.
+
+use std::sync::Arc;
+
+use reprise_crds::Upstream;
+
+use super::client::endpoint_client;
+use super::endpoint::EndpointState;
+use crate::observe::metrics::UpstreamMetrics;
+use crate::retry::budget::RetryBudget;
+
+/// An upstream as the proxy runs it. Rebuilt on every reload, but its budget,
+/// metrics and each endpoint's state (with its connection pool) carry over.
+#[derive(Debug)]
+pub(crate) struct UpstreamState {
+    /// The resolved configuration.
+    pub(crate) config: Upstream,
+    /// Live endpoint state, in configuration order.
+    pub(crate) endpoints: Vec<Arc<EndpointState>>,
+    /// The rolling retry budget.
+    pub(crate) budget: Arc<RetryBudget>,
+    /// Counters and histograms.
+    pub(crate) metrics: Arc<UpstreamMetrics>,
+}
+
+impl UpstreamState {
+    /// Builds the state for `config`, keeping what `previous` (the same upstream
+    /// before a reload) had accumulated.
+    pub(crate) fn new(config: Upstream, previous: Option<&UpstreamState>) -> Self {
+        let same_transport = previous.is_some_and(|p| {
+            p.config.protocol == config.protocol
+                && p.config.connect_timeout == config.connect_timeout
+        });
+        let endpoints = config
+            .endpoints
+            .iter()
+            .map(|e| {
+                previous
+                    .filter(|_| same_transport)
+                    .and_then(|p| p.endpoints.iter().find(|s| s.endpoint == *e))
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        Arc::new(EndpointState::new(
+                            e.clone(),
+                            endpoint_client(e.addr, config.protocol, config.connect_timeout),
+                        ))
+                    })
+            })
+            .collect();
+        let budget = match previous {
+            Some(p) if p.budget.same_window(&config.budget) => {
+                p.budget.update(&config.budget);
+                Arc::clone(&p.budget)
+            }
+            _ => Arc::new(RetryBudget::new(&config.budget)),
+        };
+        Self {
+            metrics: previous.map(|p| Arc::clone(&p.metrics)).unwrap_or_default(),
+            config,
+            endpoints,
+            budget,
+        }
+    }
+}

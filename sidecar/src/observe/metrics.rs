@@ -1,0 +1,409 @@
+//! Counters behind `/metrics`, and the read-only [`UpstreamStats`] snapshot
+//! that both the Prometheus text and callers (tests, tools) read, so there is
+//! one way to look at what the proxy has done.
+//!
+//! Hot-path counters are relaxed atomics; the per-reason maps are touched only
+//! when an attempt fails or a request is not plainly `ok`/`recovered`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use reprise_telemetry::prometheus::{Exposition, Family, Gauge, Histogram, Kind};
+
+use crate::balance::upstream::UpstreamState;
+use crate::proxy::Proxy;
+use crate::retry::outcome::Outcome;
+
+/// Upper bounds of the attempt latency histogram, in seconds.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Metrics of one upstream; kept across reloads while the upstream exists.
+#[derive(Debug)]
+pub(crate) struct UpstreamMetrics {
+    ok: AtomicU64,
+    recovered: AtomicU64,
+    outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    retries: Mutex<BTreeMap<String, u64>>,
+    budget_refusals: AtomicU64,
+    hedges: AtomicU64,
+    response_body_errors: AtomicU64,
+    attempt_latency: Histogram<14>,
+}
+
+/// Process-wide metrics.
+#[derive(Debug, Default)]
+pub(crate) struct ProxyMetrics {
+    /// Logical requests being handled now, each counted once however many
+    /// attempts it makes; a guard per request, so a cancelled one leaves nothing.
+    pub(crate) in_flight: Gauge,
+    /// Successful configuration loads.
+    pub(crate) reloads_ok: AtomicU64,
+    /// Refused configuration loads.
+    pub(crate) reloads_refused: AtomicU64,
+    /// Requests for a host that names no upstream.
+    pub(crate) unknown_upstream: AtomicU64,
+}
+
+/// What one upstream has done so far, read at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamStats {
+    /// Finished requests by outcome and reason (`ok` and `recovered` have no reason).
+    pub outcomes: BTreeMap<(&'static str, &'static str), u64>,
+    /// Retries issued, by the failure kind that caused them.
+    pub retries: BTreeMap<String, u64>,
+    /// Requests the retry budget counts in its window.
+    pub budget_requests: u64,
+    /// Retries the retry budget counts in its window.
+    pub budget_retries: u64,
+    /// Retries the budget still allows in its window.
+    pub budget_remaining: u64,
+    /// Retries and hedges the budget refused.
+    pub budget_refusals: u64,
+    /// Speculative duplicates sent.
+    pub hedges: u64,
+    /// Response bodies that failed after their headers went to the client.
+    pub response_body_errors: u64,
+    /// Each endpoint, in configuration order.
+    pub endpoints: Vec<EndpointStats>,
+}
+
+/// One endpoint's state, read at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndpointStats {
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its name (the pod, in Kubernetes).
+    pub name: Option<String>,
+    /// Attempts waiting on it now.
+    pub in_flight: u32,
+    /// True while passive health has it ejected.
+    pub ejected: bool,
+    /// Times passive health ejected it.
+    pub ejections: u64,
+    /// The share of recent attempts that failed, decayed (0 when none did).
+    pub failure_estimate: f64,
+}
+
+impl Default for UpstreamMetrics {
+    fn default() -> Self {
+        Self {
+            ok: AtomicU64::new(0),
+            recovered: AtomicU64::new(0),
+            outcomes: Mutex::default(),
+            retries: Mutex::default(),
+            budget_refusals: AtomicU64::new(0),
+            hedges: AtomicU64::new(0),
+            response_body_errors: AtomicU64::new(0),
+            attempt_latency: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
+}
+
+impl UpstreamMetrics {
+    /// Counts a finished logical request.
+    pub(crate) fn record_outcome(&self, outcome: Outcome) {
+        match outcome {
+            Outcome::Ok => {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Recovered => {
+                self.recovered.fetch_add(1, Ordering::Relaxed);
+            }
+            other => {
+                let mut map = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+                *map.entry((other.name(), other.reason())).or_default() += 1;
+            }
+        }
+    }
+
+    /// Counts a retry issued after a failure of `kind`.
+    pub(crate) fn record_retry(&self, kind: &str) {
+        let mut map = self.retries.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get_mut(kind) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert(kind.to_string(), 1);
+            }
+        }
+    }
+
+    /// Counts a retry or hedge the budget refused.
+    pub(crate) fn record_budget_refusal(&self) {
+        self.budget_refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a hedge sent.
+    pub(crate) fn record_hedge(&self) {
+        self.hedges.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a response body that failed mid-stream.
+    pub(crate) fn record_response_body_error(&self) {
+        self.response_body_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records one attempt's time to response headers (or failure).
+    pub(crate) fn record_attempt(&self, elapsed: Duration) {
+        self.attempt_latency.observe(elapsed);
+    }
+}
+
+impl UpstreamStats {
+    /// The stats of `up` now.
+    pub(crate) fn of(up: &UpstreamState) -> Self {
+        let m = &up.metrics;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut outcomes = m.outcomes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        outcomes.insert(("ok", ""), load(&m.ok));
+        outcomes.insert(("recovered", ""), load(&m.recovered));
+        let (budget_requests, budget_retries) = up.budget.totals();
+        Self {
+            outcomes,
+            retries: m.retries.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            budget_requests,
+            budget_retries,
+            budget_remaining: up.budget.remaining(),
+            budget_refusals: load(&m.budget_refusals),
+            hedges: load(&m.hedges),
+            response_body_errors: load(&m.response_body_errors),
+            endpoints: up
+                .endpoints
+                .iter()
+                .map(|e| EndpointStats {
+                    addr: e.endpoint.addr,
+                    name: e.endpoint.name.clone(),
+                    in_flight: e.in_flight(),
+                    ejected: e.is_ejected(),
+                    ejections: e.ejections(),
+                    failure_estimate: e.failure_estimate(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Requests finished so far with outcome `name` (e.g. `recovered`), any reason.
+    pub fn outcome(&self, name: &str) -> u64 {
+        self.outcomes
+            .iter()
+            .filter(|((n, _), _)| *n == name)
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+/// The `/metrics` text of `proxy`.
+pub(crate) fn render(proxy: &Proxy) -> String {
+    let routes = proxy.routes();
+    let mut out = Exposition::new(FAMILIES);
+    // By configured name only: aliases point at the same state.
+    let mut names: Vec<&String> = routes.config.upstreams.iter().map(|u| &u.name).collect();
+    names.sort();
+    for name in names {
+        let Some(up) = routes.upstreams.get(name) else {
+            continue;
+        };
+        let stats = UpstreamStats::of(up);
+        let upstream = [("upstream", name.as_str())];
+        // `ok` and `recovered` first, then the rest in order, as before.
+        for key in [("ok", ""), ("recovered", "")] {
+            let n = stats.outcomes.get(&key).copied().unwrap_or(0);
+            outcome_sample(&mut out, name, key, n);
+        }
+        for (key, n) in stats
+            .outcomes
+            .iter()
+            .filter(|((o, _), _)| !matches!(*o, "ok" | "recovered"))
+        {
+            outcome_sample(&mut out, name, *key, *n);
+        }
+        for (kind, n) in &stats.retries {
+            out.sample(
+                "reprise_retries_total",
+                &[("upstream", name), ("kind", kind)],
+                n,
+            );
+        }
+        out.sample(
+            "reprise_retry_budget_refusals_total",
+            &upstream,
+            stats.budget_refusals,
+        );
+        out.sample("reprise_hedges_total", &upstream, stats.hedges);
+        out.sample(
+            "reprise_response_body_errors_total",
+            &upstream,
+            stats.response_body_errors,
+        );
+        up.metrics.attempt_latency.render(
+            &mut out,
+            "reprise_upstream_attempt_duration_seconds",
+            &upstream,
+        );
+        out.sample(
+            "reprise_retry_budget_remaining",
+            &upstream,
+            stats.budget_remaining,
+        );
+        for e in &stats.endpoints {
+            let addr = e.addr.to_string();
+            let labels = [
+                ("upstream", name.as_str()),
+                ("endpoint", addr.as_str()),
+                ("pod", e.name.as_deref().unwrap_or("")),
+            ];
+            out.sample("reprise_endpoint_in_flight", &labels, e.in_flight);
+            out.sample("reprise_endpoint_ejected", &labels, u8::from(e.ejected));
+            out.sample("reprise_endpoint_ejections_total", &labels, e.ejections);
+        }
+    }
+    let m = &proxy.metrics;
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    out.sample("reprise_requests_in_flight", &[], m.in_flight.get());
+    out.sample(
+        "reprise_replay_buffer_bytes",
+        &[],
+        proxy.reservation().in_use(),
+    );
+    out.sample(
+        "reprise_replay_buffer_limit_bytes",
+        &[],
+        routes.config.proxy.replay_reservation_bytes,
+    );
+    out.sample(
+        "reprise_config_reloads_total",
+        &[("result", "ok")],
+        load(&m.reloads_ok),
+    );
+    out.sample(
+        "reprise_config_reloads_total",
+        &[("result", "refused")],
+        load(&m.reloads_refused),
+    );
+    out.sample(
+        "reprise_unknown_upstream_total",
+        &[],
+        load(&m.unknown_upstream),
+    );
+    let spans = proxy.tracing().counters();
+    out.sample(
+        "reprise_trace_spans_exported_total",
+        &[],
+        spans.map_or(0, |c| c.exported()),
+    );
+    out.sample(
+        "reprise_trace_spans_dropped_total",
+        &[],
+        spans.map_or(0, |c| c.dropped()),
+    );
+    out.finish()
+}
+
+fn outcome_sample(out: &mut Exposition, upstream: &str, key: (&str, &str), n: u64) {
+    out.sample(
+        "reprise_requests_total",
+        &[
+            ("upstream", upstream),
+            ("outcome", key.0),
+            ("reason", key.1),
+        ],
+        n,
+    );
+}
+
+const fn family(name: &'static str, kind: Kind, help: &'static str) -> Family {
+    Family { name, kind, help }
+}
+
+/// Every family, in exposition order, with its HELP text: names stay stable here.
+const FAMILIES: &[Family] = &[
+    family(
+        "reprise_requests_total",
+        Kind::Counter,
+        "Logical requests by upstream, outcome (ok, recovered, exhausted, skipped) and reason.",
+    ),
+    family(
+        "reprise_retries_total",
+        Kind::Counter,
+        "Retries issued, by the error kind of the failed attempt.",
+    ),
+    family(
+        "reprise_retry_budget_refusals_total",
+        Kind::Counter,
+        "Retries refused by the upstream's retry budget.",
+    ),
+    family(
+        "reprise_retry_budget_remaining",
+        Kind::Gauge,
+        "Retries the upstream's budget still allows in the current window.",
+    ),
+    family(
+        "reprise_hedges_total",
+        Kind::Counter,
+        "Speculative duplicate attempts sent.",
+    ),
+    family(
+        "reprise_response_body_errors_total",
+        Kind::Counter,
+        "Response bodies that failed mid-stream (never retried).",
+    ),
+    family(
+        "reprise_upstream_attempt_duration_seconds",
+        Kind::Histogram,
+        "Time from sending an attempt to its response headers or failure.",
+    ),
+    family(
+        "reprise_endpoint_in_flight",
+        Kind::Gauge,
+        "Attempts waiting on each endpoint.",
+    ),
+    family(
+        "reprise_endpoint_ejected",
+        Kind::Gauge,
+        "1 while passive health has the endpoint ejected.",
+    ),
+    family(
+        "reprise_endpoint_ejections_total",
+        Kind::Counter,
+        "Times passive health ejected the endpoint.",
+    ),
+    family(
+        "reprise_requests_in_flight",
+        Kind::Gauge,
+        "Logical requests being handled, each counted once.",
+    ),
+    family(
+        "reprise_replay_buffer_bytes",
+        Kind::Gauge,
+        "Bytes held by request replay buffers.",
+    ),
+    family(
+        "reprise_replay_buffer_limit_bytes",
+        Kind::Gauge,
+        "Reservation all replay buffers share.",
+    ),
+    family(
+        "reprise_config_reloads_total",
+        Kind::Counter,
+        "Configuration loads by result (ok, refused).",
+    ),
+    family(
+        "reprise_unknown_upstream_total",
+        Kind::Counter,
+        "Requests for a host that names no upstream.",
+    ),
+    family(
+        "reprise_trace_spans_exported_total",
+        Kind::Counter,
+        "Spans the OTLP collector accepted (0 while tracing is off).",
+    ),
+    family(
+        "reprise_trace_spans_dropped_total",
+        Kind::Counter,
+        "Spans dropped: export queue full, collector unreachable or export timed out.",
+    ),
+];

@@ -1,0 +1,55 @@
+//! The admit phase: which policy applies to a request and whether a failure
+//! of it may be retried at all, decided before anything is sent. The first
+//! enabled rule that matches wins (by priority, then id), else the upstream's
+//! own `retries` block; upgrades and methods the policy does not retry are
+//! skipped up front.
+
+use http::Method;
+
+use super::route::{ChosenPolicy, Routes};
+use crate::balance::upstream::UpstreamState;
+use crate::retry::outcome::SkipReason;
+use crate::retry::Plan;
+
+/// What the admit phase decided.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Admission<'a> {
+    /// The policy and where it came from, when one applies.
+    pub(crate) chosen: Option<ChosenPolicy<'a>>,
+    /// What the retry loop may do.
+    pub(crate) plan: Plan<'a>,
+}
+
+/// Admits a request of `method` to `path` with `headers` for `upstream`.
+pub(crate) fn admit<'a>(
+    routes: &'a Routes,
+    upstream: &'a UpstreamState,
+    method: &Method,
+    path: &str,
+    headers: &http::HeaderMap,
+    upgrade: bool,
+) -> Admission<'a> {
+    let chosen = routes.policy_for(upstream, method.as_str(), path, headers);
+    let policy = chosen.map(|c| c.policy);
+    let skip = if upgrade {
+        Some(SkipReason::Upgrade)
+    } else {
+        match policy {
+            None => Some(SkipReason::RetriesOff),
+            Some(p) if !p.enabled() => Some(SkipReason::RetriesOff),
+            Some(p) if !p.methods.contains(method.as_str()) => Some(SkipReason::Method),
+            Some(_) => None,
+        }
+    };
+    Admission {
+        chosen,
+        plan: Plan { policy, skip },
+    }
+}
+
+impl Admission<'_> {
+    /// Retries the policy allows beyond the first attempt (0 without one).
+    pub(crate) fn max_retries(&self) -> u32 {
+        self.plan.policy.map_or(0, |p| p.max_retries)
+    }
+}

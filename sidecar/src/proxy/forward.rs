@@ -1,0 +1,71 @@
+//! Hosts outside every upstream, in Kubernetes mode: forwarded once, as a
+//! plain proxy would, so that `HTTP_PROXY` pointing at the sidecar does not
+//! break the application's other calls. Never retried.
+
+use http::header::{HeaderValue, HOST};
+use http::{Method, Request, Response, Version};
+use hyper::body::Incoming;
+
+use super::body::ProxyBody;
+use super::hop_by_hop;
+use super::local::Local;
+use crate::balance::client::PassthroughClient;
+use crate::observe::spans::RequestSpan;
+use crate::retry::failure::classify_client_error;
+use crate::retry::replay_body::AttemptBody;
+
+/// Forwards `req` to the host it names.
+pub(crate) async fn forward(
+    client: &PassthroughClient,
+    req: Request<Incoming>,
+    span: &RequestSpan,
+) -> Response<ProxyBody> {
+    if req.method() == Method::CONNECT {
+        return Local::ConnectOutside.into_response();
+    }
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            req.headers()
+                .get(HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        });
+    let Some(authority) = authority else {
+        return Local::MissingHost.into_response();
+    };
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let Ok(uri) = format!("http://{authority}{path}").parse::<http::Uri>() else {
+        return Local::BadUri.into_response();
+    };
+    if !parts.headers.contains_key(HOST) {
+        if let Ok(v) = HeaderValue::from_str(&authority) {
+            parts.headers.insert(HOST, v);
+        }
+    }
+    hop_by_hop::strip(&mut parts.headers, false);
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    let mut request = Request::from_parts(parts, AttemptBody::Direct(body));
+    let attempt = span.forwarded(&authority, &mut request);
+    match client.request(request).await {
+        Ok(response) => {
+            attempt.responded(response.status().as_u16());
+            let (mut parts, body) = response.into_parts();
+            hop_by_hop::strip(&mut parts.headers, false);
+            Response::from_parts(parts, ProxyBody::Passthrough(body))
+        }
+        Err(e) => {
+            let (kind, _) = classify_client_error(&e);
+            attempt.failed(kind, None);
+            Local::Forward {
+                authority: &authority,
+                kind,
+            }
+            .into_response()
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The answers the sidecar gives itself, when no upstream response can be
+//! passed on: one type, so every local answer carries its status, its error
+//! kind in `x-reprise-error` and a one-line explanation the same way.
+
+use std::borrow::Cow;
+
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Response, StatusCode};
+
+use super::body::ProxyBody;
+use crate::retry::FailureKind;
+
+/// Response header naming the local failure the sidecar answered for.
+pub const ERROR_HEADER: &str = "x-reprise-error";
+
+/// Why the sidecar answers a request itself.
+#[derive(Debug)]
+pub(crate) enum Local<'a> {
+    /// Neither an absolute URI nor a Host header names a host.
+    MissingHost,
+    /// No upstream answers to this host.
+    UnknownUpstream(&'a str),
+    /// A host outside every upstream with a URI that cannot be forwarded.
+    BadUri,
+    /// The client's request body failed while it was being buffered.
+    RequestBody,
+    /// CONNECT to a host outside every upstream (not forwarded).
+    ConnectOutside,
+    /// The upstream's attempts ended without a response to pass on.
+    Failed {
+        upstream: &'a str,
+        kind: FailureKind,
+        attempts: u32,
+    },
+    /// The upstream has no endpoints.
+    NoEndpoint(&'a str),
+    /// A CONNECT tunnel's connection to the endpoint failed.
+    TunnelConnect(std::io::Error),
+    /// A CONNECT tunnel's connection to the endpoint timed out.
+    TunnelTimeout,
+    /// Forwarding to a host outside every upstream failed.
+    Forward {
+        authority: &'a str,
+        kind: FailureKind,
+    },
+}
+
+impl Local<'_> {
+    /// The status the client gets.
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Local::MissingHost | Local::BadUri | Local::RequestBody => StatusCode::BAD_REQUEST,
+            Local::UnknownUpstream(_) | Local::TunnelConnect(_) => StatusCode::BAD_GATEWAY,
+            Local::ConnectOutside => StatusCode::METHOD_NOT_ALLOWED,
+            Local::Failed { kind, .. } | Local::Forward { kind, .. } => kind.status(),
+            Local::NoEndpoint(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Local::TunnelTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The error kind in `x-reprise-error`.
+    pub(crate) fn kind(&self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
+            Local::MissingHost => "missing_host",
+            Local::UnknownUpstream(_) => "unknown_upstream",
+            Local::BadUri => "bad_uri",
+            Local::RequestBody => "request_body_error",
+            Local::ConnectOutside => "connect_unsupported",
+            Local::Failed { kind, .. } | Local::Forward { kind, .. } => return kind.name(),
+            Local::NoEndpoint(_) => "no_endpoint",
+            Local::TunnelConnect(_) => "connect_error",
+            Local::TunnelTimeout => "connect_timeout",
+        })
+    }
+
+    /// The one-line body.
+    fn message(&self) -> String {
+        match self {
+            Local::MissingHost => {
+                "reprise: the request names no host (absolute URI or Host header)\n".into()
+            }
+            Local::UnknownUpstream(host) => format!("reprise: no upstream named \"{host}\"\n"),
+            Local::BadUri => "reprise: cannot forward this URI\n".into(),
+            Local::RequestBody => "reprise: reading the request body failed\n".into(),
+            Local::ConnectOutside => {
+                "reprise: CONNECT to a host outside the mesh is not supported; add it to NO_PROXY\n"
+                    .into()
+            }
+            Local::Failed {
+                upstream,
+                kind,
+                attempts,
+            } => format!(
+                "reprise: upstream \"{upstream}\" failed: {} after {attempts} attempt(s)\n",
+                kind.name()
+            ),
+            Local::NoEndpoint(upstream) => {
+                format!("reprise: upstream \"{upstream}\" has no endpoints\n")
+            }
+            Local::TunnelConnect(e) => format!("reprise: tunnel connect failed: {e}\n"),
+            Local::TunnelTimeout => "reprise: tunnel connect timed out\n".into(),
+            Local::Forward { authority, kind } => format!(
+                "reprise: forwarding to {authority} failed: {}\n",
+                kind.name()
+            ),
+        }
+    }
+
+    /// The response: status, `x-reprise-error`, a plain-text explanation.
+    pub(crate) fn into_response(self) -> Response<ProxyBody> {
+        let mut response = Response::new(ProxyBody::text(self.message()));
+        *response.status_mut() = self.status();
+        if let Ok(v) = HeaderValue::from_str(&self.kind()) {
+            response.headers_mut().insert(ERROR_HEADER, v);
+        }
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    }
+}

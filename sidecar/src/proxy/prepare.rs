@@ -1,0 +1,88 @@
+//! The prepare phase: the client's request made ready to send any number of
+//! times. Hop-by-hop headers go, the host the client addressed is kept (as
+//! `Host` on HTTP/1, `:authority` on HTTP/2), and the body is buffered for
+//! replay when the policy allows and it fits, or left to stream.
+
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::request::Parts;
+use http::uri::{Authority, PathAndQuery};
+use http::Version;
+use hyper::body::Incoming;
+use reprise_crds::{Protocol, RetryPolicy};
+
+use super::hop_by_hop;
+use super::local::Local;
+use crate::balance::upstream::UpstreamState;
+use crate::retry::attempt::RequestTemplate;
+use crate::retry::replay_body::{ReplayBody, ReplayReservation};
+use crate::retry::BodySource;
+
+/// The request head, ready to be repeated for each attempt.
+pub(crate) fn template(
+    mut parts: Parts,
+    upstream: &UpstreamState,
+    upgrade: bool,
+) -> RequestTemplate {
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    if !parts.headers.contains_key(HOST) {
+        if let Some(authority) = parts.uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+                parts.headers.insert(HOST, v);
+            }
+        }
+    }
+    hop_by_hop::strip(&mut parts.headers, upgrade);
+    // The host the client addressed travels as HTTP/2's :authority or HTTP/1's
+    // Host; an HTTP/2 request must not also carry a different Host (RFC 9113 §8.3.1).
+    let authority = parts
+        .headers
+        .get(HOST)
+        .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+        .or_else(|| parts.uri.authority().cloned());
+    let version = match upstream.config.protocol {
+        Protocol::Http1 => Version::HTTP_11,
+        Protocol::H2c => {
+            parts.headers.remove(HOST);
+            Version::HTTP_2
+        }
+    };
+    RequestTemplate {
+        method: parts.method,
+        path_and_query: path,
+        version,
+        headers: parts.headers,
+        attempts_sent: 0,
+        authority,
+    }
+}
+
+/// The body as the retry loop will send it: buffered for replay under
+/// `policy` when a retry is possible, else streamed as is. Never refuses a
+/// request for want of memory; fails only when the client's body does.
+pub(crate) async fn body(
+    body: Incoming,
+    retry_policy: Option<&RetryPolicy>,
+    template: &RequestTemplate,
+    reservation: &std::sync::Arc<ReplayReservation>,
+    upstream: &str,
+) -> Result<BodySource, Local<'static>> {
+    let Some(p) = retry_policy else {
+        return Ok(BodySource::Direct(Some(body)));
+    };
+    let length = template
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match ReplayBody::prepare(body, length, p.replay_limit_bytes, reservation).await {
+        Ok(b) => Ok(BodySource::Replay(b)),
+        Err(e) => {
+            tracing::info!(upstream, error = %e, "client request body failed while buffering");
+            Err(Local::RequestBody)
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The respond phase: what the client gets once the retry loop has decided.
+//! An upstream response goes out with its hop-by-hop headers removed and its
+//! body watched for mid-stream failure; a `101` to an upgrade request bridges
+//! the two connections; anything else is a local answer.
+
+use std::sync::Arc;
+
+use http::{Response, StatusCode};
+use hyper::upgrade::OnUpgrade;
+
+use super::body::ProxyBody;
+use super::hop_by_hop;
+use super::local::Local;
+use super::tunnel::{self, Tunnels};
+use crate::balance::upstream::UpstreamState;
+use crate::retry::{Final, Report};
+
+/// The response to the client for `fin`.
+pub(crate) fn respond(
+    fin: Final,
+    report: &Report,
+    client_upgrade: Option<OnUpgrade>,
+    upstream: &Arc<UpstreamState>,
+    tunnels: &Tunnels,
+) -> Response<ProxyBody> {
+    match fin {
+        Final::Upstream {
+            mut response,
+            endpoint,
+        } => match client_upgrade {
+            Some(client) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                let server = hyper::upgrade::on(&mut response);
+                tunnel::bridge(client, server, tunnels);
+                let (parts, _) = response.into_parts();
+                Response::from_parts(parts, ProxyBody::Local(None))
+            }
+            _ => {
+                let (mut parts, inner) = response.into_parts();
+                hop_by_hop::strip(&mut parts.headers, false);
+                Response::from_parts(
+                    parts,
+                    ProxyBody::Upstream {
+                        inner,
+                        upstream: Arc::clone(upstream),
+                        endpoint,
+                    },
+                )
+            }
+        },
+        Final::Local(kind) => Local::Failed {
+            upstream: &upstream.config.name,
+            kind,
+            attempts: report.attempts,
+        }
+        .into_response(),
+        Final::NoEndpoint => Local::NoEndpoint(&upstream.config.name).into_response(),
+    }
+}

@@ -1,0 +1,72 @@
+//! Hedging: when an attempt has waited the policy's delay without response
+//! headers, one speculative duplicate goes to another endpoint, if the same
+//! gates a retry passes let it (attempt cap, alternate endpoint, budget,
+//! deadline). The first final answer wins and the other attempt is cancelled
+//! (dropped: its span ends marked cancelled). Only buffered bodies are hedged.
+
+use std::time::Duration;
+
+use super::attempt::{self, Attempted, RequestTemplate};
+use super::gate::{self, Decision, Trigger};
+use super::verdict;
+use super::{BodySource, RetryState};
+use crate::observe::spans::RequestSpan;
+use crate::random::Random;
+
+/// Sends the attempt to `endpoint` and, if it is still waiting after `delay`,
+/// a hedge. Returns the attempt that decides the request; when both fail,
+/// the one that failed first has already been settled (its failure counts
+/// for health and reporting) and the later one is returned.
+pub(crate) async fn race(
+    state: &mut RetryState<'_>,
+    template: &mut RequestTemplate,
+    body: &BodySource,
+    endpoint: usize,
+    delay: Duration,
+    trace: &RequestSpan,
+    random: &mut dyn Random,
+) -> Attempted {
+    let BodySource::Replay(replay) = body else {
+        unreachable!("hedging needs a buffered body");
+    };
+    let up = state.up;
+    let (request, span) = template.request(up, endpoint, replay.for_attempt(), false, trace, false);
+    let first = attempt::send(up, endpoint, request, span, state.attempt_timeout());
+    tokio::pin!(first);
+    tokio::select! {
+        done = &mut first => return done,
+        () = tokio::time::sleep(delay) => {}
+    }
+    let second_endpoint = match gate::decide(Trigger::Slow, state, body, random) {
+        Decision::Go { endpoint, .. } => endpoint,
+        Decision::Stop(outcome) => {
+            state.refused(outcome, trace);
+            return first.await;
+        }
+    };
+    state.hedging(second_endpoint, delay, trace);
+    let (request, span) = template.request(
+        up,
+        second_endpoint,
+        replay.for_attempt(),
+        false,
+        trace,
+        true,
+    );
+    let second = attempt::send(up, second_endpoint, request, span, state.attempt_timeout());
+    tokio::pin!(second);
+    let (done, first_won) = tokio::select! {
+        a = &mut first => (a, true),
+        b = &mut second => (b, false),
+    };
+    if verdict::is_final(&done, state.plan.policy) {
+        return done;
+    }
+    // The first to answer failed: it counts, and the other decides.
+    let _ = verdict::settle(state, done);
+    if first_won {
+        second.await
+    } else {
+        first.await
+    }
+}

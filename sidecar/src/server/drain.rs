@@ -1,0 +1,202 @@
+//! The drain after SIGTERM, as every connection task sees it.
+//!
+//! From the signal on, every HTTP/1 response whose headers are not yet out
+//! carries `Connection: close`, so its client reconnects (to a pod that is not
+//! leaving), and HTTP/2 connections get GOAWAY at once. An HTTP/1 connection
+//! whose last response could not say so (its headers left before the signal)
+//! may still receive a request from a client that knows nothing: it stays
+//! open for a grace period counted from the later of the signal and the end
+//! of that response, answers what arrives with `Connection: close`, and is
+//! closed once quiet that long. A response still streaming when the signal
+//! comes thus gets its full grace after it ends, not a grace that ran out
+//! while it streamed (the soak's lost POST).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::sync::{watch, Notify};
+
+use crate::clock;
+use crate::proxy::body::ProxyBody;
+
+/// How far the drain has got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum DrainPhase {
+    /// No drain yet.
+    Serving,
+    /// The signal came: responses say `Connection: close`, HTTP/2 gets GOAWAY.
+    Draining,
+    /// The grace window from the signal is over: connections that have not
+    /// sent a byte yet are closed.
+    ClosingIdle,
+}
+
+/// The drain as broadcast to connection tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Drain {
+    pub(crate) phase: DrainPhase,
+    /// When the signal came (`clock::now_ms`), once draining.
+    pub(crate) started_ms: u64,
+    /// How long an HTTP/1 connection stays open once quiet.
+    pub(crate) grace: Duration,
+}
+
+impl Drain {
+    /// Before any signal.
+    pub(crate) const SERVING: Drain = Drain {
+        phase: DrainPhase::Serving,
+        started_ms: 0,
+        grace: Duration::ZERO,
+    };
+}
+
+/// Resolves once the drain has reached `at` (or the drain's sender is gone).
+pub(crate) async fn reached(drain: &mut watch::Receiver<Drain>, at: DrainPhase) {
+    let _ = drain.wait_for(|d| d.phase >= at).await;
+}
+
+/// One HTTP/1 connection's responses, as far as the drain cares.
+#[derive(Debug, Default)]
+pub(crate) struct ConnDrain {
+    /// Requests whose response has not ended yet (body sent or dropped).
+    open: AtomicU32,
+    /// When the last response ended, recorded only once someone watches.
+    quiet_since_ms: AtomicU64,
+    /// Set when the connection task waits on `changed`.
+    watching: AtomicBool,
+    changed: Notify,
+}
+
+/// Held from a request's arrival to the end of its response.
+#[derive(Debug)]
+pub(crate) struct ResponseGuard(Arc<ConnDrain>);
+
+impl ConnDrain {
+    /// A request arrived; the guard marks its response's end.
+    pub(crate) fn request(self: &Arc<Self>) -> ResponseGuard {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        ResponseGuard(Arc::clone(self))
+    }
+
+    /// Resolves once no response is open and none has ended for `grace`
+    /// after the later of `since_ms` (the signal) and the last response's end.
+    pub(crate) async fn quiet(&self, since_ms: u64, grace: Duration) {
+        self.watching.store(true, Ordering::Release);
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            let changed = self.changed.notified();
+            if self.open.load(Ordering::Acquire) > 0 {
+                changed.await;
+                continue;
+            }
+            let from = since_ms.max(self.quiet_since_ms.load(Ordering::Acquire));
+            let left = from
+                .saturating_add(grace_ms)
+                .saturating_sub(clock::now_ms());
+            if left == 0 {
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep(Duration::from_millis(left)) => {}
+            }
+        }
+    }
+}
+
+impl Drop for ResponseGuard {
+    fn drop(&mut self) {
+        let conn = &self.0;
+        // Before the drain the end time is never read: the signal comes later.
+        if conn.watching.load(Ordering::Acquire) {
+            conn.quiet_since_ms
+                .store(clock::now_ms(), Ordering::Release);
+        }
+        conn.open.fetch_sub(1, Ordering::AcqRel);
+        if conn.watching.load(Ordering::Acquire) {
+            conn.changed.notify_waiters();
+        }
+    }
+}
+
+/// A response body as served: the proxy's body and, on HTTP/1, the guard
+/// that marks the response's end when hyper drops the body after sending it.
+#[derive(Debug)]
+pub(crate) struct ServedBody {
+    inner: ProxyBody,
+    _end: Option<ResponseGuard>,
+}
+
+impl ServedBody {
+    pub(crate) fn new(inner: ProxyBody, end: Option<ResponseGuard>) -> Self {
+        Self { inner, _end: end }
+    }
+}
+
+impl Body for ServedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_quiet_a_grace_after_its_last_response_ends() {
+        let conn = Arc::new(ConnDrain::default());
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let streaming = conn.request();
+        let signal = clock::now_ms();
+        let grace = Duration::from_secs(1);
+        let quiet = conn.quiet(signal, grace);
+        tokio::pin!(quiet);
+        // The response streams for 3 s after the signal: no closing meanwhile.
+        let ended = async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(streaming);
+        };
+        tokio::select! {
+            () = &mut quiet => panic!("quiet while a response was open"),
+            () = ended => {}
+        }
+        let ended_at = clock::now_ms();
+        quiet.await;
+        assert_eq!(
+            clock::now_ms() - ended_at,
+            1000,
+            "a full grace after the response ended"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_gets_the_grace_from_the_signal() {
+        let conn = Arc::new(ConnDrain::default());
+        tokio::time::advance(Duration::from_millis(10)).await;
+        drop(conn.request());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let signal = clock::now_ms();
+        conn.quiet(signal, Duration::from_secs(1)).await;
+        assert_eq!(clock::now_ms() - signal, 1000);
+    }
+}
