@@ -15,8 +15,8 @@ use reprise_controller::push::{PushServer, SnapshotSource};
 use reprise_controller::sidecars::SidecarRegistry;
 use reprise_crds::retry_rule::{Retries, RetryRule};
 use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
+use reprise_sidecar::config::{Subscription, TrustedCa};
 use reprise_sidecar::Proxy;
-use reprise_sidecar::config::{Subscription, SubscriptionError, TrustedCa};
 use tokio::sync::watch;
 
 struct FixedTokens(HashMap<String, (String, String)>);
@@ -324,7 +324,7 @@ async fn unknown_tokens_and_other_pods_are_refused() {
     std::fs::write(&token, "forged").expect("token");
     wrong_token.token_path = token;
     match wrong_token.session(&proxy, &mut version).await {
-        Err(SubscriptionError::Refused { status, message }) => {
+        Err(reprise_sidecar::Error::Refused { status, message }) => {
             assert_eq!(status, 403);
             assert!(message.contains("unknown token"), "{message}");
         }
@@ -333,7 +333,7 @@ async fn unknown_tokens_and_other_pods_are_refused() {
     let mut other_pod = h.subscription.clone();
     other_pod.pod = "client-b".into();
     match other_pod.session(&proxy, &mut version).await {
-        Err(SubscriptionError::Refused { status, .. }) => assert_eq!(status, 403),
+        Err(reprise_sidecar::Error::Refused { status, .. }) => assert_eq!(status, 403),
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert_eq!(h.registry.connected(), 0);

@@ -114,7 +114,7 @@ pub struct RetryPolicyStatus {
     /// Sidecars that ACKed a snapshot containing this generation.
     #[serde(default)]
     pub sidecars_in_sync: i32,
-    /// Common mistakes found in this policy (README: "In Kubernetes").
+    /// Common mistakes found in this policy, such as a target with one endpoint (no alternate).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// Statuses retried, for `kubectl get -o wide`.

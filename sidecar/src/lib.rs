@@ -33,7 +33,8 @@ pub use proxy::local::ERROR_HEADER;
 pub use proxy::Proxy;
 pub use server::{serve_proxy, DRAIN_IDLE_GRACE, HEADER_READ_TIMEOUT};
 
-/// Errors the sidecar library reports to its binary.
+/// Everything that can go wrong in the sidecar outside a request (a request's
+/// own failures are [`retry::FailureKind`]s, answered to its client).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration could not be loaded.
@@ -42,4 +43,48 @@ pub enum Error {
     /// Tracing could not be set up from the `OTEL_*` variables.
     #[error(transparent)]
     Telemetry(#[from] reprise_telemetry::Error),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} ({what})")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Which listener: proxy, admin or health.
+        what: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `REPRISE_*` variable of Kubernetes mode is missing or malformed.
+    #[error("{0}")]
+    Environment(String),
+    /// Neither a configuration file nor a controller to subscribe to.
+    #[error("either --config FILE (standalone) or REPRISE_CONTROLLER (Kubernetes mode) is needed")]
+    NoConfigSource,
+    /// A local file (configuration, token, CA) could not be read.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// TLS setup or the handshake with the controller failed.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// Connecting to the controller or speaking HTTP with it failed.
+    #[error("connection: {0}")]
+    Connection(String),
+    /// The controller refused the subscription.
+    #[error("controller answered {status}: {message}")]
+    Refused {
+        /// HTTP status.
+        status: http::StatusCode,
+        /// Its explanation.
+        message: String,
+    },
+    /// An attempt's view of a streaming request body was polled after a newer
+    /// attempt took the body over.
+    #[error("request body was handed to a newer attempt")]
+    BodySuperseded,
 }

@@ -14,7 +14,7 @@ use crate::observe::log_output::{BatchedWriter, FlushGuard};
 use crate::observe::{Tracing, SERVICE};
 use crate::proxy::Proxy;
 use crate::server::{self, Admin, LogLevelSetter};
-use anyhow::Context;
+use crate::Error;
 use clap::Parser;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -84,8 +84,9 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(args, set_log_level, access_log)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("reprise-sidecar: {e:#}");
-            tracing::error!(error = %format!("{e:#}"), "exiting");
+            let why = error_chain(&e);
+            eprintln!("reprise-sidecar: {why}");
+            tracing::error!(error = %why, "exiting");
             ExitCode::FAILURE
         }
     }
@@ -186,12 +187,14 @@ async fn run(
     args: Args,
     set_log_level: LogLevelSetter,
     access_log: AccessLog,
-) -> anyhow::Result<ExitCode> {
-    let traces = Tracing::from_env(SERVICE).context("OpenTelemetry tracing")?;
+) -> Result<ExitCode, Error> {
+    let traces = Tracing::from_env(SERVICE)?;
     let (proxy, source) = match &args.config {
         Some(path) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+            let bytes = std::fs::read(path).map_err(|source| Error::File {
+                path: path.display().to_string(),
+                source,
+            })?;
             let config = match reprise_crds::file::parse(
                 &String::from_utf8_lossy(&bytes),
                 &path.display().to_string(),
@@ -208,9 +211,7 @@ async fn run(
             )
         }
         None => {
-            let subscription = Subscription::from_env()
-                .map_err(|e| anyhow::anyhow!(e))?
-                .context("either --config FILE (standalone) or REPRISE_CONTROLLER (Kubernetes mode) is needed")?;
+            let subscription = Subscription::from_env()?.ok_or(Error::NoConfigSource)?;
             // Serve the last good snapshot from disk while the controller is away.
             let (proxy, version) = match subscription.load_saved() {
                 Some((snapshot, config)) => {
@@ -221,9 +222,13 @@ async fn run(
                     )
                 }
                 None => {
+                    // Nothing to route until the first snapshot: not ready.
                     let empty = reprise_crds::snapshot::Snapshot::new(Vec::new(), Vec::new())
                         .resolve()
-                        .map_err(|e| anyhow::anyhow!("empty snapshot: {e}"))?;
+                        .map_err(|source| reprise_crds::Error::Invalid {
+                            path: "the empty snapshot".into(),
+                            source,
+                        })?;
                     let proxy = Proxy::with_telemetry(empty, traces.clone(), access_log.clone());
                     proxy.set_ready(false);
                     (proxy, None)
@@ -232,12 +237,13 @@ async fn run(
             (proxy, Source::Controller(Box::new(subscription), version))
         }
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let admin_listener = tokio::net::TcpListener::bind(args.admin)
-        .await
-        .with_context(|| format!("cannot listen on {} (admin)", args.admin))?;
+    let bind = |addr: SocketAddr, what: &'static str| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Bind { addr, what, source })
+    };
+    let listener = bind(args.listen, "proxy").await?;
+    let admin_listener = bind(args.admin, "admin").await?;
     tracing::info!(listen = %args.listen, admin = %args.admin, tracing = traces.is_on(), "reprise-sidecar serving");
     tokio::spawn(server::serve_admin(
         admin_listener,
@@ -248,9 +254,7 @@ async fn run(
         },
     ));
     if let Some(addr) = args.health {
-        let health_listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} (health)"))?;
+        let health_listener = bind(addr, "health").await?;
         tokio::spawn(server::serve_admin(
             health_listener,
             Admin {
@@ -294,4 +298,16 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM: draining"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
     }
+}
+
+/// `e` and its sources, outermost first, as one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line
 }

@@ -23,6 +23,7 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::address_map::AddressMap;
+use crate::Error;
 use crate::proxy::Proxy;
 
 /// Where and as whom to subscribe (from the environment; see the README).
@@ -55,46 +56,19 @@ pub enum TrustedCa {
     Pem(String),
 }
 
-/// Errors of one subscription session.
-#[derive(Debug, thiserror::Error)]
-pub enum SubscriptionError {
-    /// A local file (token, CA) could not be read.
-    #[error("{path}: {source}")]
-    File {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// TLS setup or handshake failed.
-    #[error("TLS: {0}")]
-    Tls(String),
-    /// Connecting or speaking HTTP failed.
-    #[error("connection: {0}")]
-    Connection(String),
-    /// The controller refused the subscription.
-    #[error("controller answered {status}: {message}")]
-    Refused {
-        /// HTTP status.
-        status: StatusCode,
-        /// Its explanation.
-        message: String,
-    },
-}
-
 impl Subscription {
     /// Settings from `REPRISE_*` environment variables; `None` when
     /// `REPRISE_CONTROLLER` is unset (standalone mode).
-    pub fn from_env() -> Result<Option<Subscription>, String> {
+    pub fn from_env() -> Result<Option<Subscription>, Error> {
         let Ok(controller) = std::env::var(env::CONTROLLER) else {
             return Ok(None);
         };
         let controller: Uri = controller
             .parse()
-            .map_err(|e| format!("{}: {e}", env::CONTROLLER))?;
+            .map_err(|e| Error::Environment(format!("{}: {e}", env::CONTROLLER)))?;
         let var = |name: &str| {
-            std::env::var(name).map_err(|_| format!("{name} must be set in Kubernetes mode"))
+            std::env::var(name)
+                .map_err(|_| Error::Environment(format!("{name} must be set in Kubernetes mode")))
         };
         let path = |name: &str, default: &str| {
             PathBuf::from(std::env::var(name).unwrap_or_else(|_| default.to_string()))
@@ -113,7 +87,8 @@ impl Subscription {
             address_map: std::env::var(env::ENDPOINT_ADDRESS_MAP)
                 .ok()
                 .map(|s| AddressMap::parse(&s))
-                .transpose()?,
+                .transpose()
+                .map_err(Error::Environment)?,
         }))
     }
 
@@ -174,7 +149,7 @@ impl Subscription {
         &self,
         proxy: &Arc<Proxy>,
         version: &mut Option<String>,
-    ) -> Result<(), SubscriptionError> {
+    ) -> Result<(), Error> {
         let token = read(&self.token_path)?.trim().to_string();
         let mut sender = self.connect().await?;
         let mut uri = format!("{}{SNAPSHOTS_PATH}", self.base());
@@ -194,7 +169,7 @@ impl Subscription {
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+            .map_err(|e| Error::Connection(e.to_string()))?;
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
             let status = response.status();
             let body = response
@@ -203,14 +178,14 @@ impl Subscription {
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            return Err(SubscriptionError::Refused {
+            return Err(Error::Refused {
                 status,
                 message: String::from_utf8_lossy(&body).trim().to_string(),
             });
         }
         let io = hyper::upgrade::on(response)
             .await
-            .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+            .map_err(|e| Error::Connection(e.to_string()))?;
         tracing::info!(controller = %self.controller, resume = ?version, "subscribed to the controller");
         let (read, mut write) = tokio::io::split(TokioIo::new(io));
         let mut reader = tokio::io::BufReader::new(read);
@@ -227,13 +202,13 @@ impl Subscription {
                     .read_until(b'\n', &mut line),
             )
             .await
-            .map_err(|_| SubscriptionError::Connection(format!("no heartbeat for {silence:?}")))?
-            .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+            .map_err(|_| Error::Connection(format!("no heartbeat for {silence:?}")))?
+            .map_err(|e| Error::Connection(e.to_string()))?;
             if read == 0 {
                 return Ok(());
             }
             if !line.ends_with(b"\n") {
-                return Err(SubscriptionError::Connection(
+                return Err(Error::Connection(
                     "snapshot line over the size limit, or cut short".into(),
                 ));
             }
@@ -247,11 +222,11 @@ impl Subscription {
             write
                 .write_all(&out)
                 .await
-                .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+                .map_err(|e| Error::Connection(e.to_string()))?;
             write
                 .flush()
                 .await
-                .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+                .map_err(|e| Error::Connection(e.to_string()))?;
         }
     }
 
@@ -313,7 +288,7 @@ impl Subscription {
         uri: &str,
         token: &str,
         body: Bytes,
-    ) -> Result<Request<Full<Bytes>>, SubscriptionError> {
+    ) -> Result<Request<Full<Bytes>>, Error> {
         Request::builder()
             .method(method)
             .uri(uri)
@@ -326,12 +301,10 @@ impl Subscription {
             .header(NAMESPACE_HEADER, &self.namespace)
             .header("content-type", "application/json")
             .body(Full::new(body))
-            .map_err(|e| SubscriptionError::Connection(e.to_string()))
+            .map_err(|e| Error::Connection(e.to_string()))
     }
 
-    async fn connect(
-        &self,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, SubscriptionError> {
+    async fn connect(&self) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, Error> {
         let host = self
             .controller
             .host()
@@ -343,7 +316,7 @@ impl Subscription {
         let mut roots = rustls::RootCertStore::empty();
         let (ca, origin) = match &self.ca {
             TrustedCa::File(path) => (
-                std::fs::read(path).map_err(|source| SubscriptionError::File {
+                std::fs::read(path).map_err(|source| Error::File {
                     path: path.display().to_string(),
                     source,
                 })?,
@@ -352,38 +325,35 @@ impl Subscription {
             TrustedCa::Pem(pem) => (pem.clone().into_bytes(), env::CA_PEM.to_string()),
         };
         for cert in CertificateDer::pem_slice_iter(&ca) {
-            let cert = cert.map_err(|e| SubscriptionError::Tls(format!("{origin}: {e}")))?;
-            roots
-                .add(cert)
-                .map_err(|e| SubscriptionError::Tls(e.to_string()))?;
+            let cert = cert.map_err(|e| Error::Tls(format!("{origin}: {e}")))?;
+            roots.add(cert).map_err(|e| Error::Tls(e.to_string()))?;
         }
         let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| SubscriptionError::Tls(e.to_string()))?
+        .map_err(|e| Error::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
         // HTTP/1.1: the stream is upgraded to a plain bidirectional one.
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let name = self.server_name.clone().unwrap_or_else(|| host.clone());
-        let server_name =
-            ServerName::try_from(name).map_err(|e| SubscriptionError::Tls(e.to_string()))?;
+        let server_name = ServerName::try_from(name).map_err(|e| Error::Tls(e.to_string()))?;
         let tcp = tokio::time::timeout(
             Duration::from_secs(5),
             tokio::net::TcpStream::connect((host.as_str(), port)),
         )
         .await
-        .map_err(|_| SubscriptionError::Connection("connect timed out".into()))?
-        .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+        .map_err(|_| Error::Connection("connect timed out".into()))?
+        .map_err(|e| Error::Connection(e.to_string()))?;
         let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(server_name, tcp)
             .await
-            .map_err(|e| SubscriptionError::Tls(e.to_string()))?;
+            .map_err(|e| Error::Tls(e.to_string()))?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .handshake(TokioIo::new(tls))
             .await
-            .map_err(|e| SubscriptionError::Connection(e.to_string()))?;
+            .map_err(|e| Error::Connection(e.to_string()))?;
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "controller connection ended");
@@ -393,8 +363,8 @@ impl Subscription {
     }
 }
 
-fn read(path: &Path) -> Result<String, SubscriptionError> {
-    std::fs::read_to_string(path).map_err(|source| SubscriptionError::File {
+fn read(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|source| Error::File {
         path: path.display().to_string(),
         source,
     })

@@ -71,11 +71,6 @@ pub enum AttemptBody {
     Shared(Arc<Mutex<StreamState>>, u64),
 }
 
-/// The body of a stale attempt was polled after a newer attempt took it over.
-#[derive(Debug, thiserror::Error)]
-#[error("request body was handed to a newer attempt")]
-pub struct Superseded;
-
 impl ReplayReservation {
     /// A reservation of at most `limit` bytes.
     pub fn new(limit: u64) -> Arc<Self> {
@@ -250,7 +245,7 @@ impl Body for AttemptBody {
             AttemptBody::Shared(state, generation) => {
                 let mut s = lock(state);
                 if s.generation != *generation {
-                    return Poll::Ready(Some(Err(Superseded.into())));
+                    return Poll::Ready(Some(Err(crate::Error::BodySuperseded.into())));
                 }
                 if let Some(prefix) = s.prefix.take() {
                     s.consumed = true;
