@@ -23,8 +23,8 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::address_map::AddressMap;
-use crate::Error;
 use crate::proxy::Proxy;
+use crate::Error;
 
 /// Where and as whom to subscribe (from the environment; see the README).
 #[derive(Clone, Debug)]
