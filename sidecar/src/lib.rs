@@ -31,6 +31,9 @@ pub mod subscription;
 pub mod telemetry;
 pub mod upstream;
 
+pub use proxy::Proxy;
+pub use server::{serve_proxy, DRAIN_IDLE_GRACE, HEADER_READ_TIMEOUT};
+
 /// Errors the sidecar library reports to its binary.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
