@@ -349,6 +349,32 @@ impl Running {
         self.metrics().await.ok()?.get(name, labels)
     }
 
+    /// Scrapes every 50 ms until series `name{labels}` satisfies `done` or
+    /// `within` passes; returns the last value seen.
+    pub async fn wait_for_metric(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        within: Duration,
+        done: impl Fn(f64) -> bool,
+    ) -> Option<f64> {
+        let started = Instant::now();
+        let mut last = None;
+        for _ in 0..=within.as_millis() / POLL.as_millis() {
+            if let Some(v) = self.metric(name, labels).await {
+                last = Some(v);
+                if done(v) {
+                    break;
+                }
+            }
+            if started.elapsed() >= within {
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        last
+    }
+
     /// Stdout lines so far (none when a line sink was set).
     pub fn lines(&self) -> Vec<String> {
         self.lines

@@ -285,7 +285,7 @@ impl Inner {
         r.body_len = body.len();
         r.body_digest = digest(body);
         if self.keep_bodies {
-            r.body = Bytes::copy_from_slice(body);
+            r.body = body.to_vec();
         }
         if let Some((name, deliveries)) = &self.ids {
             r.id = r.header(name).map(str::to_string);
@@ -327,7 +327,7 @@ fn received(
         headers,
         attempt: None,
         id: None,
-        body: Bytes::new(),
+        body: Vec::new(),
         body_len: 0,
         body_digest: 0,
         action: None,

@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use bytes::Bytes;
-
 use super::{lock, ActionKind};
 use crate::http1;
 
@@ -33,7 +31,7 @@ pub struct Received {
     /// The value of the id header set by [`Builder::count_ids`].
     pub id: Option<String>,
     /// The body; empty when the upstream does not keep bodies.
-    pub body: Bytes,
+    pub body: Vec<u8>,
     /// The body's length.
     pub body_len: usize,
     /// [`digest`] of the body.
