@@ -36,6 +36,26 @@ impl Sample {
         want.iter().all(|(k, v)| self.label(k) == Some(v))
     }
 
+    /// The series as written: `name{a="1",b="2"}` (labels in their order,
+    /// values escaped), or the bare name without labels.
+    pub fn series(&self) -> String {
+        if self.labels.is_empty() {
+            return self.name.clone();
+        }
+        let labels: Vec<String> = self
+            .labels
+            .iter()
+            .map(|(k, v)| {
+                let v = v
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                format!("{k}=\"{v}\"")
+            })
+            .collect();
+        format!("{}{{{}}}", self.name, labels.join(","))
+    }
+
     /// True when its labels are exactly `want` (any order).
     pub fn has_exactly(&self, want: &[(&str, &str)]) -> bool {
         self.labels.len() == want.len() && self.has_labels(want)
@@ -262,6 +282,12 @@ nan_gauge NaN
         assert_eq!(odd.value, f64::NEG_INFINITY);
         assert!(m.get("nan_gauge", &[]).is_some_and(f64::is_nan));
         assert!(m.has("reprise_requests_total") && !m.has("reprise_requests"));
+        assert_eq!(
+            m.samples()[0].series(),
+            r#"reprise_requests_total{upstream="api",outcome="ok",reason=""}"#
+        );
+        assert_eq!(odd.series(), r#"odd{path="a \"quoted\" \\ back\nslash"}"#);
+        assert_eq!(m.samples()[3].series(), "reprise_trace_spans_dropped_total");
     }
 
     #[test]
