@@ -18,13 +18,15 @@ pub use reprise_crds::file::{
 };
 pub use reprise_crds::policy::{FailureBoundary, Protocol};
 
-/// Setters that put `Some(value)` into the wrapped spec's field of the same name.
+/// Setters that put `Some(value)` into the wrapped spec's field of the same
+/// name (`field: type`), or into that field of a nested block (`field in
+/// block: type`).
 macro_rules! setters {
-    ($($field:ident: $ty:ty),* $(,)?) => {
+    ($($field:ident $(in $block:ident)?: $ty:ty),* $(,)?) => {
         $(
-            #[doc = concat!("Sets `", stringify!($field), "`.")]
+            #[doc = concat!("Sets `", $(stringify!($block), ".",)? stringify!($field), "`.")]
             pub fn $field(mut self, value: $ty) -> Self {
-                self.0.$field = Some(value);
+                self.0 $(.$block)? .$field = Some(value);
                 self
             }
         )*
@@ -154,28 +156,11 @@ impl UpstreamConfig {
         self
     }
 
-    /// Sets `timeouts.connect_ms`.
-    pub fn connect_ms(mut self, ms: u64) -> UpstreamConfig {
-        self.0.timeouts.connect_ms = Some(ms);
-        self
-    }
-
-    /// Sets `timeouts.read_ms`.
-    pub fn read_ms(mut self, ms: u64) -> UpstreamConfig {
-        self.0.timeouts.read_ms = Some(ms);
-        self
-    }
-
-    /// Sets `passive_health.consecutive_failures`.
-    pub fn consecutive_failures(mut self, n: u32) -> UpstreamConfig {
-        self.0.passive_health.consecutive_failures = Some(n);
-        self
-    }
-
-    /// Sets `passive_health.ejection_ms`.
-    pub fn ejection_ms(mut self, ms: u64) -> UpstreamConfig {
-        self.0.passive_health.ejection_ms = Some(ms);
-        self
+    setters! {
+        connect_ms in timeouts: u64,
+        read_ms in timeouts: u64,
+        consecutive_failures in passive_health: u32,
+        ejection_ms in passive_health: u64,
     }
 
     /// Sets the `retries` block.

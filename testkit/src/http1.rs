@@ -209,27 +209,38 @@ pub fn response_framing(
     Ok(content_length(fields)?.map_or(Framing::UntilClose, Framing::Length))
 }
 
+/// The length of a complete head from `httparse`'s verdict on `buf`: `None`
+/// while incomplete, an error when malformed or over [`MAX_HEAD`].
+fn head_length(
+    verdict: Result<httparse::Status<usize>, httparse::Error>,
+    buf: &[u8],
+    what: &str,
+) -> io::Result<Option<usize>> {
+    match verdict {
+        Ok(httparse::Status::Complete(n)) => Ok(Some(n)),
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            Err(invalid(format!("{what} head over {MAX_HEAD} bytes")))
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(e) => Err(invalid(format!("{what} head: {e}"))),
+    }
+}
+
 /// Parses a request head at the start of `buf`: `None` while incomplete, else
 /// the head and its length in bytes.
 pub fn parse_request_head(buf: &[u8]) -> io::Result<Option<(RequestHead, usize)>> {
     let mut hs = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut hs);
-    match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => Ok(Some((
-            RequestHead {
-                method: req.method.unwrap_or_default().to_string(),
-                target: req.path.unwrap_or_default().to_string(),
-                minor_version: req.version.unwrap_or(1),
-                headers: fields(req.headers),
-            },
-            n,
-        ))),
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-            Err(invalid(format!("request head over {MAX_HEAD} bytes")))
-        }
-        Ok(httparse::Status::Partial) => Ok(None),
-        Err(e) => Err(invalid(format!("request head: {e}"))),
-    }
+    let Some(n) = head_length(req.parse(buf), buf, "request")? else {
+        return Ok(None);
+    };
+    let head = RequestHead {
+        method: req.method.unwrap_or_default().to_string(),
+        target: req.path.unwrap_or_default().to_string(),
+        minor_version: req.version.unwrap_or(1),
+        headers: fields(req.headers),
+    };
+    Ok(Some((head, n)))
 }
 
 /// Parses a response head at the start of `buf`: `None` while incomplete,
@@ -237,21 +248,15 @@ pub fn parse_request_head(buf: &[u8]) -> io::Result<Option<(RequestHead, usize)>
 pub fn parse_response_head(buf: &[u8]) -> io::Result<Option<(Response, usize)>> {
     let mut hs = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut hs);
-    match resp.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => Ok(Some((
-            Response {
-                status: resp.code.unwrap_or_default(),
-                headers: fields(resp.headers),
-                body: Vec::new(),
-            },
-            n,
-        ))),
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-            Err(invalid(format!("response head over {MAX_HEAD} bytes")))
-        }
-        Ok(httparse::Status::Partial) => Ok(None),
-        Err(e) => Err(invalid(format!("response head: {e}"))),
-    }
+    let Some(n) = head_length(resp.parse(buf), buf, "response")? else {
+        return Ok(None);
+    };
+    let response = Response {
+        status: resp.code.unwrap_or_default(),
+        headers: fields(resp.headers),
+        body: Vec::new(),
+    };
+    Ok(Some((response, n)))
 }
 
 /// Every response in `bytes`, which holds everything a server sent on one

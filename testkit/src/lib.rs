@@ -17,6 +17,19 @@
 //! is bounded in count and in time.
 #![forbid(unsafe_code)]
 
+/// Builder methods that set the field of the same name (`field: Type`).
+macro_rules! field_setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, value: $ty) -> Self {
+                self.$field = value;
+                self
+            }
+        )*
+    };
+}
+
 pub mod client;
 pub mod config;
 pub mod http1;

@@ -130,22 +130,15 @@ impl Launch {
         }
     }
 
-    /// The proxy listener (`--listen`).
-    pub fn listen(mut self, addr: SocketAddr) -> Launch {
-        self.listen = addr;
-        self
-    }
-
-    /// The admin listener (`--admin`).
-    pub fn admin(mut self, addr: SocketAddr) -> Launch {
-        self.admin = addr;
-        self
-    }
-
-    /// The health-only listener (`--health`), or none.
-    pub fn health(mut self, addr: Option<SocketAddr>) -> Launch {
-        self.health = addr;
-        self
+    field_setters! {
+        /// The proxy listener (`--listen`).
+        listen: SocketAddr,
+        /// The admin listener (`--admin`).
+        admin: SocketAddr,
+        /// The health-only listener (`--health`), or none.
+        health: Option<SocketAddr>,
+        /// Where stderr goes.
+        stderr: Stderr,
     }
 
     /// An environment variable for the process.
@@ -157,12 +150,6 @@ impl Launch {
     /// Environment variables for the process.
     pub fn envs(self, vars: &[(&str, &str)]) -> Launch {
         vars.iter().fold(self, |l, (k, v)| l.env(k, v))
-    }
-
-    /// Where stderr goes.
-    pub fn stderr(mut self, stderr: Stderr) -> Launch {
-        self.stderr = stderr;
-        self
     }
 
     /// Also copies every stdout line to `path`.

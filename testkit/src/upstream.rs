@@ -80,17 +80,12 @@ impl Default for Builder {
 }
 
 impl Builder {
-    /// Listens on `addr` (a loopback address) instead of an ephemeral port on 127.0.0.1.
-    pub fn bind(mut self, addr: SocketAddr) -> Self {
-        self.bind = addr;
-        self
-    }
-
-    /// Whether [`Received::body`] keeps the body (default true). A long run
-    /// turns this off; the length and digest are always recorded.
-    pub fn keep_bodies(mut self, keep: bool) -> Self {
-        self.keep_bodies = keep;
-        self
+    field_setters! {
+        /// Listens on this (loopback) address instead of an ephemeral port on 127.0.0.1.
+        bind: SocketAddr,
+        /// Whether [`Received::body`] keeps the body (default true). A long
+        /// run turns this off; the length and digest are always recorded.
+        keep_bodies: bool,
     }
 
     /// Counts requests by the value of `header` in `deliveries`.

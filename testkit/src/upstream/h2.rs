@@ -2,17 +2,14 @@
 //! script: answers carry the script's status, headers and body; a fault that
 //! would end an HTTP/1.1 connection resets the stream instead.
 
-use std::collections::VecDeque;
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
+use http_body::Frame;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
@@ -31,7 +28,7 @@ pub(super) async fn serve_h2(inner: Arc<Inner>, stream: TcpStream) {
 async fn answer_h2(
     inner: Arc<Inner>,
     req: http::Request<hyper::body::Incoming>,
-) -> io::Result<http::Response<Timed>> {
+) -> io::Result<http::Response<Answer>> {
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map_err(io::Error::other)?.to_bytes();
     let headers = parts
@@ -55,11 +52,18 @@ async fn answer_h2(
     let (wait, action) = action.unwrap_delays();
     tokio::time::sleep(wait).await;
     let (status, extra, body) = match action {
-        Action::Reply(status) => (status, Vec::new(), Timed::now(inner.default_body())),
-        Action::ReplyWith(status, headers, body) => (status, headers, Timed::now(body)),
-        Action::Echo => (200, Vec::new(), Timed::now(body)),
-        Action::SlowBody(delay, body) => (200, Vec::new(), Timed::after(delay, body)),
-        Action::AbortMidBody => (200, Vec::new(), Timed::aborted()),
+        Action::Reply(status) => (status, Vec::new(), now(inner.default_body())),
+        Action::ReplyWith(status, headers, body) => (status, headers, now(body)),
+        Action::Echo => (200, Vec::new(), now(body)),
+        Action::SlowBody(delay, body) => (200, Vec::new(), timed(vec![(delay, Ok(body))])),
+        Action::AbortMidBody => (
+            200,
+            Vec::new(),
+            timed(vec![
+                (Duration::ZERO, Ok(Bytes::from_static(ABORT_PARTIAL))),
+                (ABORT_PAUSE, Err("aborted mid-body")),
+            ]),
+        ),
         Action::Hold(d) => {
             tokio::time::sleep(d).await;
             return Err(io::Error::other("held, then the stream is reset"));
@@ -81,70 +85,22 @@ async fn answer_h2(
     Ok(response)
 }
 
-/// An HTTP/2 response body: frames, each sent after its wait; an `Err` frame
-/// resets the stream.
-struct Timed {
-    frames: VecDeque<(Duration, Result<Bytes, ()>)>,
-    length: Option<u64>,
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+/// An HTTP/2 response body.
+type Answer = UnsyncBoxBody<Bytes, io::Error>;
+
+/// `body` at once.
+fn now(body: Bytes) -> Answer {
+    Full::new(body)
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
-impl Timed {
-    fn now(body: Bytes) -> Timed {
-        Timed::after(Duration::ZERO, body)
-    }
-
-    fn after(wait: Duration, body: Bytes) -> Timed {
-        Timed {
-            length: Some(body.len() as u64),
-            frames: VecDeque::from([(wait, Ok(body))]),
-            sleep: None,
-        }
-    }
-
-    fn aborted() -> Timed {
-        Timed {
-            length: None,
-            frames: VecDeque::from([
-                (Duration::ZERO, Ok(Bytes::from_static(ABORT_PARTIAL))),
-                (ABORT_PAUSE, Err(())),
-            ]),
-            sleep: None,
-        }
-    }
-}
-
-impl Body for Timed {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        let me = self.get_mut();
-        let Some((wait, _)) = me.frames.front() else {
-            return Poll::Ready(None);
-        };
-        let sleep = me
-            .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(*wait)));
-        if sleep.as_mut().poll(cx).is_pending() {
-            return Poll::Pending;
-        }
-        me.sleep = None;
-        Poll::Ready(me.frames.pop_front().map(|(_, frame)| match frame {
-            Ok(data) => Ok(Frame::data(data)),
-            Err(()) => Err(io::Error::other("aborted mid-body")),
-        }))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.frames.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.length
-            .map_or_else(SizeHint::default, SizeHint::with_exact)
-    }
+/// Frames, each sent after its wait; an `Err` frame resets the stream.
+fn timed(frames: Vec<(Duration, Result<Bytes, &'static str>)>) -> Answer {
+    let frames = futures_util::stream::unfold(frames.into_iter(), |mut rest| async move {
+        let (wait, frame) = rest.next()?;
+        tokio::time::sleep(wait).await;
+        Some((frame.map(Frame::data).map_err(io::Error::other), rest))
+    });
+    StreamBody::new(frames).boxed_unsync()
 }
