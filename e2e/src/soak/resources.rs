@@ -103,12 +103,14 @@ pub(crate) struct ProcessUsage {
     /// Medians of the first and last three after warm-up; `None` without any.
     pub first: Option<Usage>,
     pub last: Option<Usage>,
-    pub rss_max: u64,
-    pub fd_max: i64,
-    pub threads_max: u64,
 }
 
 impl ProcessUsage {
+    /// The largest of `field` after warm-up.
+    pub fn max<T: Ord + Default>(&self, field: impl Fn(&Usage) -> T) -> T {
+        self.after.iter().map(field).max().unwrap_or_default()
+    }
+
     /// RSS growth from first to last, as a fraction of the first.
     pub fn growth(&self) -> Option<f64> {
         let (first, last) = (self.first?, self.last?);
@@ -145,9 +147,6 @@ pub(crate) fn per_process(
                 all: all.len(),
                 first: median3(after.iter().take(3)),
                 last: median3(after.iter().rev().take(3)),
-                rss_max: after.iter().map(|s| s.rss_kib).max().unwrap_or(0),
-                fd_max: after.iter().map(|s| s.fds).max().unwrap_or(0),
-                threads_max: after.iter().map(|s| s.threads).max().unwrap_or(0),
                 after: after.into_iter().copied().collect(),
             }
         })

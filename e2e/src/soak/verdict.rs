@@ -40,9 +40,8 @@ impl SidecarLogs {
     /// Reads one stdout line of the sidecar: a request's access-log event
     /// (by the id in its path), or a warn/error line, counted.
     pub fn record(&self, line: &str) {
-        let logs = self;
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            *lock(&logs.notable)
+            *lock(&self.notable)
                 .entry("(not JSON) ".to_string() + line.get(..80).unwrap_or(line))
                 .or_default() += 1;
             return;
@@ -50,14 +49,14 @@ impl SidecarLogs {
         let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
         let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
         if s("target") == "reprise::request" {
-            logs.request_lines.fetch_add(1, Ordering::Relaxed);
+            self.request_lines.fetch_add(1, Ordering::Relaxed);
             let Some(id) = s("path")
                 .strip_prefix("/r/")
                 .and_then(|i| i.parse::<u64>().ok())
             else {
                 return;
             };
-            let mut by_id = lock(&logs.by_id);
+            let mut by_id = lock(&self.by_id);
             let lines = by_id.get(&id).map_or(0, |e| e.lines) + 1;
             by_id.insert(
                 id,
@@ -75,7 +74,7 @@ impl SidecarLogs {
         let level = s("level");
         if level == "WARN" || level == "ERROR" {
             let msg = s("message");
-            *lock(&logs.notable)
+            *lock(&self.notable)
                 .entry(format!("{level} {msg}"))
                 .or_default() += 1;
         }

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 
 use reprise_sidecar::HEADER_READ_TIMEOUT;
 use reprise_testkit::http1::{self, Response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use crate::support::{api, retries, Action, Config, ProxyConfig, Sidecar, Upstream};
+use crate::support::{
+    api, retries, retry_after, Action, Config, ProxyConfig, Retries, Sidecar, Upstream,
+};
 
 /// Bound on one raw exchange: every case here is decided in well under this.
 const EXCHANGE: Duration = Duration::from_secs(10);
@@ -105,15 +107,17 @@ async fn plain_sidecar() -> (Upstream, Sidecar) {
     (up, sidecar)
 }
 
-/// Sends each request on its own connection, expects 400 for each, and that
-/// none of them reached the upstream.
-async fn refused(up: &Upstream, sidecar: &Sidecar, requests: &[&[u8]]) {
+/// Sends each request on its own connection to a [`plain_sidecar`], expects
+/// 400 for each, and that none of them reached the upstream; returns both.
+async fn refused(requests: &[&[u8]]) -> (Upstream, Sidecar) {
+    let (up, sidecar) = plain_sidecar().await;
     for request in requests {
-        let r = exchange(sidecar, request).await;
+        let r = exchange(&sidecar, request).await;
         assert_eq!(r.status(), 400, "{:?}", String::from_utf8_lossy(request));
     }
     settle().await;
     assert_eq!(up.count(), 0);
+    (up, sidecar)
 }
 
 /// `POST /` with each of `heads` (header lines), then `body`.
@@ -126,35 +130,25 @@ fn posts_with(heads: &[&str], body: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn malformed_request_lines_get_400_and_never_reach_the_upstream() {
-    let (up, sidecar) = plain_sidecar().await;
-    refused(
-        &up,
-        &sidecar,
-        &[
-            b"NOT A REQUEST LINE\r\n\r\n",
-            b"GET\r\n\r\n",
-            b"GET / HTTP/9.9\r\nhost: api\r\n\r\n",
-            b"GET / HTTP/1.1 trailing\r\nhost: api\r\n\r\n",
-            b"G\x00T / HTTP/1.1\r\nhost: api\r\n\r\n",
-            b"GET /\x7f HTTP/1.1\r\nhost: api\r\n\r\n",
-        ],
-    )
+    refused(&[
+        b"NOT A REQUEST LINE\r\n\r\n",
+        b"GET\r\n\r\n",
+        b"GET / HTTP/9.9\r\nhost: api\r\n\r\n",
+        b"GET / HTTP/1.1 trailing\r\nhost: api\r\n\r\n",
+        b"G\x00T / HTTP/1.1\r\nhost: api\r\n\r\n",
+        b"GET /\x7f HTTP/1.1\r\nhost: api\r\n\r\n",
+    ])
     .await;
 }
 
 #[tokio::test]
 async fn a_header_line_without_a_colon_gets_400() {
-    let (up, sidecar) = plain_sidecar().await;
-    refused(
-        &up,
-        &sidecar,
-        &[
-            b"GET / HTTP/1.1\r\nhost: api\r\nNoColonHere\r\n\r\n",
-            b"GET / HTTP/1.1\r\nhost: api\r\nx-name value\r\n\r\n",
-            // Obsolete line folding (RFC 9112 §5.2): refused, not glued to the previous header.
-            b"GET / HTTP/1.1\r\nhost: api\r\nx-a: 1\r\n folded\r\n\r\n",
-        ],
-    )
+    refused(&[
+        b"GET / HTTP/1.1\r\nhost: api\r\nNoColonHere\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: api\r\nx-name value\r\n\r\n",
+        // Obsolete line folding (RFC 9112 §5.2): refused, not glued to the previous header.
+        b"GET / HTTP/1.1\r\nhost: api\r\nx-a: 1\r\n folded\r\n\r\n",
+    ])
     .await;
 }
 
@@ -349,7 +343,6 @@ async fn content_length_with_chunked_is_read_as_chunked_and_the_smuggled_request
 
 #[tokio::test]
 async fn a_transfer_encoding_that_is_not_chunked_last_is_refused() {
-    let (up, sidecar) = plain_sidecar().await;
     let posts = posts_with(
         &[
             "transfer-encoding: gzip\r\ncontent-length: 5\r\n",
@@ -362,12 +355,11 @@ async fn a_transfer_encoding_that_is_not_chunked_last_is_refused() {
     requests.push(
         b"POST / HTTP/1.0\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     );
-    refused(&up, &sidecar, &requests).await;
+    refused(&requests).await;
 }
 
 #[tokio::test]
 async fn conflicting_content_lengths_get_400() {
-    let (up, sidecar) = plain_sidecar().await;
     let posts = posts_with(
         &[
             "content-length: 5\r\ncontent-length: 6\r\n",
@@ -379,7 +371,7 @@ async fn conflicting_content_lengths_get_400() {
         "hello!",
     );
     let requests: Vec<&[u8]> = posts.iter().map(String::as_bytes).collect();
-    refused(&up, &sidecar, &requests).await;
+    let (up, sidecar) = refused(&requests).await;
 
     // Repeated equal values are one length (RFC 9110 §8.6), forwarded once.
     let request = "POST / HTTP/1.1\r\nhost: api\r\nconnection: close\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello";
@@ -395,6 +387,22 @@ async fn conflicting_content_lengths_get_400() {
     );
 }
 
+/// Two retries with a 1-5 ms backoff that may go back to the same endpoint.
+fn quick_reuse() -> Retries {
+    retries()
+        .attempts(2)
+        .backoff_base_ms(1)
+        .backoff_cap_ms(5)
+        .reuse_endpoints(true)
+}
+
+/// One endpoint answering `status` with `Retry-After: value`, behind `retries`.
+async fn busy_behind_retries(status: u16, value: &str, retries: Retries) -> (Upstream, Sidecar) {
+    let up = Upstream::always(retry_after(status, value, "busy")).await;
+    let sidecar = Sidecar::start(api(&[&up]).retries(retries)).await;
+    (up, sidecar)
+}
+
 #[tokio::test]
 async fn a_garbage_retry_after_falls_back_to_the_backoff() {
     for value in [
@@ -408,23 +416,8 @@ async fn a_garbage_retry_after_falls_back_to_the_backoff() {
         "4294967296 4294967296",
     ] {
         for status in [429, 503] {
-            let a = Upstream::always(Action::ReplyWith(
-                status,
-                vec![("retry-after", value.to_string())],
-                "busy".into(),
-            ))
-            .await;
-            let sidecar = Sidecar::start(
-                api(&[&a]).retries(
-                    retries()
-                        .attempts(2)
-                        .backoff_base_ms(1)
-                        .backoff_cap_ms(5)
-                        .total_deadline_ms(2000)
-                        .reuse_endpoints(true),
-                ),
-            )
-            .await;
+            let (a, sidecar) =
+                busy_behind_retries(status, value, quick_reuse().total_deadline_ms(2000)).await;
             let started = Instant::now();
             let r = timeout(Duration::from_secs(5), sidecar.send("GET", "api", "/", b""))
                 .await
@@ -447,28 +440,28 @@ async fn a_garbage_retry_after_falls_back_to_the_backoff() {
 #[tokio::test]
 async fn a_huge_but_well_formed_retry_after_ends_the_retries_at_once() {
     // Ten digits parse (317 years); retry_after_max_ms (default 30 s) refuses it.
-    let a = Upstream::always(Action::ReplyWith(
-        503,
-        vec![("retry-after", "9999999999".into())],
-        "busy".into(),
-    ))
-    .await;
-    let sidecar = Sidecar::start(
-        api(&[&a]).retries(
-            retries()
-                .attempts(2)
-                .backoff_base_ms(1)
-                .backoff_cap_ms(5)
-                .reuse_endpoints(true),
-        ),
-    )
-    .await;
+    let (a, sidecar) = busy_behind_retries(503, "9999999999", quick_reuse()).await;
     let r = timeout(Duration::from_secs(5), sidecar.send("GET", "api", "/", b""))
         .await
         .expect("no sleep for the Retry-After");
     assert_eq!(r.status, 503);
     assert_eq!(a.count(), 1, "no retry");
     assert_eq!(sidecar.outcomes("api", "exhausted"), 1);
+}
+
+/// Reads until the sidecar closes; panics if `whose` connection stays open
+/// well past the header read timeout.
+async fn until_closed(rd: &mut (impl AsyncRead + Unpin), whose: &str) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let _ = timeout(
+        HEADER_READ_TIMEOUT + Duration::from_secs(10),
+        rd.read_to_end(&mut bytes),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!("the sidecar kept {whose} connection open past its header read timeout")
+    });
+    bytes
 }
 
 /// `prefix` one byte every 200 ms, then (with `endless`) more header bytes at
@@ -490,13 +483,7 @@ async fn slowloris(sidecar: &Sidecar, prefix: &[u8], endless: bool) -> (Duration
         // Then silence, with the connection held open.
         Some(wr)
     });
-    let mut bytes = Vec::new();
-    let _ = timeout(
-        HEADER_READ_TIMEOUT + Duration::from_secs(10),
-        rd.read_to_end(&mut bytes),
-    )
-    .await
-    .expect("the sidecar kept a slow client's connection open past its header read timeout");
+    let bytes = until_closed(&mut rd, "a slow client's").await;
     writer.abort();
     (started.elapsed(), bytes)
 }
@@ -514,13 +501,7 @@ async fn slow_and_silent_clients_are_cut_off_at_the_header_read_timeout() {
         async {
             let mut s = TcpStream::connect(sidecar.addr).await.expect("connect");
             let started = Instant::now();
-            let mut bytes = Vec::new();
-            let _ = timeout(
-                HEADER_READ_TIMEOUT + Duration::from_secs(10),
-                s.read_to_end(&mut bytes),
-            )
-            .await
-            .expect("the sidecar kept a silent connection open past its header read timeout");
+            let bytes = until_closed(&mut s, "a silent").await;
             (started.elapsed(), bytes)
         },
     );

@@ -4,22 +4,20 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 
-use crate::support::{api, pair, retries, Action, Config, ProxyConfig, Sidecar, Upstream};
+use crate::support::{api, pair, retries, Action, Config, ProxyConfig, Retries, Sidecar, Upstream};
+
+/// One retry, POST included.
+fn replayable() -> Retries {
+    retries().attempts(1).retry_post(true)
+}
 
 #[tokio::test]
 async fn a_body_within_the_cap_is_replayed_byte_for_byte() {
     let a = Upstream::always(Action::Reply(503)).await;
     let b = Upstream::always(Action::Echo).await;
     let body: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
-    let sidecar = Sidecar::start(
-        api(&[&a, &b]).retries(
-            retries()
-                .attempts(1)
-                .retry_post(true)
-                .buffer_max_bytes(16384),
-        ),
-    )
-    .await;
+    let sidecar =
+        Sidecar::start(api(&[&a, &b]).retries(replayable().buffer_max_bytes(16384))).await;
     for _ in 0..6 {
         let r = sidecar.send("POST", "api", "/orders", &body).await;
         assert_eq!(r.status, 200);
@@ -39,10 +37,7 @@ async fn a_body_within_the_cap_is_replayed_byte_for_byte() {
 #[tokio::test]
 async fn a_body_over_the_cap_streams_and_is_not_retried_once_consumed() {
     let (a, b) = pair(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(
-        api(&[&a, &b]).retries(retries().attempts(1).retry_post(true).buffer_max_bytes(100)),
-    )
-    .await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(replayable().buffer_max_bytes(100))).await;
     let body = vec![7u8; 5000];
     let r = sidecar.send("POST", "api", "/", &body).await;
     assert_eq!(
@@ -91,8 +86,7 @@ async fn an_unconsumed_streaming_body_is_retried_after_connect_refused() {
 #[tokio::test]
 async fn buffer_zero_replays_only_empty_bodies() {
     let (a, b) = pair(Action::Reply(503)).await;
-    let sidecar =
-        Sidecar::start(api(&[&a, &b]).retries(retries().attempts(1).retry_post(true))).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(replayable())).await;
     assert_eq!(sidecar.send("POST", "api", "/", b"").await.status, 503);
     assert_eq!(a.count() + b.count(), 2, "an empty body is replayable");
     assert_eq!(sidecar.send("POST", "api", "/", b"x").await.status, 503);
@@ -107,15 +101,7 @@ async fn buffer_zero_replays_only_empty_bodies() {
 async fn a_chunked_body_within_the_cap_is_buffered_and_replayed() {
     let a = Upstream::always(Action::Reply(503)).await;
     let b = Upstream::always(Action::Echo).await;
-    let sidecar = Sidecar::start(
-        api(&[&a, &b]).retries(
-            retries()
-                .attempts(1)
-                .retry_post(true)
-                .buffer_max_bytes(1024),
-        ),
-    )
-    .await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(replayable().buffer_max_bytes(1024))).await;
     for _ in 0..4 {
         let mut sender = reprise_testkit::client::http1(sidecar.addr).await;
         let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
@@ -139,15 +125,8 @@ async fn a_chunked_body_within_the_cap_is_buffered_and_replayed() {
 #[tokio::test]
 async fn without_a_reservation_the_body_streams_and_the_request_is_not_rejected() {
     let (a, b) = pair(Action::Reply(503)).await;
-    let config = Config::from(
-        api(&[&a, &b]).retries(
-            retries()
-                .attempts(1)
-                .retry_post(true)
-                .buffer_max_bytes(4096),
-        ),
-    )
-    .proxy(ProxyConfig::new().replay_reservation_bytes(0));
+    let config = Config::from(api(&[&a, &b]).retries(replayable().buffer_max_bytes(4096)))
+        .proxy(ProxyConfig::new().replay_reservation_bytes(0));
     let sidecar = Sidecar::start(config).await;
     let r = sidecar.send("POST", "api", "/", &[1u8; 100]).await;
     assert_eq!(r.status, 503);

@@ -6,16 +6,38 @@ use std::time::Duration;
 
 use reprise_testkit::config::FailureBoundary;
 
-use crate::support::{api, pair, retries, Action, Config, Rule, Sidecar, Upstream};
+use crate::support::{
+    api, pair, retries, retry_after, Action, Config, Rule, Sidecar, Upstream, UpstreamConfig,
+};
 
 /// Two retries with the shared budget floor.
 fn retry2(endpoints: &[&Upstream]) -> Config {
     api(endpoints).retries(retries().attempts(2)).into()
 }
 
-/// `status` with a `Retry-After: value` header and `body`.
-fn retry_after(status: u16, value: &str, body: &'static str) -> Action {
-    Action::ReplyWith(status, vec![("retry-after", value.into())], body.into())
+/// Sends `n` GETs through `sidecar`, expecting 200 for each, all answered by `good`.
+async fn all_answered_by(sidecar: &Sidecar, good: &Upstream, n: usize) {
+    for _ in 0..n {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    assert_eq!(good.count(), n);
+}
+
+/// An endpoint doing `action`, a healthy one, and a sidecar with two retries over both.
+async fn failing_and_good(action: Action) -> (Upstream, Upstream, Sidecar) {
+    let bad = Upstream::always(action).await;
+    let good = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(retry2(&[&bad, &good])).await;
+    (bad, good, sidecar)
+}
+
+/// Upstream `api` over `endpoints` whose endpoints are ejected for a minute
+/// after `failures` transport failures in a row, with `attempts` retries.
+fn ejecting(endpoints: &[&Upstream], failures: u32, attempts: u32) -> UpstreamConfig {
+    api(endpoints)
+        .consecutive_failures(failures)
+        .ejection_ms(60000)
+        .retries(retries().attempts(attempts))
 }
 
 #[tokio::test]
@@ -137,10 +159,7 @@ async fn retry_after_longer_than_the_maximum_ends_retries_with_the_429() {
     .await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 429);
-    assert_eq!(
-        r.headers.get("retry-after").map(|v| v.as_bytes()),
-        Some(&b"120"[..])
-    );
+    assert_eq!(r.header("retry-after"), Some(&b"120"[..]));
     assert_eq!(limited.count() + other.count(), 1);
     assert!(r.elapsed < Duration::from_secs(2));
 }
@@ -165,10 +184,7 @@ async fn connect_refused_is_retried_even_at_the_connect_boundary() {
     let good = Upstream::always(Action::Reply(200)).await;
     let config = Config::from(api(&[&down, &down2, &good])).rule(Rule::new("reads").attempts(2));
     let sidecar = Sidecar::start(config).await;
-    for _ in 0..10 {
-        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
-    }
-    assert_eq!(good.count(), 10);
+    all_answered_by(&sidecar, &good, 10).await;
 }
 
 #[tokio::test]
@@ -179,10 +195,7 @@ async fn reset_after_the_request_was_written_needs_the_before_headers_boundary()
     let sidecar = Sidecar::start(config).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 502);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"connection_reset"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"connection_reset"[..]));
     assert_eq!(
         a.count() + b.count(),
         1,
@@ -200,28 +213,18 @@ async fn reset_after_the_request_was_written_needs_the_before_headers_boundary()
             .acknowledge_duplicate_risk(true),
     );
     let sidecar = Sidecar::start(config).await;
-    for _ in 0..6 {
-        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
-    }
-    assert_eq!(good.count(), 6);
+    all_answered_by(&sidecar, &good, 6).await;
 }
 
 #[tokio::test]
 async fn close_before_headers_is_a_transport_failure() {
-    let a = Upstream::always(Action::Close).await;
-    let good = Upstream::always(Action::Reply(200)).await;
-    let sidecar = Sidecar::start(retry2(&[&a, &good])).await;
-    for _ in 0..6 {
-        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
-    }
-    assert_eq!(good.count(), 6);
+    let (_a, good, sidecar) = failing_and_good(Action::Close).await;
+    all_answered_by(&sidecar, &good, 6).await;
 }
 
 #[tokio::test]
 async fn an_upstream_half_close_is_retried_for_get_and_never_duplicates_a_post() {
-    let half = Upstream::always(Action::HalfClose).await;
-    let good = Upstream::always(Action::Reply(200)).await;
-    let sidecar = Sidecar::start(retry2(&[&half, &good])).await;
+    let (half, good, sidecar) = failing_and_good(Action::HalfClose).await;
     for _ in 0..6 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
     }
@@ -274,10 +277,7 @@ async fn read_timeout_without_retries_answers_504() {
     let sidecar = Sidecar::start(api(&[&slow]).read_ms(100)).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 504);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"read_timeout"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"read_timeout"[..]));
 }
 
 #[tokio::test]
@@ -288,10 +288,7 @@ async fn retry_transport_false_leaves_transport_errors_alone() {
         Sidecar::start(api(&[&a, &b]).retries(retries().attempts(2).retry_transport(false))).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 502);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"connect_refused"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"connect_refused"[..]));
     assert_eq!(sidecar.outcomes("api", "skipped"), 1);
 }
 
@@ -322,13 +319,7 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
     // Alone in its upstream, the endpoint takes every request: the second
     // reset in a row ejects it, the first does not.
     let bad = Upstream::always(Action::Reset).await;
-    let sidecar = Sidecar::start(
-        api(&[&bad])
-            .consecutive_failures(2)
-            .ejection_ms(60000)
-            .retries(retries().attempts(0)),
-    )
-    .await;
+    let sidecar = Sidecar::start(ejecting(&[&bad], 2, 0)).await;
     let endpoint = || Arc::clone(&sidecar.proxy.routes().upstreams["api"].endpoints[0]);
     assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 502);
     assert!(!endpoint().is_ejected());
@@ -339,13 +330,7 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
     // With a healthy peer, an ejected endpoint is never picked.
     let bad = Upstream::always(Action::Reset).await;
     let good = Upstream::always(Action::Reply(200)).await;
-    let sidecar = Sidecar::start(
-        api(&[&bad, &good])
-            .consecutive_failures(1)
-            .ejection_ms(60000)
-            .retries(retries().attempts(1)),
-    )
-    .await;
+    let sidecar = Sidecar::start(ejecting(&[&bad, &good], 1, 1)).await;
     for _ in 0..40 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
     }
@@ -360,13 +345,7 @@ async fn retryable_statuses_weigh_endpoint_choice_but_never_eject() {
     // An origin status does not mark the endpoint unhealthy (README, "How a
     // request is retried"): it only shifts load (the failure estimate), never ejects.
     let bad = Upstream::always(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(
-        api(&[&bad])
-            .consecutive_failures(2)
-            .ejection_ms(60000)
-            .retries(retries().attempts(1)),
-    )
-    .await;
+    let sidecar = Sidecar::start(ejecting(&[&bad], 2, 1)).await;
     for _ in 0..5 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 503);
     }

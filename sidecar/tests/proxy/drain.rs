@@ -44,6 +44,17 @@ async fn upstream() -> Upstream {
     .await
 }
 
+/// [`upstream`], a sidecar in front of it with `config`, and a client
+/// connected to the sidecar.
+async fn connected<C: Into<Config>>(
+    config: impl FnOnce(&[&Upstream]) -> C,
+) -> (Upstream, Sidecar, Client) {
+    let up = upstream().await;
+    let sidecar = Sidecar::start(config(&[&up])).await;
+    let client = Client::connect(sidecar.addr).await;
+    (up, sidecar, client)
+}
+
 /// A hand-written HTTP/1.1 client on one connection.
 struct Client {
     wire: Wire<TcpStream>,
@@ -100,6 +111,18 @@ impl Client {
     }
 }
 
+/// Sends a GET on `client` during the drain: it is answered 200 with
+/// `Connection: close`, the connection closes after it, and every connection
+/// finished within the drain timeout.
+async fn answered_with_close_then_closed(mut client: Client, sidecar: Sidecar) {
+    client.send(FAST_GET).await;
+    let answer = client.response().await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(answer.closes(), "{answer:?}");
+    assert!(client.closed_within(WAIT).await);
+    assert!(sidecar.finished(WAIT).await);
+}
+
 const SLOW_GET: &str = "GET /slow HTTP/1.1\r\nHost: api\r\n\r\n";
 const FAST_GET: &str = "GET /fast HTTP/1.1\r\nHost: api\r\n\r\n";
 const POST: &str = "POST /post HTTP/1.1\r\nHost: api\r\nContent-Length: 5\r\n\r\nhello";
@@ -108,9 +131,7 @@ const POST: &str = "POST /post HTTP/1.1\r\nHost: api\r\nContent-Length: 5\r\n\r\
 async fn a_request_sent_just_after_the_drain_started_is_answered_with_connection_close() {
     // The soak's lost POST: the drain starts between response 1's headers and
     // its body; the client, told nothing, sends request 2 on the same connection.
-    let up = upstream().await;
-    let mut sidecar = Sidecar::start(api(&[&up])).await;
-    let mut client = Client::connect(sidecar.addr).await;
+    let (_up, mut sidecar, mut client) = connected(api).await;
     client.send(SLOW_GET).await;
     let mut first = client.head().await;
     assert_eq!(first.status, 200);
@@ -139,9 +160,7 @@ async fn a_request_sent_just_after_the_drain_started_is_answered_with_connection
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_still_serves_a_request_within_the_grace_window() {
-    let up = upstream().await;
-    let mut sidecar = Sidecar::start(api(&[&up])).await;
-    let mut client = Client::connect(sidecar.addr).await;
+    let (_up, mut sidecar, mut client) = connected(api).await;
     client.send(FAST_GET).await;
     let first = client.response().await;
     assert_eq!(first.status, 200);
@@ -149,37 +168,23 @@ async fn an_idle_keep_alive_connection_still_serves_a_request_within_the_grace_w
     sidecar.begin_drain(WAIT).await;
     tokio::time::sleep(DRAIN_IDLE_GRACE / 4).await;
 
-    client.send(FAST_GET).await;
-    let second = client.response().await;
-    assert_eq!(second.status, 200, "{second:?}");
-    assert!(second.closes(), "{second:?}");
-    assert!(client.closed_within(WAIT).await);
-    assert!(sidecar.finished(WAIT).await);
+    answered_with_close_then_closed(client, sidecar).await;
 }
 
 #[tokio::test]
 async fn a_new_connection_that_has_not_spoken_yet_gets_the_grace_window_too() {
-    let up = upstream().await;
-    let mut sidecar = Sidecar::start(api(&[&up])).await;
-    let mut client = Client::connect(sidecar.addr).await;
+    let (_up, mut sidecar, client) = connected(api).await;
     // Let the proxy accept it before the drain closes the listener.
     tokio::time::sleep(Duration::from_millis(100)).await;
     sidecar.begin_drain(WAIT).await;
     tokio::time::sleep(DRAIN_IDLE_GRACE / 4).await;
 
-    client.send(FAST_GET).await;
-    let only = client.response().await;
-    assert_eq!(only.status, 200, "{only:?}");
-    assert!(only.closes(), "{only:?}");
-    assert!(client.closed_within(WAIT).await);
-    assert!(sidecar.finished(WAIT).await);
+    answered_with_close_then_closed(client, sidecar).await;
 }
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_grace_window() {
-    let up = upstream().await;
-    let mut sidecar = Sidecar::start(api(&[&up])).await;
-    let mut client = Client::connect(sidecar.addr).await;
+    let (_up, mut sidecar, mut client) = connected(api).await;
     client.send(FAST_GET).await;
     assert_eq!(client.response().await.status, 200);
     let started = sidecar.begin_drain(WAIT).await;
@@ -202,10 +207,9 @@ async fn a_request_in_flight_finishes_and_an_overrun_drain_reports_false() {
     // A drain timeout shorter than the upstream's answer: serve_proxy gives up
     // and says so, and the client still gets its answer (the process exits
     // only after serve_proxy returns; here nothing stops the connection task).
-    let up = upstream().await;
-    let config = Config::from(api(&[&up])).proxy(ProxyConfig::new().drain_timeout_ms(300));
-    let mut sidecar = Sidecar::start(config).await;
-    let mut client = Client::connect(sidecar.addr).await;
+    let short_drain =
+        |up: &[&Upstream]| Config::from(api(up)).proxy(ProxyConfig::new().drain_timeout_ms(300));
+    let (_up, mut sidecar, mut client) = connected(short_drain).await;
     client.send("GET /hold HTTP/1.1\r\nHost: api\r\n\r\n").await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     sidecar.begin_drain(WAIT).await;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use reprise_testkit::upstream::first_then;
 
-use crate::support::{api, pair, Action, Retries, Sidecar, Upstream};
+use crate::support::{api, full_budget, pair, Action, Sidecar, Upstream};
 
 #[tokio::test]
 async fn a_slow_first_attempt_is_hedged_and_the_first_answer_wins() {
@@ -13,15 +13,8 @@ async fn a_slow_first_attempt_is_hedged_and_the_first_answer_wins() {
     let script = first_then(Action::Stall(Duration::from_secs(3)), Action::Reply(200));
     let a = Upstream::start(script.clone()).await;
     let b = Upstream::start(script).await;
-    let sidecar = Sidecar::start(
-        api(&[&a, &b]).retries(
-            Retries::new()
-                .attempts(1)
-                .hedge_delay_ms(100)
-                .budget_percent(100.0),
-        ),
-    )
-    .await;
+    let sidecar =
+        Sidecar::start(api(&[&a, &b]).retries(full_budget().attempts(1).hedge_delay_ms(100))).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 200);
     assert!(
@@ -53,9 +46,7 @@ async fn a_slow_first_attempt_is_hedged_and_the_first_answer_wins() {
 #[tokio::test]
 async fn hedging_is_off_by_default() {
     let (a, b) = pair(Action::Stall(Duration::from_millis(400))).await;
-    let sidecar =
-        Sidecar::start(api(&[&a, &b]).retries(Retries::new().attempts(1).budget_percent(100.0)))
-            .await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(full_budget().attempts(1))).await;
     assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
     assert_eq!(a.count() + b.count(), 1);
 }

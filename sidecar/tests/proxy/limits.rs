@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::support::{api, pair, retries, Action, Retries, Sidecar, Upstream};
+use crate::support::{
+    api, full_budget, pair, retries, retry_after, Action, Retries, Sidecar, Upstream,
+};
 
 #[tokio::test]
 async fn the_attempt_cap_bounds_retries_to_distinct_endpoints() {
@@ -115,10 +117,7 @@ async fn the_total_deadline_bounds_the_whole_chain() {
     .await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 504);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"deadline_exceeded"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"deadline_exceeded"[..]));
     assert!(r.elapsed >= Duration::from_millis(290), "{:?}", r.elapsed);
     assert!(
         r.elapsed < Duration::from_millis(1200),
@@ -130,21 +129,10 @@ async fn the_total_deadline_bounds_the_whole_chain() {
 
 #[tokio::test]
 async fn a_retry_that_would_cross_the_deadline_is_not_made_and_not_charged() {
-    let (a, b) = pair(Action::ReplyWith(
-        503,
-        vec![("retry-after", "1".into())],
-        "busy".into(),
-    ))
-    .await;
-    let sidecar = Sidecar::start(
-        api(&[&a, &b]).retries(
-            Retries::new()
-                .attempts(2)
-                .total_deadline_ms(300)
-                .budget_percent(100.0),
-        ),
-    )
-    .await;
+    let (a, b) = pair(retry_after(503, "1", "busy")).await;
+    let sidecar =
+        Sidecar::start(api(&[&a, &b]).retries(full_budget().attempts(2).total_deadline_ms(300)))
+            .await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 503, "the last response goes to the client");
     assert_eq!(r.text(), "busy");
@@ -166,11 +154,10 @@ async fn backoff_sleeps_at_most_the_nominal_delay() {
     let (a, b) = pair(Action::Reply(503)).await;
     let sidecar = Sidecar::start(
         api(&[&a, &b]).retries(
-            Retries::new()
+            full_budget()
                 .attempts(1)
                 .backoff_base_ms(300)
-                .backoff_cap_ms(300)
-                .budget_percent(100.0),
+                .backoff_cap_ms(300),
         ),
     )
     .await;

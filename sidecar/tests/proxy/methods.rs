@@ -72,11 +72,8 @@ async fn upgrade_requests_are_never_retried() {
     let (a, b) = two_failing().await;
     let sidecar = Sidecar::start(api(&[&a, &b]).retries(retries().attempts(2))).await;
     let r = sidecar
-        .send_with(
-            "GET",
-            "api",
+        .get_with(
             "/ws",
-            b"",
             &[("connection", "Upgrade"), ("upgrade", "websocket")],
         )
         .await;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use reprise_testkit::client;
 
 use crate::support::{api, Action, Config, Sidecar, Upstream, UpstreamConfig};
 
@@ -17,19 +18,11 @@ async fn absolute_form_uris_route_by_host_and_ignore_the_port() {
         .upstream(UpstreamConfig::new("api").endpoint(api.addr))
         .upstream(UpstreamConfig::new("web").endpoint(web.addr));
     let sidecar = Sidecar::start(config).await;
-    let mut s = tokio::net::TcpStream::connect(sidecar.addr)
+    let raw = b"GET http://web:8080/x HTTP/1.1\r\nHost: web:8080\r\nConnection: close\r\n\r\n";
+    let answer = client::exchange(sidecar.addr, raw)
         .await
-        .expect("connect");
-    s.write_all(b"GET http://web:8080/x HTTP/1.1\r\nHost: web:8080\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("write");
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.expect("read");
-    assert!(
-        out.starts_with(b"HTTP/1.1 201"),
-        "{}",
-        String::from_utf8_lossy(&out)
-    );
+        .expect("an answer");
+    assert_eq!(answer.status, 201, "{answer:?}");
     assert_eq!((api.count(), web.count()), (0, 1));
     // Host header routing, port ignored, case-insensitive.
     assert_eq!(sidecar.send("GET", "API:9999", "/", b"").await.status, 200);
@@ -42,10 +35,7 @@ async fn an_unknown_upstream_gets_an_immediate_error_naming_it() {
     let sidecar = Sidecar::start(api(&[&up])).await;
     let r = sidecar.send("GET", "nosuch", "/", b"").await;
     assert_eq!(r.status, 502);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"unknown_upstream"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"unknown_upstream"[..]));
     assert!(
         r.text().contains("no upstream named \"nosuch\""),
         "{}",
@@ -59,11 +49,8 @@ async fn hop_by_hop_headers_are_not_forwarded() {
     let up = Upstream::always(Action::Reply(200)).await;
     let sidecar = Sidecar::start(api(&[&up])).await;
     let r = sidecar
-        .send_with(
-            "GET",
-            "api",
+        .get_with(
             "/",
-            b"",
             &[
                 ("connection", "x-private"),
                 ("x-private", "1"),
@@ -101,7 +88,7 @@ async fn h2c_on_both_sides() {
     .await;
     let sidecar = Sidecar::start(UpstreamConfig::new("grpc").h2c().endpoint(up.addr)).await;
     // An h2c client to the sidecar.
-    let (mut sender, _conn) = reprise_testkit::client::http2(sidecar.addr).await;
+    let (mut sender, _conn) = client::http2(sidecar.addr).await;
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let req = http::Request::get("http://grpc/x")

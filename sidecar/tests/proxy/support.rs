@@ -25,6 +25,12 @@ pub fn retries() -> Retries {
     Retries::new().budget_min_retries_per_second(1000)
 }
 
+/// A retries block whose budget lets every retry through (100%, no floor
+/// needed).
+pub fn full_budget() -> Retries {
+    Retries::new().budget_percent(100.0)
+}
+
 /// Upstream `api` over `endpoints`, with [`retries`].
 pub fn api(endpoints: &[&Upstream]) -> UpstreamConfig {
     UpstreamConfig::new("api")
@@ -38,6 +44,11 @@ pub async fn pair(action: Action) -> (Upstream, Upstream) {
         Upstream::always(action.clone()).await,
         Upstream::always(action).await,
     )
+}
+
+/// `status` with a `Retry-After: value` header and `body`.
+pub fn retry_after(status: u16, value: &str, body: &'static str) -> Action {
+    Action::ReplyWith(status, vec![("retry-after", value.into())], body.into())
 }
 
 /// A sidecar serving in this process.
@@ -76,19 +87,12 @@ impl Sidecar {
 
     /// Sends a request to upstream `host` and reads the whole response.
     pub async fn send(&self, method: &str, host: &str, path: &str, body: &[u8]) -> Reply {
-        self.send_with(method, host, path, body, &[]).await
+        reprise_testkit::client::send(self.addr, method, host, path, body, &[]).await
     }
 
-    /// Like `send`, with extra request headers.
-    pub async fn send_with(
-        &self,
-        method: &str,
-        host: &str,
-        path: &str,
-        body: &[u8],
-        headers: &[(&str, &str)],
-    ) -> Reply {
-        reprise_testkit::client::send(self.addr, method, host, path, body, headers).await
+    /// `GET path` to upstream `api` with extra request headers.
+    pub async fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        reprise_testkit::client::send(self.addr, "GET", "api", path, b"", headers).await
     }
 
     /// Counter value of `outcome` for upstream `name`.

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::Span;
 use reprise_testkit::client;
 use reprise_testkit::sidecar::{free_addr, Running};
 use reprise_testkit::upstream::first_then;
 
 use crate::cli::{config_file, start, EXIT_WITHIN};
-use crate::support::{api, retries, Action, Config, Retries, Sidecar, Upstream};
+use crate::support::{api, full_budget, retries, Action, Config, Sidecar, Upstream};
 use collector::{hex, int, text, Collector, Received};
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -61,6 +62,15 @@ async fn traced_status(sidecar: &Running, path: &str) -> u16 {
         .await
         .expect("response")
         .status
+}
+
+/// The first span of `kind` in `spans`; panics naming `what` when there is none.
+fn only<'a>(spans: &'a [Received], kind: SpanKind, what: &str) -> &'a Span {
+    &spans
+        .iter()
+        .find(|r| r.span.kind == kind as i32)
+        .unwrap_or_else(|| panic!("no {what}: {spans:#?}"))
+        .span
 }
 
 fn traced_get(path: &str) -> String {
@@ -218,23 +228,14 @@ async fn a_hedge_is_its_own_attempt_and_the_loser_ends_cancelled() {
     .await;
     let sidecar = exporting(
         "trace-hedge",
-        api(&[&a, &b]).retries(
-            Retries::new()
-                .attempts(1)
-                .hedge_delay_ms(100)
-                .budget_percent(100.0),
-        ),
+        api(&[&a, &b]).retries(full_budget().attempts(1).hedge_delay_ms(100)),
         &format!("http://{}", collector.addr),
         &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
     )
     .await;
     assert_eq!(traced_status(&sidecar, "/").await, 200);
     let spans = collector.wait_for(&unhex(TRACE), 3).await;
-    let server = &spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Server as i32)
-        .expect("server span")
-        .span;
+    let server = only(&spans, SpanKind::Server, "server span");
     assert_eq!(text(&server.attributes, "reprise.outcome"), Some("ok"));
     assert!(server.events.iter().any(|e| e.name == "hedge"));
     let clients: Vec<_> = spans
@@ -321,7 +322,7 @@ async fn tracing_off_passes_the_apps_traceparent_through() {
     assert!(!sidecar.proxy.tracing().is_on());
     let traceparent = format!("00-{TRACE}-{PARENT}-01");
     let r = sidecar
-        .send_with("GET", "api", "/", b"", &[("traceparent", &traceparent)])
+        .get_with("/", &[("traceparent", &traceparent)])
         .await;
     assert_eq!(r.status, 200);
     assert_eq!(up.received()[0].header_values("traceparent"), [traceparent]);
@@ -376,16 +377,8 @@ async fn a_request_forwarded_outside_every_upstream_gets_a_client_span() {
     assert_eq!(mesh.count(), 0);
 
     let spans = collector.wait_for(&unhex(TRACE), 2).await;
-    let server = &spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Server as i32)
-        .expect("server span")
-        .span;
-    let client = &spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Client as i32)
-        .expect("client span")
-        .span;
+    let server = only(&spans, SpanKind::Server, "server span");
+    let client = only(&spans, SpanKind::Client, "client span");
     assert_eq!(client.parent_span_id, server.span_id);
     assert_eq!(
         text(&client.attributes, "server.address"),

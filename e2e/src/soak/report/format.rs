@@ -10,6 +10,30 @@ use crate::soak::load::{BIG_BODY, MAX_IN_FLIGHT};
 use crate::soak::resources::SAMPLE_EVERY;
 use crate::soak::{lock, DRAIN_MS, REPLAY_CAP};
 
+/// The sidecar's own counts, a line each: (what, metric, labels shown).
+const METRIC_LINES: &[&[(&str, &str, &str)]] = &[
+    &[("requests", "reprise_requests_total", "outcome|reason")],
+    &[("retries by failed attempt", "reprise_retries_total", "kind")],
+    &[
+        (
+            "budget refusals",
+            "reprise_retry_budget_refusals_total",
+            "upstream",
+        ),
+        (
+            "response body errors",
+            "reprise_response_body_errors_total",
+            "upstream",
+        ),
+        (
+            "ejections",
+            "reprise_endpoint_ejections_total",
+            "pod|endpoint",
+        ),
+    ],
+    &[("config reloads", "reprise_config_reloads_total", "result")],
+];
+
 fn pct(n: u64, of: u64) -> String {
     if of == 0 {
         "-".into()
@@ -217,24 +241,14 @@ pub(super) fn format(r: &Report<'_>, c: &Counts, fails: &[String]) -> String {
     line!("   deliveries marked as a retry (x-reprise-attempt >= 2): {}; POSTs carrying x-reprise-attempt: {}", c.retried, c.post_marked);
     line!("");
     line!("-- sidecar's own counts (metrics of both processes, added; #1 scraped just before its SIGTERM)");
-    line!(
-        "   requests: {}",
-        family(c, "reprise_requests_total", "outcome|reason")
-    );
-    line!(
-        "   retries by failed attempt: {}",
-        family(c, "reprise_retries_total", "kind")
-    );
-    line!(
-        "   budget refusals: {}; response body errors: {}; ejections: {}",
-        family(c, "reprise_retry_budget_refusals_total", "upstream"),
-        family(c, "reprise_response_body_errors_total", "upstream"),
-        family(c, "reprise_endpoint_ejections_total", "pod|endpoint")
-    );
-    line!(
-        "   config reloads: {}",
-        family(c, "reprise_config_reloads_total", "result")
-    );
+    // Each line: `label: series` parts, each part named by the labels listed.
+    for parts in METRIC_LINES {
+        let text: Vec<String> = parts
+            .iter()
+            .map(|(label, name, labels)| format!("{label}: {}", family(c, name, labels)))
+            .collect();
+        line!("   {}", text.join("; "));
+    }
     line!(
         "   access-log request events read: {}; warn/error lines: {}",
         r.logs.request_lines.load(Ordering::Relaxed),
@@ -268,14 +282,14 @@ pub(super) fn format(r: &Report<'_>, c: &Counts, fails: &[String]) -> String {
             "   #{gen:<9} {:>7} {:>7.1} MiB {:>6.1} MiB {:>6.1} MiB {:>+8.1}% {:>6} {:>6} {:>6} {:>+7} {:>8}",
             u.after.len(),
             first.rss_kib as f64 / 1024.0,
-            u.rss_max as f64 / 1024.0,
+            u.max(|s| s.rss_kib) as f64 / 1024.0,
             last.rss_kib as f64 / 1024.0,
             growth * 100.0,
             first.fds,
-            u.fd_max,
+            u.max(|s| s.fds),
             last.fds,
             fd_growth,
-            u.threads_max
+            u.max(|s| s.threads)
         );
         line!(
             "   {:<10} (samples from {:.0} s to {:.0} s)",
