@@ -124,12 +124,15 @@ impl Metrics {
             .map(|s| s.value)
     }
 
-    /// The sum of every series `name` whose labels include `labels`.
+    /// The sum of every series `name` whose labels include `labels` (0 when
+    /// there is none).
     pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        // An empty f64 sum is -0.0, which prints as "-0".
         self.family(name)
             .filter(|s| s.has_labels(labels))
             .map(|s| s.value)
-            .sum()
+            .sum::<f64>()
+            + 0.0
     }
 }
 
@@ -270,6 +273,7 @@ nan_gauge NaN
         );
         assert_eq!(m.sum("reprise_requests_total", &[("upstream", "api")]), 9.0);
         assert_eq!(m.sum("reprise_requests_total", &[]), 1009.0);
+        assert_eq!(m.sum("absent", &[]).to_string(), "0", "not -0");
         assert_eq!(m.get("reprise_trace_spans_dropped_total", &[]), Some(0.0));
         let bucket = m
             .family("reprise_attempt_seconds_bucket")
