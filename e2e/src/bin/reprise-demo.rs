@@ -1,15 +1,15 @@
 //! The standalone demo: `reprise-sidecar` in front of a 50%-flaky endpoint and
 //! a healthy one. Sends requests through it and prints what the retries did.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use reprise_e2e::upstream_server;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use reprise_testkit::client;
+use reprise_testkit::prometheus::Metrics;
+use reprise_testkit::sidecar::{self, Launch, Stderr};
 
 const REQUESTS: usize = 300;
 
@@ -20,8 +20,9 @@ async fn main() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("reprise-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("reprise.yaml");
-    // The gateway document's example, on loopback, with a budget sized for a
-    // pool where a quarter of first attempts fail.
+    // The configuration file as a user writes it (README, "Configuration
+    // file"), on loopback, with a budget sized for a pool where a quarter of
+    // first attempts fail. Literal text: the demo prints it.
     let yaml = format!(
         "upstreams:\n  - name: api\n    endpoints:\n      - {{ address: 127.0.0.1, port: {}, name: flaky }}\n      - {{ address: 127.0.0.1, port: {}, name: healthy }}\n    retries:\n      attempts: 2\n      buffer_max_bytes: 16384\n      total_deadline_ms: 10000\n      budget_percent: 40\n",
         flaky.addr.port(),
@@ -30,60 +31,29 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(&config, &yaml)?;
     println!("== config ({})\n{yaml}", config.display());
 
-    let exe = std::env::current_exe()?;
-    let sidecar_bin = exe.with_file_name("reprise-sidecar");
-    if !sidecar_bin.exists() {
-        bail!(
-            "{} not found: build it first (e2e/demo.sh does)",
-            sidecar_bin.display()
-        );
-    }
-    let listen = free_addr()?;
-    let admin = free_addr()?;
-    let mut child = Command::new(&sidecar_bin)
-        .args(["--config", &config.display().to_string()])
-        .args([
-            "--listen",
-            &listen.to_string(),
-            "--admin",
-            &admin.to_string(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {}", sidecar_bin.display()))?;
-    let ready = async {
-        for _ in 0..100 {
-            if get(admin, "/ready").await.is_ok_and(|(s, _)| s == 200) {
-                return true;
+    let bin = sidecar::binary("reprise-sidecar").context("build it first (e2e/demo.sh does)")?;
+    // Keep one recovered request's log event to show; the rest is dropped.
+    let recovered: Arc<Mutex<Option<String>>> = Arc::default();
+    let keep = Arc::clone(&recovered);
+    let mut running = Launch::new(&bin, &config)
+        .health(None)
+        .stderr(Stderr::Inherit)
+        .on_line(move |line| {
+            let mut kept = keep.lock().unwrap_or_else(PoisonError::into_inner);
+            if kept.is_none() && line.contains("\"outcome\":\"recovered\"") {
+                *kept = Some(line.to_string());
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
-    };
-    if !ready.await {
-        let _ = child.kill();
-        bail!("reprise-sidecar did not become ready on {admin}");
-    }
+        })
+        .start()
+        .await?;
+    let (listen, admin) = (running.listen, running.admin);
     println!("== reprise-sidecar listening on {listen} (admin {admin})\n");
-    // Keep reading the sidecar's log so it never fills the pipe; keep one
-    // recovered request's event to show.
-    let stdout = child.stdout.take().context("sidecar stdout")?;
-    let log_reader = std::thread::spawn(move || {
-        let mut recovered = None;
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if recovered.is_none() && line.contains("\"outcome\":\"recovered\"") {
-                recovered = Some(line);
-            }
-        }
-        recovered
-    });
 
     let started = Instant::now();
     let mut ok = 0;
     let mut failed = 0;
     for i in 0..REQUESTS {
-        let (status, _) = get(listen, "/").await?;
+        let status = client::get(listen, "api", "/").await?.status;
         if status == 200 {
             ok += 1;
         } else {
@@ -98,32 +68,14 @@ async fn main() -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed();
 
-    let (_, metrics) = get(admin, "/metrics").await?;
-    let sum = |prefix: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-            + 0.0
+    let metrics = running.metrics().await?;
+    let outcome = |outcome: &str| {
+        metrics.sum(
+            "reprise_requests_total",
+            &[("upstream", "api"), ("outcome", outcome)],
+        )
     };
-    let reasons = |outcome: &str| -> String {
-        let tag = format!("outcome=\"{outcome}\",reason=\"");
-        let parts: Vec<String> = metrics
-            .lines()
-            .filter(|l| l.starts_with("reprise_requests_total{") && l.contains(&tag))
-            .filter_map(|l| {
-                let reason = l.split(&tag).nth(1)?.split('"').next()?;
-                Some(format!("{reason} {}", l.rsplit(' ').next()?))
-            })
-            .collect();
-        if parts.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", parts.join(", "))
-        }
-    };
-    let retries = sum("reprise_retries_total{");
+    let retries = metrics.sum("reprise_retries_total", &[]);
     println!("\n== results ({REQUESTS} requests in {:.2?})", elapsed);
     println!("  (a 40% budget needs 3 requests in the window before the first retry, so the");
     println!("   very first failures can be exhausted by the budget: that is the formula working)");
@@ -132,63 +84,54 @@ async fn main() -> anyhow::Result<()> {
         100.0 * ok as f64 / REQUESTS as f64
     );
     println!("  retries           : {retries}");
-    println!(
-        "  ok (first attempt): {}",
-        sum("reprise_requests_total{upstream=\"api\",outcome=\"ok\"")
-    );
-    println!(
-        "  recovered         : {}",
-        sum("reprise_requests_total{upstream=\"api\",outcome=\"recovered\"")
-    );
+    println!("  ok (first attempt): {}", outcome("ok"));
+    println!("  recovered         : {}", outcome("recovered"));
     println!(
         "  exhausted         : {}{}",
-        sum("reprise_requests_total{upstream=\"api\",outcome=\"exhausted\""),
-        reasons("exhausted")
+        outcome("exhausted"),
+        reasons(&metrics, "exhausted")
     );
     println!(
         "  skipped           : {}{}",
-        sum("reprise_requests_total{upstream=\"api\",outcome=\"skipped\""),
-        reasons("skipped")
+        outcome("skipped"),
+        reasons(&metrics, "skipped")
     );
-    println!(
-        "  upstream attempts : flaky {}, healthy {} ({:.3} per client request)",
+    let (flaky_n, healthy_n) = (
         flaky.requests.load(Ordering::Relaxed),
         healthy.requests.load(Ordering::Relaxed),
-        (flaky.requests.load(Ordering::Relaxed) + healthy.requests.load(Ordering::Relaxed)) as f64
-            / REQUESTS as f64
+    );
+    println!(
+        "  upstream attempts : flaky {flaky_n}, healthy {healthy_n} ({:.3} per client request)",
+        (flaky_n + healthy_n) as f64 / REQUESTS as f64
     );
 
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let status = child.wait()?;
-    if let Ok(Some(line)) = log_reader.join() {
+    let exit = running.stop(Duration::from_secs(30)).await?;
+    if let Some(line) = recovered
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    {
         println!("\n== one recovered request, as the sidecar logged it\n{line}");
     }
-    println!("\n== reprise-sidecar stopped ({status})");
+    println!(
+        "\n== reprise-sidecar stopped (exit {})",
+        exit.code
+            .map_or("by a signal".to_string(), |c| c.to_string())
+    );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?)
-}
-
-async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await?;
-    let text = String::from_utf8_lossy(&out).to_string();
-    let status = text.get(9..12).context("short response")?.parse()?;
-    Ok((
-        status,
-        text.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    ))
+/// ` (reason n, ...)` for the `outcome` series of upstream `api`, or nothing.
+fn reasons(metrics: &Metrics, outcome: &str) -> String {
+    let parts: Vec<String> = metrics
+        .family("reprise_requests_total")
+        .filter(|s| s.has_labels(&[("upstream", "api"), ("outcome", outcome)]))
+        .map(|s| format!("{} {}", s.label("reason").unwrap_or_default(), s.value))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
 }

@@ -7,11 +7,14 @@
 use std::time::{Duration, Instant};
 
 use reprise_sidecar::HEADER_READ_TIMEOUT;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use reprise_testkit::http1::{self, Response};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use crate::support::{config, Action, Sidecar, Upstream};
+use crate::support::{
+    api, retries, retry_after, Action, Config, ProxyConfig, Retries, Sidecar, Upstream,
+};
 
 /// Bound on one raw exchange: every case here is decided in well under this.
 const EXCHANGE: Duration = Duration::from_secs(10);
@@ -26,59 +29,11 @@ struct Raw {
     written: usize,
 }
 
-/// One response read off the wire.
-#[derive(Debug)]
-struct Response {
-    status: u16,
-    /// Lower-case names.
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
 impl Raw {
     /// The responses in `bytes`; panics on one that is not well framed.
     fn responses(&self) -> Vec<Response> {
-        let mut out = Vec::new();
-        let mut rest = &self.bytes[..];
-        while !rest.is_empty() {
-            let mut hs = [httparse::EMPTY_HEADER; 32];
-            let mut r = httparse::Response::new(&mut hs);
-            let head = match r.parse(rest) {
-                Ok(httparse::Status::Complete(n)) => n,
-                other => panic!(
-                    "not an HTTP response ({other:?}): {:?}",
-                    String::from_utf8_lossy(rest)
-                ),
-            };
-            let headers: Vec<(String, String)> = r
-                .headers
-                .iter()
-                .map(|h| {
-                    (
-                        h.name.to_ascii_lowercase(),
-                        String::from_utf8_lossy(h.value).to_string(),
-                    )
-                })
-                .collect();
-            let len = headers
-                .iter()
-                .find(|(k, _)| k == "content-length")
-                .map_or(0, |(_, v)| v.parse::<usize>().expect("content-length"));
-            let status = r.code.expect("status");
-            assert!(
-                rest.len() >= head + len,
-                "truncated response: {:?}",
-                String::from_utf8_lossy(rest)
-            );
-            let body = rest[head..head + len].to_vec();
-            rest = &rest[head + len..];
-            out.push(Response {
-                status,
-                headers,
-                body,
-            });
-        }
-        out
+        http1::parse_responses(&self.bytes)
+            .unwrap_or_else(|e| panic!("not well-framed HTTP responses ({e}): {:?}", self.text()))
     }
 
     /// The status of the only response; panics unless exactly one came back.
@@ -148,42 +103,53 @@ async fn settle() {
 
 async fn plain_sidecar() -> (Upstream, Sidecar) {
     let up = Upstream::always(Action::Echo).await;
-    let sidecar = Sidecar::start(&config(&[&up], "")).await;
+    let sidecar = Sidecar::start(api(&[&up])).await;
     (up, sidecar)
+}
+
+/// Sends each request on its own connection to a [`plain_sidecar`], expects
+/// 400 for each, and that none of them reached the upstream; returns both.
+async fn refused(requests: &[&[u8]]) -> (Upstream, Sidecar) {
+    let (up, sidecar) = plain_sidecar().await;
+    for request in requests {
+        let r = exchange(&sidecar, request).await;
+        assert_eq!(r.status(), 400, "{:?}", String::from_utf8_lossy(request));
+    }
+    settle().await;
+    assert_eq!(up.count(), 0);
+    (up, sidecar)
+}
+
+/// `POST /` with each of `heads` (header lines), then `body`.
+fn posts_with(heads: &[&str], body: &str) -> Vec<String> {
+    heads
+        .iter()
+        .map(|head| format!("POST / HTTP/1.1\r\nhost: api\r\n{head}\r\n{body}"))
+        .collect()
 }
 
 #[tokio::test]
 async fn malformed_request_lines_get_400_and_never_reach_the_upstream() {
-    let (up, sidecar) = plain_sidecar().await;
-    for request in [
-        &b"NOT A REQUEST LINE\r\n\r\n"[..],
+    refused(&[
+        b"NOT A REQUEST LINE\r\n\r\n",
         b"GET\r\n\r\n",
         b"GET / HTTP/9.9\r\nhost: api\r\n\r\n",
         b"GET / HTTP/1.1 trailing\r\nhost: api\r\n\r\n",
         b"G\x00T / HTTP/1.1\r\nhost: api\r\n\r\n",
         b"GET /\x7f HTTP/1.1\r\nhost: api\r\n\r\n",
-    ] {
-        let r = exchange(&sidecar, request).await;
-        assert_eq!(r.status(), 400, "{:?}", String::from_utf8_lossy(request));
-    }
-    settle().await;
-    assert_eq!(up.count(), 0);
+    ])
+    .await;
 }
 
 #[tokio::test]
 async fn a_header_line_without_a_colon_gets_400() {
-    let (up, sidecar) = plain_sidecar().await;
-    for request in [
-        &b"GET / HTTP/1.1\r\nhost: api\r\nNoColonHere\r\n\r\n"[..],
+    refused(&[
+        b"GET / HTTP/1.1\r\nhost: api\r\nNoColonHere\r\n\r\n",
         b"GET / HTTP/1.1\r\nhost: api\r\nx-name value\r\n\r\n",
         // Obsolete line folding (RFC 9112 §5.2): refused, not glued to the previous header.
         b"GET / HTTP/1.1\r\nhost: api\r\nx-a: 1\r\n folded\r\n\r\n",
-    ] {
-        let r = exchange(&sidecar, request).await;
-        assert_eq!(r.status(), 400, "{:?}", String::from_utf8_lossy(request));
-    }
-    settle().await;
-    assert_eq!(up.count(), 0);
+    ])
+    .await;
 }
 
 #[tokio::test]
@@ -254,10 +220,9 @@ async fn an_oversized_uri_is_refused() {
 
     // A head limit large enough to read it whole: hyper's own URI limit answers 414.
     let up = Upstream::always(Action::Echo).await;
-    let sidecar = Sidecar::start(&format!(
-        "{}proxy: {{ max_request_header_bytes: 262144 }}\n",
-        config(&[&up], "")
-    ))
+    let sidecar = Sidecar::start(
+        Config::from(api(&[&up])).proxy(ProxyConfig::new().max_request_header_bytes(262144)),
+    )
     .await;
     let r = exchange(&sidecar, request.as_bytes()).await;
     assert_eq!(r.status(), 414, "{}", r.text());
@@ -269,21 +234,25 @@ async fn an_oversized_uri_is_refused() {
 async fn an_invalid_chunk_size_gets_400_and_is_never_retried() {
     let bad = b"POST /orders HTTP/1.1\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n";
     // Buffered for replay: the body fails while it is read, before any attempt.
+    let retry_posts = || {
+        retries()
+            .attempts(3)
+            .retry_post(true)
+            .backoff_base_ms(1)
+            .backoff_cap_ms(1)
+            .reuse_endpoints(true)
+    };
     let a = Upstream::always(Action::Reply(503)).await;
     let b = Upstream::always(Action::Echo).await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 3, retry_post: true, buffer_max_bytes: 1024, backoff_base_ms: 1, backoff_cap_ms: 1, reuse_endpoints: true }\n",
-    ))
-    .await;
+    let sidecar =
+        Sidecar::start(api(&[&a, &b]).retries(retry_posts().buffer_max_bytes(1024))).await;
     let r = exchange(&sidecar, bad).await;
     let responses = r.responses();
     assert_eq!(responses.len(), 1, "{}", r.text());
     assert_eq!(responses[0].status, 400);
-    assert!(
-        responses[0]
-            .headers
-            .contains(&("x-reprise-error".into(), "request_body_error".into())),
+    assert_eq!(
+        responses[0].header("x-reprise-error"),
+        Some("request_body_error"),
         "{:?}",
         responses[0].headers
     );
@@ -292,10 +261,11 @@ async fn an_invalid_chunk_size_gets_400_and_is_never_retried() {
     // retried, and not held against the endpoint (one failure would eject it).
     let c = Upstream::always(Action::Reply(503)).await;
     let d = Upstream::always(Action::Echo).await;
-    let streaming = Sidecar::start(&config(
-        &[&c, &d],
-        "    passive_health: { consecutive_failures: 1 }\n    retries: { attempts: 3, retry_post: true, buffer_max_bytes: 0, backoff_base_ms: 1, backoff_cap_ms: 1, reuse_endpoints: true }\n",
-    ))
+    let streaming = Sidecar::start(
+        api(&[&c, &d])
+            .consecutive_failures(1)
+            .retries(retry_posts().buffer_max_bytes(0)),
+    )
     .await;
     let r = exchange(&streaming, bad).await;
     assert_eq!(r.status(), 400, "{}", r.text());
@@ -363,7 +333,7 @@ async fn content_length_with_chunked_is_read_as_chunked_and_the_smuggled_request
             names.iter().filter(|n| **n == "content-length").count() <= 1,
             "case {i}: {names:?}"
         );
-        if let Some((_, v)) = got[0].headers.iter().find(|(k, _)| k == "content-length") {
+        if let Some(v) = got[0].header("content-length") {
             assert_eq!(v, "5", "case {i}: a length, if any, is the real one");
         }
     }
@@ -371,45 +341,35 @@ async fn content_length_with_chunked_is_read_as_chunked_and_the_smuggled_request
 
 #[tokio::test]
 async fn a_transfer_encoding_that_is_not_chunked_last_is_refused() {
-    let (up, sidecar) = plain_sidecar().await;
-    for head in [
-        "transfer-encoding: gzip\r\ncontent-length: 5\r\n",
-        "transfer-encoding: chunked, identity\r\n",
-    ] {
-        let request = format!("POST / HTTP/1.1\r\nhost: api\r\n{head}\r\nhello");
-        assert_eq!(
-            exchange(&sidecar, request.as_bytes()).await.status(),
-            400,
-            "{head}"
-        );
-    }
+    let posts = posts_with(
+        &[
+            "transfer-encoding: gzip\r\ncontent-length: 5\r\n",
+            "transfer-encoding: chunked, identity\r\n",
+        ],
+        "hello",
+    );
+    let mut requests: Vec<&[u8]> = posts.iter().map(String::as_bytes).collect();
     // HTTP/1.0 has no chunked coding at all.
-    let request =
-        b"POST / HTTP/1.0\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
-    assert_eq!(exchange(&sidecar, request).await.status(), 400);
-    settle().await;
-    assert_eq!(up.count(), 0);
+    requests.push(
+        b"POST / HTTP/1.0\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    );
+    refused(&requests).await;
 }
 
 #[tokio::test]
 async fn conflicting_content_lengths_get_400() {
-    let (up, sidecar) = plain_sidecar().await;
-    for head in [
-        "content-length: 5\r\ncontent-length: 6\r\n",
-        "content-length: 5, 6\r\n",
-        "content-length: -5\r\n",
-        "content-length: +5\r\n",
-        "content-length: 99999999999999999999999\r\n",
-    ] {
-        let request = format!("POST / HTTP/1.1\r\nhost: api\r\n{head}\r\nhello!");
-        assert_eq!(
-            exchange(&sidecar, request.as_bytes()).await.status(),
-            400,
-            "{head}"
-        );
-    }
-    settle().await;
-    assert_eq!(up.count(), 0);
+    let posts = posts_with(
+        &[
+            "content-length: 5\r\ncontent-length: 6\r\n",
+            "content-length: 5, 6\r\n",
+            "content-length: -5\r\n",
+            "content-length: +5\r\n",
+            "content-length: 99999999999999999999999\r\n",
+        ],
+        "hello!",
+    );
+    let requests: Vec<&[u8]> = posts.iter().map(String::as_bytes).collect();
+    let (up, sidecar) = refused(&requests).await;
 
     // Repeated equal values are one length (RFC 9110 §8.6), forwarded once.
     let request = "POST / HTTP/1.1\r\nhost: api\r\nconnection: close\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello";
@@ -418,13 +378,27 @@ async fn conflicting_content_lengths_get_400() {
     let got = up.received();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].body, b"hello");
-    let lengths: Vec<&String> = got[0]
-        .headers
-        .iter()
-        .filter(|(k, _)| k == "content-length")
-        .map(|(_, v)| v)
-        .collect();
-    assert_eq!(lengths, ["5"], "one content-length upstream");
+    assert_eq!(
+        got[0].header_values("content-length"),
+        ["5"],
+        "one content-length upstream"
+    );
+}
+
+/// Two retries with a 1-5 ms backoff that may go back to the same endpoint.
+fn quick_reuse() -> Retries {
+    retries()
+        .attempts(2)
+        .backoff_base_ms(1)
+        .backoff_cap_ms(5)
+        .reuse_endpoints(true)
+}
+
+/// One endpoint answering `status` with `Retry-After: value`, behind `retries`.
+async fn busy_behind_retries(status: u16, value: &str, retries: Retries) -> (Upstream, Sidecar) {
+    let up = Upstream::always(retry_after(status, value, "busy")).await;
+    let sidecar = Sidecar::start(api(&[&up]).retries(retries)).await;
+    (up, sidecar)
 }
 
 #[tokio::test]
@@ -440,17 +414,8 @@ async fn a_garbage_retry_after_falls_back_to_the_backoff() {
         "4294967296 4294967296",
     ] {
         for status in [429, 503] {
-            let a = Upstream::always(Action::ReplyWith(
-                status,
-                vec![("retry-after", value.to_string())],
-                "busy",
-            ))
-            .await;
-            let sidecar = Sidecar::start(&config(
-                &[&a],
-                "    retries: { attempts: 2, backoff_base_ms: 1, backoff_cap_ms: 5, total_deadline_ms: 2000, reuse_endpoints: true }\n",
-            ))
-            .await;
+            let (a, sidecar) =
+                busy_behind_retries(status, value, quick_reuse().total_deadline_ms(2000)).await;
             let started = Instant::now();
             let r = timeout(Duration::from_secs(5), sidecar.send("GET", "api", "/", b""))
                 .await
@@ -473,23 +438,28 @@ async fn a_garbage_retry_after_falls_back_to_the_backoff() {
 #[tokio::test]
 async fn a_huge_but_well_formed_retry_after_ends_the_retries_at_once() {
     // Ten digits parse (317 years); retry_after_max_ms (default 30 s) refuses it.
-    let a = Upstream::always(Action::ReplyWith(
-        503,
-        vec![("retry-after", "9999999999".into())],
-        "busy",
-    ))
-    .await;
-    let sidecar = Sidecar::start(&config(
-        &[&a],
-        "    retries: { attempts: 2, backoff_base_ms: 1, backoff_cap_ms: 5, reuse_endpoints: true }\n",
-    ))
-    .await;
+    let (a, sidecar) = busy_behind_retries(503, "9999999999", quick_reuse()).await;
     let r = timeout(Duration::from_secs(5), sidecar.send("GET", "api", "/", b""))
         .await
         .expect("no sleep for the Retry-After");
     assert_eq!(r.status, 503);
     assert_eq!(a.count(), 1, "no retry");
     assert_eq!(sidecar.outcomes("api", "exhausted"), 1);
+}
+
+/// Reads until the sidecar closes; panics if `whose` connection stays open
+/// well past the header read timeout.
+async fn until_closed(rd: &mut (impl AsyncRead + Unpin), whose: &str) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let _ = timeout(
+        HEADER_READ_TIMEOUT + Duration::from_secs(10),
+        rd.read_to_end(&mut bytes),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!("the sidecar kept {whose} connection open past its header read timeout")
+    });
+    bytes
 }
 
 /// `prefix` one byte every 200 ms, then (with `endless`) more header bytes at
@@ -511,13 +481,7 @@ async fn slowloris(sidecar: &Sidecar, prefix: &[u8], endless: bool) -> (Duration
         // Then silence, with the connection held open.
         Some(wr)
     });
-    let mut bytes = Vec::new();
-    let _ = timeout(
-        HEADER_READ_TIMEOUT + Duration::from_secs(10),
-        rd.read_to_end(&mut bytes),
-    )
-    .await
-    .expect("the sidecar kept a slow client's connection open past its header read timeout");
+    let bytes = until_closed(&mut rd, "a slow client's").await;
     writer.abort();
     (started.elapsed(), bytes)
 }
@@ -535,13 +499,7 @@ async fn slow_and_silent_clients_are_cut_off_at_the_header_read_timeout() {
         async {
             let mut s = TcpStream::connect(sidecar.addr).await.expect("connect");
             let started = Instant::now();
-            let mut bytes = Vec::new();
-            let _ = timeout(
-                HEADER_READ_TIMEOUT + Duration::from_secs(10),
-                s.read_to_end(&mut bytes),
-            )
-            .await
-            .expect("the sidecar kept a silent connection open past its header read timeout");
+            let bytes = until_closed(&mut s, "a silent").await;
             (started.elapsed(), bytes)
         },
     );

@@ -3,20 +3,21 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
-use hyper_util::rt::TokioIo;
 
-use crate::support::{config, Action, Sidecar, Upstream};
+use crate::support::{api, pair, retries, Action, Config, ProxyConfig, Retries, Sidecar, Upstream};
+
+/// One retry, POST included.
+fn replayable() -> Retries {
+    retries().attempts(1).retry_post(true)
+}
 
 #[tokio::test]
 async fn a_body_within_the_cap_is_replayed_byte_for_byte() {
     let a = Upstream::always(Action::Reply(503)).await;
     let b = Upstream::always(Action::Echo).await;
     let body: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 1, retry_post: true, buffer_max_bytes: 16384 }\n",
-    ))
-    .await;
+    let sidecar =
+        Sidecar::start(api(&[&a, &b]).retries(replayable().buffer_max_bytes(16384))).await;
     for _ in 0..6 {
         let r = sidecar.send("POST", "api", "/orders", &body).await;
         assert_eq!(r.status, 200);
@@ -35,13 +36,8 @@ async fn a_body_within_the_cap_is_replayed_byte_for_byte() {
 
 #[tokio::test]
 async fn a_body_over_the_cap_streams_and_is_not_retried_once_consumed() {
-    let a = Upstream::always(Action::Reply(503)).await;
-    let b = Upstream::always(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 1, retry_post: true, buffer_max_bytes: 100 }\n",
-    ))
-    .await;
+    let (a, b) = pair(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(replayable().buffer_max_bytes(100))).await;
     let body = vec![7u8; 5000];
     let r = sidecar.send("POST", "api", "/", &body).await;
     assert_eq!(
@@ -71,10 +67,9 @@ async fn an_unconsumed_streaming_body_is_retried_after_connect_refused() {
     let down = Upstream::refusing().await;
     let down2 = Upstream::refusing().await;
     let good = Upstream::always(Action::Echo).await;
-    let sidecar = Sidecar::start(&config(
-        &[&down, &down2, &good],
-        "    retries: { attempts: 2, retry_post: true }\n",
-    ))
+    let sidecar = Sidecar::start(
+        api(&[&down, &down2, &good]).retries(retries().attempts(2).retry_post(true)),
+    )
     .await;
     let body = vec![9u8; 200_000];
     for _ in 0..5 {
@@ -90,13 +85,8 @@ async fn an_unconsumed_streaming_body_is_retried_after_connect_refused() {
 
 #[tokio::test]
 async fn buffer_zero_replays_only_empty_bodies() {
-    let a = Upstream::always(Action::Reply(503)).await;
-    let b = Upstream::always(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 1, retry_post: true }\n",
-    ))
-    .await;
+    let (a, b) = pair(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(replayable())).await;
     assert_eq!(sidecar.send("POST", "api", "/", b"").await.status, 503);
     assert_eq!(a.count() + b.count(), 2, "an empty body is replayable");
     assert_eq!(sidecar.send("POST", "api", "/", b"x").await.status, 503);
@@ -111,19 +101,9 @@ async fn buffer_zero_replays_only_empty_bodies() {
 async fn a_chunked_body_within_the_cap_is_buffered_and_replayed() {
     let a = Upstream::always(Action::Reply(503)).await;
     let b = Upstream::always(Action::Echo).await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 1, retry_post: true, buffer_max_bytes: 1024 }\n",
-    ))
-    .await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(replayable().buffer_max_bytes(1024))).await;
     for _ in 0..4 {
-        let stream = tokio::net::TcpStream::connect(sidecar.addr)
-            .await
-            .expect("connect");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("handshake");
-        tokio::spawn(conn);
+        let mut sender = reprise_testkit::client::http1(sidecar.addr).await;
         let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
             Ok(http_body::Frame::data(Bytes::from_static(b"hello "))),
             Ok(http_body::Frame::data(Bytes::from_static(b"chunked "))),
@@ -144,16 +124,10 @@ async fn a_chunked_body_within_the_cap_is_buffered_and_replayed() {
 
 #[tokio::test]
 async fn without_a_reservation_the_body_streams_and_the_request_is_not_rejected() {
-    let a = Upstream::always(Action::Reply(503)).await;
-    let b = Upstream::always(Action::Reply(503)).await;
-    let yaml = format!(
-        "{}proxy: {{ replay_reservation_bytes: 0 }}\n",
-        config(
-            &[&a, &b],
-            "    retries: { attempts: 1, retry_post: true, buffer_max_bytes: 4096 }\n"
-        )
-    );
-    let sidecar = Sidecar::start(&yaml).await;
+    let (a, b) = pair(Action::Reply(503)).await;
+    let config = Config::from(api(&[&a, &b]).retries(replayable().buffer_max_bytes(4096)))
+        .proxy(ProxyConfig::new().replay_reservation_bytes(0));
+    let sidecar = Sidecar::start(config).await;
     let r = sidecar.send("POST", "api", "/", &[1u8; 100]).await;
     assert_eq!(r.status, 503);
     assert_eq!(a.count() + b.count(), 1);
@@ -162,7 +136,7 @@ async fn without_a_reservation_the_body_streams_and_the_request_is_not_rejected(
 #[tokio::test]
 async fn with_retries_off_a_large_body_streams_through_without_buffering() {
     let echo = Upstream::always(Action::Echo).await;
-    let sidecar = Sidecar::start(&config(&[&echo], "")).await;
+    let sidecar = Sidecar::start(api(&[&echo])).await;
     let body = vec![3u8; 8 << 20];
     let r = sidecar.send("POST", "api", "/", &body).await;
     assert_eq!(r.status, 200);

@@ -3,17 +3,48 @@
 
 use std::time::Duration;
 
-use crate::support::{config, Action, Sidecar, Upstream};
+use reprise_testkit::config::FailureBoundary;
 
-const RETRY2: &str = "    retries: { attempts: 2 }\n";
+use crate::support::{
+    api, pair, retries, retry_after, Action, Config, Rule, Sidecar, Upstream, UpstreamConfig,
+};
+
+/// Two retries with the shared budget floor.
+fn retry2(endpoints: &[&Upstream]) -> Config {
+    api(endpoints).retries(retries().attempts(2)).into()
+}
+
+/// Sends `n` GETs through `sidecar`, expecting 200 for each, all answered by `good`.
+async fn all_answered_by(sidecar: &Sidecar, good: &Upstream, n: usize) {
+    for _ in 0..n {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    assert_eq!(good.count(), n);
+}
+
+/// An endpoint doing `action`, a healthy one, and a sidecar with two retries over both.
+async fn failing_and_good(action: Action) -> (Upstream, Upstream, Sidecar) {
+    let bad = Upstream::always(action).await;
+    let good = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(retry2(&[&bad, &good])).await;
+    (bad, good, sidecar)
+}
+
+/// Upstream `api` over `endpoints` whose endpoints are ejected for a minute
+/// after `failures` transport failures in a row, with `attempts` retries.
+fn ejecting(endpoints: &[&Upstream], failures: u32, attempts: u32) -> UpstreamConfig {
+    api(endpoints)
+        .consecutive_failures(failures)
+        .ejection_ms(60000)
+        .retries(retries().attempts(attempts))
+}
 
 #[tokio::test]
 async fn gateway_statuses_are_retried_on_an_untried_endpoint() {
     for status in [502, 503, 504] {
-        let a = Upstream::always(Action::Reply(status)).await;
-        let b = Upstream::always(Action::Reply(status)).await;
+        let (a, b) = pair(Action::Reply(status)).await;
         let good = Upstream::always(Action::Reply(200)).await;
-        let sidecar = Sidecar::start(&config(&[&a, &b, &good], RETRY2)).await;
+        let sidecar = Sidecar::start(retry2(&[&a, &b, &good])).await;
         for _ in 0..10 {
             let r = sidecar.send("GET", "api", "/", b"").await;
             assert_eq!(
@@ -51,9 +82,8 @@ async fn gateway_statuses_are_retried_on_an_untried_endpoint() {
 #[tokio::test]
 async fn other_4xx_and_500_are_not_retried_by_default() {
     for status in [400, 404, 409, 500] {
-        let a = Upstream::always(Action::Reply(status)).await;
-        let b = Upstream::always(Action::Reply(status)).await;
-        let sidecar = Sidecar::start(&config(&[&a, &b], RETRY2)).await;
+        let (a, b) = pair(Action::Reply(status)).await;
+        let sidecar = Sidecar::start(retry2(&[&a, &b])).await;
         let r = sidecar.send("GET", "api", "/", b"").await;
         assert_eq!(r.status, status);
         assert_eq!(
@@ -66,19 +96,16 @@ async fn other_4xx_and_500_are_not_retried_by_default() {
 
 #[tokio::test]
 async fn exhausted_status_retries_return_the_last_response_unchanged() {
-    let a = Upstream::always(Action::ReplyWith(
-        503,
-        vec![("x-from", "a".into())],
-        "a is down",
-    ))
-    .await;
-    let b = Upstream::always(Action::ReplyWith(
-        503,
-        vec![("x-from", "b".into())],
-        "b is down",
-    ))
-    .await;
-    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 5 }\n")).await;
+    let down = |name: &'static str| {
+        Action::ReplyWith(
+            503,
+            vec![("x-from", name.into())],
+            format!("{name} is down").into(),
+        )
+    };
+    let a = Upstream::always(down("a")).await;
+    let b = Upstream::always(down("b")).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(retries().attempts(5))).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 503);
     let from = r
@@ -103,14 +130,9 @@ async fn exhausted_status_retries_return_the_last_response_unchanged() {
 
 #[tokio::test]
 async fn status_429_honours_a_seconds_retry_after() {
-    let limited = Upstream::always(Action::ReplyWith(
-        429,
-        vec![("retry-after", "1".into())],
-        "slow down",
-    ))
-    .await;
+    let limited = Upstream::always(retry_after(429, "1", "slow down")).await;
     let good = Upstream::start(|_| Action::Reply(200)).await;
-    let sidecar = Sidecar::start(&config(&[&limited, &good], RETRY2)).await;
+    let sidecar = Sidecar::start(retry2(&[&limited, &good])).await;
     // Requests until one hits the limited endpoint first (the pick is random).
     for _ in 0..20 {
         let r = sidecar.send("GET", "api", "/", b"").await;
@@ -129,51 +151,24 @@ async fn status_429_honours_a_seconds_retry_after() {
 
 #[tokio::test]
 async fn retry_after_longer_than_the_maximum_ends_retries_with_the_429() {
-    let limited = Upstream::always(Action::ReplyWith(
-        429,
-        vec![("retry-after", "120".into())],
-        "later",
-    ))
-    .await;
-    let other = Upstream::always(Action::ReplyWith(
-        429,
-        vec![("retry-after", "120".into())],
-        "later",
-    ))
-    .await;
-    let sidecar = Sidecar::start(&config(
-        &[&limited, &other],
-        "    retries: { attempts: 2, retry_after_max_ms: 5000 }\n",
-    ))
+    let (limited, other) = pair(retry_after(429, "120", "later")).await;
+    let sidecar = Sidecar::start(
+        api(&[&limited, &other]).retries(retries().attempts(2).retry_after_max_ms(5000)),
+    )
     .await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 429);
-    assert_eq!(
-        r.headers.get("retry-after").map(|v| v.as_bytes()),
-        Some(&b"120"[..])
-    );
+    assert_eq!(r.header("retry-after"), Some(&b"120"[..]));
     assert_eq!(limited.count() + other.count(), 1);
     assert!(r.elapsed < Duration::from_secs(2));
 }
 
 #[tokio::test]
 async fn garbage_retry_after_falls_back_to_backoff() {
-    let a = Upstream::always(Action::ReplyWith(
-        503,
-        vec![("retry-after", "soon-ish".into())],
-        "x",
-    ))
-    .await;
-    let b = Upstream::always(Action::ReplyWith(
-        503,
-        vec![("retry-after", "soon-ish".into())],
-        "x",
-    ))
-    .await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 1, backoff_base_ms: 1, backoff_cap_ms: 1 }\n",
-    ))
+    let (a, b) = pair(retry_after(503, "soon-ish", "x")).await;
+    let sidecar = Sidecar::start(
+        api(&[&a, &b]).retries(retries().attempts(1).backoff_base_ms(1).backoff_cap_ms(1)),
+    )
     .await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 503);
@@ -186,33 +181,20 @@ async fn connect_refused_is_retried_even_at_the_connect_boundary() {
     let down = Upstream::refusing().await;
     let down2 = Upstream::refusing().await;
     let good = Upstream::always(Action::Reply(200)).await;
-    let yaml = format!(
-        "{}rules:\n  - {{ id: reads, attempts: 2 }}\n",
-        config(&[&down, &down2, &good], "")
-    );
-    let sidecar = Sidecar::start(&yaml).await;
-    for _ in 0..10 {
-        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
-    }
-    assert_eq!(good.count(), 10);
+    let config = Config::from(api(&[&down, &down2, &good])).rule(Rule::new("reads").attempts(2));
+    let sidecar = Sidecar::start(config).await;
+    all_answered_by(&sidecar, &good, 10).await;
 }
 
 #[tokio::test]
 async fn reset_after_the_request_was_written_needs_the_before_headers_boundary() {
     // Rule with the safe default boundary (connect): a reset after writing is not retried.
-    let a = Upstream::always(Action::Reset).await;
-    let b = Upstream::always(Action::Reset).await;
-    let yaml = format!(
-        "{}rules:\n  - {{ id: reads, attempts: 1 }}\n",
-        config(&[&a, &b], "")
-    );
-    let sidecar = Sidecar::start(&yaml).await;
+    let (a, b) = pair(Action::Reset).await;
+    let config = Config::from(api(&[&a, &b])).rule(Rule::new("reads").attempts(1));
+    let sidecar = Sidecar::start(config).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 502);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"connection_reset"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"connection_reset"[..]));
     assert_eq!(
         a.count() + b.count(),
         1,
@@ -223,33 +205,25 @@ async fn reset_after_the_request_was_written_needs_the_before_headers_boundary()
     // With before_headers and the acknowledgement, it is retried.
     let a = Upstream::always(Action::Reset).await;
     let good = Upstream::always(Action::Reply(200)).await;
-    let yaml = format!(
-        "{}rules:\n  - {{ id: reads, attempts: 1, failure_boundary: before_headers, acknowledge_duplicate_risk: true }}\n",
-        config(&[&a, &good], "")
+    let config = Config::from(api(&[&a, &good])).rule(
+        Rule::new("reads")
+            .attempts(1)
+            .failure_boundary(FailureBoundary::BeforeHeaders)
+            .acknowledge_duplicate_risk(true),
     );
-    let sidecar = Sidecar::start(&yaml).await;
-    for _ in 0..6 {
-        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
-    }
-    assert_eq!(good.count(), 6);
+    let sidecar = Sidecar::start(config).await;
+    all_answered_by(&sidecar, &good, 6).await;
 }
 
 #[tokio::test]
 async fn close_before_headers_is_a_transport_failure() {
-    let a = Upstream::always(Action::Close).await;
-    let good = Upstream::always(Action::Reply(200)).await;
-    let sidecar = Sidecar::start(&config(&[&a, &good], RETRY2)).await;
-    for _ in 0..6 {
-        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
-    }
-    assert_eq!(good.count(), 6);
+    let (_a, good, sidecar) = failing_and_good(Action::Close).await;
+    all_answered_by(&sidecar, &good, 6).await;
 }
 
 #[tokio::test]
 async fn an_upstream_half_close_is_retried_for_get_and_never_duplicates_a_post() {
-    let half = Upstream::always(Action::HalfClose).await;
-    let good = Upstream::always(Action::Reply(200)).await;
-    let sidecar = Sidecar::start(&config(&[&half, &good], RETRY2)).await;
+    let (half, good, sidecar) = failing_and_good(Action::HalfClose).await;
     for _ in 0..6 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
     }
@@ -278,10 +252,11 @@ async fn an_upstream_half_close_is_retried_for_get_and_never_duplicates_a_post()
 async fn read_timeout_is_retried_on_another_endpoint() {
     let slow = Upstream::always(Action::Stall(Duration::from_secs(3))).await;
     let fast = Upstream::always(Action::Reply(200)).await;
-    let sidecar = Sidecar::start(&config(
-        &[&slow, &fast],
-        "    timeouts: { read_ms: 200 }\n    retries: { attempts: 1 }\n",
-    ))
+    let sidecar = Sidecar::start(
+        api(&[&slow, &fast])
+            .read_ms(200)
+            .retries(retries().attempts(1)),
+    )
     .await;
     for _ in 0..4 {
         let r = sidecar.send("GET", "api", "/", b"").await;
@@ -298,38 +273,28 @@ async fn read_timeout_is_retried_on_another_endpoint() {
 #[tokio::test]
 async fn read_timeout_without_retries_answers_504() {
     let slow = Upstream::always(Action::Stall(Duration::from_secs(3))).await;
-    let sidecar = Sidecar::start(&config(&[&slow], "    timeouts: { read_ms: 100 }\n")).await;
+    let sidecar = Sidecar::start(api(&[&slow]).read_ms(100)).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 504);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"read_timeout"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"read_timeout"[..]));
 }
 
 #[tokio::test]
 async fn retry_transport_false_leaves_transport_errors_alone() {
     let a = Upstream::refusing().await;
     let b = Upstream::refusing().await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 2, retry_transport: false }\n",
-    ))
-    .await;
+    let sidecar =
+        Sidecar::start(api(&[&a, &b]).retries(retries().attempts(2).retry_transport(false))).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 502);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"connect_refused"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"connect_refused"[..]));
     assert_eq!(sidecar.outcomes("api", "skipped"), 1);
 }
 
 #[tokio::test]
 async fn a_body_failing_mid_stream_is_never_retried_and_feeds_passive_health() {
-    let a = Upstream::always(Action::AbortMidBody).await;
-    let b = Upstream::always(Action::AbortMidBody).await;
-    let sidecar = Sidecar::start(&config(&[&a, &b], RETRY2)).await;
+    let (a, b) = pair(Action::AbortMidBody).await;
+    let sidecar = Sidecar::start(retry2(&[&a, &b])).await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 200, "headers were already on their way");
     assert!(
@@ -347,11 +312,7 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
     // Alone in its upstream, the endpoint takes every request: the second
     // reset in a row ejects it, the first does not.
     let bad = Upstream::always(Action::Reset).await;
-    let sidecar = Sidecar::start(&config(
-        &[&bad],
-        "    passive_health: { consecutive_failures: 2, ejection_ms: 60000 }\n    retries: { attempts: 0 }\n",
-    ))
-    .await;
+    let sidecar = Sidecar::start(ejecting(&[&bad], 2, 0)).await;
     let endpoint = || sidecar.stats("api").endpoints[0].clone();
     assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 502);
     assert!(!endpoint().ejected);
@@ -362,11 +323,7 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
     // With a healthy peer, an ejected endpoint is never picked.
     let bad = Upstream::always(Action::Reset).await;
     let good = Upstream::always(Action::Reply(200)).await;
-    let sidecar = Sidecar::start(&config(
-        &[&bad, &good],
-        "    passive_health: { consecutive_failures: 1, ejection_ms: 60000 }\n    retries: { attempts: 1 }\n",
-    ))
-    .await;
+    let sidecar = Sidecar::start(ejecting(&[&bad, &good], 1, 1)).await;
     for _ in 0..40 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
     }
@@ -378,14 +335,10 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
 
 #[tokio::test]
 async fn retryable_statuses_weigh_endpoint_choice_but_never_eject() {
-    // The rules document: an origin status does not mark the endpoint
-    // unhealthy. It only shifts load (the failure estimate), never ejects.
+    // An origin status does not mark the endpoint unhealthy (README, "How a
+    // request is retried"): it only shifts load (the failure estimate), never ejects.
     let bad = Upstream::always(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(&config(
-        &[&bad],
-        "    passive_health: { consecutive_failures: 2, ejection_ms: 60000 }\n    retries: { attempts: 1 }\n",
-    ))
-    .await;
+    let sidecar = Sidecar::start(ejecting(&[&bad], 2, 1)).await;
     for _ in 0..5 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 503);
     }

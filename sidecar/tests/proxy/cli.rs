@@ -1,143 +1,51 @@
 //! The `reprise-sidecar` binary: `--check`, reload on change and SIGHUP,
 //! admin endpoints, the per-request log event, and SIGTERM drain.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use reprise_testkit::client;
+use reprise_testkit::sidecar::{check, write_temp, Launch, Running};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{config, Action, Upstream};
+use crate::support::{api, retries, Action, Config, Upstream, UpstreamConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_reprise-sidecar");
 
-pub(crate) fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("reprise-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, text).expect("write config");
-    path
+/// Longest the process may take to exit after SIGTERM (the default drain is
+/// 15 s; with nothing in flight it ends after the 1 s idle grace).
+pub(crate) const EXIT_WITHIN: Duration = Duration::from_secs(30);
+
+/// `config` written to a file of its own for `label`.
+pub(crate) fn config_file(label: &str, config: impl Into<Config>) -> PathBuf {
+    write_temp(label, &config.into().to_yaml())
 }
 
-pub(crate) fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-/// The real binary, running from a config file.
-pub(crate) struct Running {
-    pub(crate) child: Child,
-    pub(crate) listen: SocketAddr,
-    pub(crate) admin: SocketAddr,
-    /// The health-only listener (`--health`).
-    pub(crate) health: SocketAddr,
-}
-
-impl Running {
-    async fn start(config: &std::path::Path) -> Running {
-        Running::start_with_env(config, &[]).await
-    }
-
-    /// Starts the binary with extra environment variables (e.g. `OTEL_*`).
-    pub(crate) async fn start_with_env(config: &std::path::Path, env: &[(&str, &str)]) -> Running {
-        let (listen, admin, health) = (free_addr(), free_addr(), free_addr());
-        let child = Command::new(BIN)
-            .envs(env.iter().copied())
-            .args(["--config", config.to_str().expect("utf-8 path")])
-            .args([
-                "--listen",
-                &listen.to_string(),
-                "--admin",
-                &admin.to_string(),
-                "--health",
-                &health.to_string(),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn reprise-sidecar");
-        let running = Running {
-            child,
-            listen,
-            admin,
-            health,
-        };
-        // Up to 20 s: under a loaded CI machine (a build and a cluster beside
-        // the tests) a start has taken more than 5 s.
-        for _ in 0..400 {
-            if running
-                .get(running.admin, "/ready")
-                .await
-                .is_some_and(|(s, _)| s == 200)
-            {
-                return running;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the sidecar never became ready");
-    }
-
-    /// A GET over a fresh connection; returns status and body.
-    pub(crate) async fn get(&self, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-        self.request(
-            addr,
-            &format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n"),
-        )
+/// The binary from `config` with extra environment variables (e.g. `OTEL_*`),
+/// once it is ready.
+pub(crate) async fn start(config: &Path, env: &[(&str, &str)]) -> Running {
+    Launch::new(BIN, config)
+        .envs(env)
+        .start()
         .await
-    }
-
-    /// A raw HTTP/1.1 request over a fresh connection; returns status and body.
-    pub(crate) async fn request(&self, addr: SocketAddr, raw: &str) -> Option<(u16, String)> {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(raw.as_bytes()).await.ok()?;
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.ok()?;
-        let text = String::from_utf8_lossy(&out).to_string();
-        let status = text.get(9..12)?.parse().ok()?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Some((status, body))
-    }
-
-    pub(crate) fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(ok.success());
-    }
-
-    /// The value of the first `/metrics` line starting with `series`.
-    pub(crate) async fn metric(&self, series: &str) -> Option<f64> {
-        let (_, text) = self.get(self.admin, "/metrics").await?;
-        text.lines()
-            .find(|l| l.starts_with(series))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-    }
+        .expect("the sidecar starts and becomes ready")
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The status of `GET path` with `Host: host` on a fresh connection.
+async fn status(addr: SocketAddr, host: &str, path: &str) -> Option<u16> {
+    client::get(addr, host, path).await.ok().map(|r| r.status)
 }
 
 #[test]
 fn check_accepts_the_gateway_example_without_connecting() {
-    let out = Command::new(BIN)
-        .args([
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/gateway.yaml"),
-            "--check",
-        ])
-        .output()
-        .expect("run --check");
+    let out = check(
+        Path::new(BIN),
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/gateway.yaml"
+        )),
+    );
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -149,11 +57,9 @@ fn check_accepts_the_gateway_example_without_connecting() {
 
 #[test]
 fn check_refuses_an_invalid_file_naming_file_field_and_rule() {
-    let path = temp_file("check", "upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n    retries: { attempts: 11, total_deadline_ms: 0 }\n");
-    let out = Command::new(BIN)
-        .args(["--config", path.to_str().expect("path"), "--check"])
-        .output()
-        .expect("run");
+    // Literal YAML: the test is about what the parser says of this text.
+    let path = write_temp("check", "upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n    retries: { attempts: 11, total_deadline_ms: 0 }\n");
+    let out = check(Path::new(BIN), &path);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let p = path.display();
@@ -169,10 +75,7 @@ fn check_refuses_an_invalid_file_naming_file_field_and_rule() {
         )),
         "{stderr}"
     );
-    let missing = Command::new(BIN)
-        .args(["--config", "/nonexistent/reprise.yaml", "--check"])
-        .output()
-        .expect("run");
+    let missing = check(Path::new(BIN), Path::new("/nonexistent/reprise.yaml"));
     assert_eq!(missing.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/reprise.yaml: cannot read")
@@ -181,78 +84,66 @@ fn check_refuses_an_invalid_file_naming_file_field_and_rule() {
 
 #[tokio::test]
 async fn reloads_on_change_refuses_bad_files_and_reloads_on_sighup() {
-    let api = Upstream::always(Action::Reply(200)).await;
+    let up = Upstream::always(Action::Reply(200)).await;
     let web = Upstream::always(Action::Reply(201)).await;
-    let path = temp_file("reload", &config(&[&api], ""));
-    let sidecar = Running::start(&path).await;
-    assert_eq!(
-        sidecar.get(sidecar.listen, "/").await.map(|r| r.0),
-        Some(200)
-    );
+    let path = config_file("reload", api(&[&up]));
+    let sidecar = start(&path, &[]).await;
+    assert_eq!(status(sidecar.listen, "api", "/").await, Some(200));
 
-    // An invalid file is refused; the running config keeps serving.
+    // An invalid file is refused; the running config keeps serving. (Literal
+    // YAML: an empty endpoint list is what the test feeds the reload.)
     std::fs::write(&path, "upstreams:\n  - name: api\n    endpoints: []\n").expect("write");
-    let mut refused = 0.0;
-    for _ in 0..40 {
-        refused = sidecar
-            .metric("reprise_config_reloads_total{result=\"refused\"}")
-            .await
-            .unwrap_or(0.0);
-        if refused >= 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let refused = sidecar
+        .wait_for_metric(
+            "reprise_config_reloads_total",
+            &[("result", "refused")],
+            Duration::from_secs(4),
+            |v| v >= 1.0,
+        )
+        .await
+        .unwrap_or(0.0);
     assert_eq!(refused, 1.0);
     assert_eq!(
-        sidecar.get(sidecar.listen, "/").await.map(|r| r.0),
+        status(sidecar.listen, "api", "/").await,
         Some(200),
         "last good config still serves"
     );
 
     // A valid change is picked up.
-    let yaml = format!(
-        "{}{}",
-        config(&[&api], ""),
-        crate::support::upstream_yaml("web", &[&web], "")
-    );
-    std::fs::write(&path, yaml).expect("write");
+    Config::new()
+        .upstream(api(&[&up]))
+        .upstream(UpstreamConfig::new("web").endpoint(web.addr))
+        .write(&path)
+        .expect("write");
     let mut routed = None;
     for _ in 0..40 {
-        routed = sidecar
-            .request(
-                sidecar.listen,
-                "GET / HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
-            )
-            .await
-            .map(|r| r.0);
+        routed = status(sidecar.listen, "web", "/").await;
         if routed == Some(201) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(routed, Some(201));
-    let (_, json) = sidecar.get(sidecar.admin, "/config").await.expect("config");
+    let json = sidecar.admin_get("/config").await.expect("config").text();
     let cfg: serde_json::Value = serde_json::from_str(&json).expect("config is JSON");
     assert_eq!(cfg["upstreams"][1]["name"], "web");
 
     // SIGHUP forces a reload of the unchanged file.
+    let ok = [("result", "ok")];
     let before = sidecar
-        .metric("reprise_config_reloads_total{result=\"ok\"}")
+        .metric("reprise_config_reloads_total", &ok)
         .await
         .expect("metric");
-    sidecar.signal("-HUP");
-    let mut after = before;
-    for _ in 0..40 {
-        after = sidecar
-            .metric("reprise_config_reloads_total{result=\"ok\"}")
-            .await
-            .expect("metric");
-        if after > before {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sidecar.signal("HUP").expect("SIGHUP");
+    let after = sidecar
+        .wait_for_metric(
+            "reprise_config_reloads_total",
+            &ok,
+            Duration::from_secs(2),
+            |v| v > before,
+        )
+        .await
+        .expect("metric");
     assert_eq!(after, before + 1.0);
 }
 
@@ -260,60 +151,57 @@ async fn reloads_on_change_refuses_bad_files_and_reloads_on_sighup() {
 async fn admin_endpoints_and_one_log_event_per_request() {
     let bad = Upstream::always(Action::Reply(503)).await;
     let good = Upstream::always(Action::Reply(200)).await;
-    let path = temp_file(
+    let path = config_file(
         "admin",
-        &config(
-            &[&bad, &good],
-            "    retries: { attempts: 1, buffer_max_bytes: 1024 }\n",
-        ),
+        api(&[&bad, &good]).retries(retries().attempts(1).buffer_max_bytes(1024)),
     );
-    let mut sidecar = Running::start(&path).await;
-    assert_eq!(
-        sidecar.get(sidecar.admin, "/live").await.map(|r| r.0),
-        Some(200)
-    );
-    assert_eq!(
-        sidecar.get(sidecar.admin, "/nope").await.map(|r| r.0),
-        Some(404)
-    );
+    let mut sidecar = start(&path, &[]).await;
+    let admin = |path: &'static str| sidecar.admin_get(path);
+    assert_eq!(admin("/live").await.ok().map(|r| r.status), Some(200));
+    assert_eq!(admin("/nope").await.ok().map(|r| r.status), Some(404));
     // The health listener (on the pod IP in Kubernetes) answers probes and
     // exposes nothing else.
-    for (path, status) in [
+    let health = sidecar.health.expect("a health listener");
+    for (path, code) in [
         ("/live", 200),
         ("/ready", 200),
         ("/config", 404),
         ("/metrics", 404),
     ] {
         assert_eq!(
-            sidecar.get(sidecar.health, path).await.map(|r| r.0),
-            Some(status),
+            status(health, "api", path).await,
+            Some(code),
             "{path} on the health listener"
         );
     }
     // Requests carrying a credential and a body, until one was recovered
     // (endpoint picking is random: the 503 endpoint may go untried a while).
+    let recovered = [
+        ("upstream", "api"),
+        ("outcome", "recovered"),
+        ("reason", ""),
+    ];
     let mut sent = 0;
     while sent < 6
         || (sent < 40
             && sidecar
-                .metric(
-                    "reprise_requests_total{upstream=\"api\",outcome=\"recovered\",reason=\"\"}",
-                )
+                .metric("reprise_requests_total", &recovered)
                 .await
                 .unwrap_or(0.0)
                 == 0.0)
     {
         let raw = "GET / HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer s3cret-t0ken\r\nContent-Length: 11\r\nConnection: close\r\n\r\nb0dy-marker";
         assert_eq!(
-            sidecar.request(sidecar.listen, raw).await.map(|r| r.0),
+            client::exchange(sidecar.listen, raw.as_bytes())
+                .await
+                .ok()
+                .map(|r| r.status),
             Some(200)
         );
         sent += 1;
     }
-    let (_, metrics) = sidecar
-        .get(sidecar.admin, "/metrics")
-        .await
-        .expect("metrics");
+    let text = sidecar.admin_get("/metrics").await.expect("metrics").text();
+    let metrics = reprise_testkit::prometheus::Metrics::parse(&text).expect("Prometheus text");
     for family in [
         "reprise_requests_total",
         "reprise_retries_total",
@@ -322,34 +210,27 @@ async fn admin_endpoints_and_one_log_event_per_request() {
         "reprise_replay_buffer_bytes",
         "reprise_endpoint_ejected",
     ] {
-        assert!(metrics.contains(family), "{family} missing from\n{metrics}");
+        assert!(metrics.has(family), "{family} missing from\n{text}");
     }
-    let recovered = sidecar
-        .metric("reprise_requests_total{upstream=\"api\",outcome=\"recovered\",reason=\"\"}")
-        .await
+    let recovered = metrics
+        .get("reprise_requests_total", &recovered)
         .expect("recovered");
-    let ok = sidecar
-        .metric("reprise_requests_total{upstream=\"api\",outcome=\"ok\",reason=\"\"}")
-        .await
+    let ok = metrics
+        .get(
+            "reprise_requests_total",
+            &[("upstream", "api"), ("outcome", "ok"), ("reason", "")],
+        )
         .expect("ok");
     assert_eq!(recovered + ok, f64::from(sent));
-    sidecar.signal("-TERM");
-    let stdout = sidecar.child.stdout.take().expect("stdout");
-    let lines: Vec<String> = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .collect();
+    sidecar.stop(EXIT_WITHIN).await.expect("exit after SIGTERM");
+    let lines = sidecar.lines();
     for secret in ["s3cret-t0ken", "b0dy-marker"] {
         assert!(
             !lines.iter().any(|l| l.contains(secret)),
             "{secret} leaked into the log"
         );
     }
-    let events: Vec<serde_json::Value> = lines
-        .iter()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|v: &serde_json::Value| v["target"] == "reprise::request")
-        .collect();
+    let events = sidecar.events("reprise::request");
     assert_eq!(events.len(), sent as usize, "one event per logical request");
     let recovered_event = events
         .iter()
@@ -370,53 +251,20 @@ async fn admin_endpoints_and_one_log_event_per_request() {
 #[tokio::test]
 async fn the_access_log_follows_the_log_filter_set_at_run_time() {
     let good = Upstream::always(Action::Reply(200)).await;
-    let path = temp_file("access-filter", &config(&[&good], ""));
-    let mut sidecar = Running::start(&path).await;
-    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n");
-    let set_filter = |spec: &str| {
-        format!(
-            "PUT /log-level HTTP/1.1\r\nHost: admin\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{spec}",
-            spec.len()
-        )
-    };
-    assert_eq!(
-        sidecar
-            .request(sidecar.listen, &get("/before"))
-            .await
-            .map(|r| r.0),
-        Some(200)
-    );
-    let off = set_filter("info,reprise::request=off");
-    assert_eq!(
-        sidecar.request(sidecar.admin, &off).await.map(|r| r.0),
-        Some(200)
-    );
-    assert_eq!(
-        sidecar
-            .request(sidecar.listen, &get("/while-off"))
-            .await
-            .map(|r| r.0),
-        Some(200)
-    );
-    let on = set_filter("info");
-    assert_eq!(
-        sidecar.request(sidecar.admin, &on).await.map(|r| r.0),
-        Some(200)
-    );
-    assert_eq!(
-        sidecar
-            .request(sidecar.listen, &get("/after"))
-            .await
-            .map(|r| r.0),
-        Some(200)
-    );
-    sidecar.signal("-TERM");
-    let stdout = sidecar.child.stdout.take().expect("stdout");
-    let paths: Vec<String> = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
-        .filter(|v| v["target"] == "reprise::request")
+    let path = config_file("access-filter", api(&[&good]));
+    let mut sidecar = start(&path, &[]).await;
+    let set_filter = |spec: &'static str| sidecar.admin_put("/log-level", spec);
+    assert_eq!(status(sidecar.listen, "api", "/before").await, Some(200));
+    let off = set_filter("info,reprise::request=off").await;
+    assert_eq!(off.ok().map(|r| r.status), Some(200));
+    assert_eq!(status(sidecar.listen, "api", "/while-off").await, Some(200));
+    let on = set_filter("info").await;
+    assert_eq!(on.ok().map(|r| r.status), Some(200));
+    assert_eq!(status(sidecar.listen, "api", "/after").await, Some(200));
+    sidecar.stop(EXIT_WITHIN).await.expect("exit after SIGTERM");
+    let paths: Vec<String> = sidecar
+        .events("reprise::request")
+        .iter()
         .map(|v| v["path"].as_str().unwrap_or_default().to_string())
         .collect();
     assert_eq!(paths, ["/before", "/after"]);
@@ -435,8 +283,8 @@ async fn with_one_worker_the_single_threaded_runtime_proxies_and_drains() {
 
 async fn sigterm_drains(name: &str, env: &[(&str, &str)]) {
     let slow = Upstream::always(Action::Stall(Duration::from_millis(800))).await;
-    let path = temp_file(name, &config(&[&slow], ""));
-    let mut sidecar = Running::start_with_env(&path, env).await;
+    let path = config_file(name, api(&[&slow]));
+    let mut sidecar = start(&path, env).await;
     let listen = sidecar.listen;
     let in_flight = tokio::spawn(async move {
         let mut s = tokio::net::TcpStream::connect(listen)
@@ -450,7 +298,7 @@ async fn sigterm_drains(name: &str, env: &[(&str, &str)]) {
         String::from_utf8_lossy(&out).to_string()
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    sidecar.signal("-TERM");
+    sidecar.signal("TERM").expect("SIGTERM");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
         tokio::net::TcpStream::connect(listen).await.is_err(),
@@ -461,9 +309,6 @@ async fn sigterm_drains(name: &str, env: &[(&str, &str)]) {
         response.starts_with("HTTP/1.1 200"),
         "the in-flight request finished: {response}"
     );
-    let status = tokio::task::spawn_blocking(move || sidecar.child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = sidecar.wait(EXIT_WITHIN).await.expect("exit");
     assert_eq!(status.code(), Some(0));
 }

@@ -12,8 +12,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::cli::{temp_file, Running};
-use crate::support::{config, Action, Upstream};
+use reprise_testkit::sidecar::Running;
+
+use crate::cli::{config_file, start};
+use crate::support::{api, Action, Upstream};
 
 /// Polls until `f` holds, at most 5 s.
 async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
@@ -26,21 +28,20 @@ async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
     panic!("never: {what}");
 }
 
+/// The request and endpoint in-flight gauges (one endpoint).
 async fn gauges(sidecar: &Running) -> (Option<f64>, Option<f64>) {
+    let m = sidecar.metrics().await.expect("a /metrics scrape");
     (
-        sidecar.metric("reprise_requests_in_flight ").await,
-        sidecar.metric("reprise_endpoint_in_flight{").await,
+        m.get("reprise_requests_in_flight", &[]),
+        Some(m.sum("reprise_endpoint_in_flight", &[("upstream", "api")])),
     )
 }
 
 #[tokio::test]
 async fn in_flight_gauges_return_to_zero_when_clients_give_up() {
     let up = Upstream::always(Action::Stall(Duration::from_secs(30))).await;
-    let path = temp_file(
-        "gauges",
-        &config(&[&up], "    timeouts: { read_ms: 60000 }\n"),
-    );
-    let sidecar = Running::start_with_env(&path, &[]).await;
+    let path = config_file("gauges", api(&[&up]).read_ms(60_000));
+    let sidecar = start(&path, &[]).await;
 
     // Five HTTP/1 clients send a request each and give up while it stalls.
     let mut clients = Vec::new();

@@ -3,17 +3,18 @@
 
 use std::time::Duration;
 
-use crate::support::{config, Action, Sidecar, Upstream};
+use crate::support::{
+    api, full_budget, pair, retries, retry_after, Action, Retries, Sidecar, Upstream,
+};
 
 #[tokio::test]
 async fn the_attempt_cap_bounds_retries_to_distinct_endpoints() {
     let eps: Vec<Upstream> =
         futures_util::future::join_all((0..4).map(|_| Upstream::always(Action::Reply(503)))).await;
     let refs: Vec<&Upstream> = eps.iter().collect();
-    let sidecar = Sidecar::start(&config(
-        &refs,
-        "    retries: { attempts: 2, backoff_base_ms: 1, backoff_cap_ms: 2 }\n",
-    ))
+    let sidecar = Sidecar::start(
+        api(&refs).retries(retries().attempts(2).backoff_base_ms(1).backoff_cap_ms(2)),
+    )
     .await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 503);
@@ -34,18 +35,15 @@ async fn the_attempt_cap_bounds_retries_to_distinct_endpoints() {
 
 #[tokio::test]
 async fn without_an_alternate_the_retries_stop_unless_reuse_is_allowed() {
-    let a = Upstream::always(Action::Reply(503)).await;
-    let b = Upstream::always(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 5, backoff_base_ms: 1, backoff_cap_ms: 1 }\n",
-    ))
-    .await;
+    let quick = || retries().backoff_base_ms(1).backoff_cap_ms(1);
+    let (a, b) = pair(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(quick().attempts(5))).await;
     sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(a.count() + b.count(), 2);
 
     let a = Upstream::always(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(&config(&[&a], "    retries: { attempts: 3, backoff_base_ms: 1, backoff_cap_ms: 1, reuse_endpoints: true }\n")).await;
+    let sidecar =
+        Sidecar::start(api(&[&a]).retries(quick().attempts(3).reuse_endpoints(true))).await;
     sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(
         a.count(),
@@ -54,15 +52,19 @@ async fn without_an_alternate_the_retries_stop_unless_reuse_is_allowed() {
     );
 }
 
+/// One retry without backoff under a budget of `percent` (and no floor).
+fn no_backoff(percent: f64) -> Retries {
+    Retries::new()
+        .attempts(1)
+        .budget_percent(percent)
+        .backoff_base_ms(0)
+        .backoff_cap_ms(0)
+}
+
 #[tokio::test]
 async fn the_budget_caps_retries_during_an_outage() {
-    let a = Upstream::always(Action::Reply(503)).await;
-    let b = Upstream::always(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 1, budget_percent: 10, backoff_base_ms: 0, backoff_cap_ms: 0 }\n",
-    ))
-    .await;
+    let (a, b) = pair(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(no_backoff(10.0))).await;
     for _ in 0..100 {
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 503);
     }
@@ -75,11 +77,9 @@ async fn the_budget_caps_retries_during_an_outage() {
 
 #[tokio::test]
 async fn the_budget_is_shared_by_concurrent_requests() {
-    let a = Upstream::always(Action::Reply(503)).await;
-    let b = Upstream::always(Action::Reply(503)).await;
-    let sidecar = std::sync::Arc::new(
-        Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 1, budget_percent: 20, backoff_base_ms: 0, backoff_cap_ms: 0 }\n")).await,
-    );
+    let (a, b) = pair(Action::Reply(503)).await;
+    let sidecar =
+        std::sync::Arc::new(Sidecar::start(api(&[&a, &b]).retries(no_backoff(20.0))).await);
     let tasks: Vec<_> = (0..100)
         .map(|_| {
             let s = std::sync::Arc::clone(&sidecar);
@@ -101,19 +101,16 @@ async fn the_budget_is_shared_by_concurrent_requests() {
 
 #[tokio::test]
 async fn the_total_deadline_bounds_the_whole_chain() {
-    let a = Upstream::always(Action::Stall(Duration::from_secs(2))).await;
-    let b = Upstream::always(Action::Stall(Duration::from_secs(2))).await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    timeouts: { read_ms: 1500 }\n    retries: { attempts: 2, total_deadline_ms: 300 }\n",
-    ))
+    let (a, b) = pair(Action::Stall(Duration::from_secs(2))).await;
+    let sidecar = Sidecar::start(
+        api(&[&a, &b])
+            .read_ms(1500)
+            .retries(retries().attempts(2).total_deadline_ms(300)),
+    )
     .await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 504);
-    assert_eq!(
-        r.headers.get("x-reprise-error").map(|v| v.as_bytes()),
-        Some(&b"deadline_exceeded"[..])
-    );
+    assert_eq!(r.header("x-reprise-error"), Some(&b"deadline_exceeded"[..]));
     assert!(r.elapsed >= Duration::from_millis(290), "{:?}", r.elapsed);
     assert!(
         r.elapsed < Duration::from_millis(1200),
@@ -125,23 +122,10 @@ async fn the_total_deadline_bounds_the_whole_chain() {
 
 #[tokio::test]
 async fn a_retry_that_would_cross_the_deadline_is_not_made_and_not_charged() {
-    let a = Upstream::always(Action::ReplyWith(
-        503,
-        vec![("retry-after", "1".into())],
-        "busy",
-    ))
-    .await;
-    let b = Upstream::always(Action::ReplyWith(
-        503,
-        vec![("retry-after", "1".into())],
-        "busy",
-    ))
-    .await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 2, total_deadline_ms: 300, budget_percent: 100 }\n",
-    ))
-    .await;
+    let (a, b) = pair(retry_after(503, "1", "busy")).await;
+    let sidecar =
+        Sidecar::start(api(&[&a, &b]).retries(full_budget().attempts(2).total_deadline_ms(300)))
+            .await;
     let r = sidecar.send("GET", "api", "/", b"").await;
     assert_eq!(r.status, 503, "the last response goes to the client");
     assert_eq!(r.text(), "busy");
@@ -163,9 +147,16 @@ async fn a_retry_that_would_cross_the_deadline_is_not_made_and_not_charged() {
 
 #[tokio::test]
 async fn backoff_sleeps_at_most_the_nominal_delay() {
-    let a = Upstream::always(Action::Reply(503)).await;
-    let b = Upstream::always(Action::Reply(503)).await;
-    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 1, backoff_base_ms: 300, backoff_cap_ms: 300, budget_percent: 100 }\n")).await;
+    let (a, b) = pair(Action::Reply(503)).await;
+    let sidecar = Sidecar::start(
+        api(&[&a, &b]).retries(
+            full_budget()
+                .attempts(1)
+                .backoff_base_ms(300)
+                .backoff_cap_ms(300),
+        ),
+    )
+    .await;
     for _ in 0..5 {
         let r = sidecar.send("GET", "api", "/", b"").await;
         assert!(

@@ -1,19 +1,16 @@
 //! Methods: safe ones by default, POST only with retry_post, others only with
 //! the duplicate-risk acknowledgement, CONNECT/TRACE/upgrades never.
 
-use crate::support::{config, Action, Sidecar, Upstream};
+use crate::support::{api, pair, retries, Action, Config, Rule, Sidecar, Upstream};
 
 async fn two_failing() -> (Upstream, Upstream) {
-    (
-        Upstream::always(Action::Reply(503)).await,
-        Upstream::always(Action::Reply(503)).await,
-    )
+    pair(Action::Reply(503)).await
 }
 
 #[tokio::test]
 async fn post_is_not_retried_without_retry_post() {
     let (a, b) = two_failing().await;
-    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 2 }\n")).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(retries().attempts(2))).await;
     assert_eq!(sidecar.send("POST", "api", "/", b"").await.status, 503);
     assert_eq!(a.count() + b.count(), 1, "POST reached the upstream once");
     assert_eq!(sidecar.outcomes("api", "skipped"), 1);
@@ -22,11 +19,8 @@ async fn post_is_not_retried_without_retry_post() {
 #[tokio::test]
 async fn post_is_retried_with_retry_post() {
     let (a, b) = two_failing().await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 2, retry_post: true }\n",
-    ))
-    .await;
+    let sidecar =
+        Sidecar::start(api(&[&a, &b]).retries(retries().attempts(2).retry_post(true))).await;
     assert_eq!(sidecar.send("POST", "api", "/", b"").await.status, 503);
     assert_eq!(a.count() + b.count(), 2);
 }
@@ -34,7 +28,7 @@ async fn post_is_retried_with_retry_post() {
 #[tokio::test]
 async fn put_and_delete_need_the_acknowledgement_and_then_are_retried() {
     let (a, b) = two_failing().await;
-    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 1 }\n")).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(retries().attempts(1))).await;
     assert_eq!(sidecar.send("PUT", "api", "/", b"").await.status, 503);
     assert_eq!(
         a.count() + b.count(),
@@ -43,10 +37,14 @@ async fn put_and_delete_need_the_acknowledgement_and_then_are_retried() {
     );
 
     let (a, b) = two_failing().await;
-    let sidecar = Sidecar::start(&config(
-        &[&a, &b],
-        "    retries: { attempts: 1, methods: [GET, PUT, DELETE], acknowledge_duplicate_risk: true }\n",
-    ))
+    let sidecar = Sidecar::start(
+        api(&[&a, &b]).retries(
+            retries()
+                .attempts(1)
+                .methods(["GET", "PUT", "DELETE"])
+                .acknowledge_duplicate_risk(true),
+        ),
+    )
     .await;
     assert_eq!(sidecar.send("PUT", "api", "/", b"").await.status, 503);
     assert_eq!(sidecar.send("DELETE", "api", "/", b"").await.status, 503);
@@ -56,11 +54,13 @@ async fn put_and_delete_need_the_acknowledgement_and_then_are_retried() {
 #[tokio::test]
 async fn trace_is_never_retried_even_under_the_wildcard() {
     let (a, b) = two_failing().await;
-    let yaml = format!(
-        "{}rules:\n  - {{ id: all, methods: ['*'], statuses: [503], acknowledge_duplicate_risk: true }}\n",
-        config(&[&a, &b], "")
+    let config = Config::from(api(&[&a, &b])).rule(
+        Rule::new("all")
+            .methods(["*"])
+            .statuses([503])
+            .acknowledge_duplicate_risk(true),
     );
-    let sidecar = Sidecar::start(&yaml).await;
+    let sidecar = Sidecar::start(config).await;
     assert_eq!(sidecar.send("PATCH", "api", "/", b"").await.status, 503);
     assert_eq!(a.count() + b.count(), 2, "the wildcard retries PATCH");
     assert_eq!(sidecar.send("TRACE", "api", "/", b"").await.status, 503);
@@ -70,23 +70,20 @@ async fn trace_is_never_retried_even_under_the_wildcard() {
 #[tokio::test]
 async fn upgrade_requests_are_never_retried() {
     let (a, b) = two_failing().await;
-    let sidecar = Sidecar::start(&config(&[&a, &b], "    retries: { attempts: 2 }\n")).await;
+    let sidecar = Sidecar::start(api(&[&a, &b]).retries(retries().attempts(2))).await;
     let r = sidecar
-        .send_with(
-            "GET",
-            "api",
+        .get_with(
             "/ws",
-            b"",
             &[("connection", "Upgrade"), ("upgrade", "websocket")],
         )
         .await;
     assert_eq!(r.status, 503);
     assert_eq!(a.count() + b.count(), 1);
-    let upgrade_seen = a.received().iter().chain(b.received().iter()).any(|r| {
-        r.headers
-            .iter()
-            .any(|(k, v)| k == "upgrade" && v == "websocket")
-    });
+    let upgrade_seen = a
+        .received()
+        .iter()
+        .chain(b.received().iter())
+        .any(|r| r.header_values("upgrade").contains(&"websocket"));
     assert!(upgrade_seen, "the upgrade request itself was forwarded");
 }
 
@@ -94,11 +91,13 @@ async fn upgrade_requests_are_never_retried() {
 async fn status_retries_in_a_rule_go_to_a_different_endpoint_each_time() {
     let (a, b) = two_failing().await;
     let c = Upstream::always(Action::Reply(200)).await;
-    let yaml = format!(
-        "{}rules:\n  - {{ id: reads, attempts: 2, statuses: [gateway], acknowledge_duplicate_risk: true }}\n",
-        config(&[&a, &b, &c], "")
+    let config = Config::from(api(&[&a, &b, &c])).rule(
+        Rule::new("reads")
+            .attempts(2)
+            .statuses(["gateway"])
+            .acknowledge_duplicate_risk(true),
     );
-    let sidecar = Sidecar::start(&yaml).await;
+    let sidecar = Sidecar::start(config).await;
     for n in 1..=10 {
         let (a0, b0) = (a.count(), b.count());
         assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);

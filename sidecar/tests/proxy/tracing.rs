@@ -4,15 +4,17 @@
 
 mod collector;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use reprise_testkit::client;
+use reprise_testkit::sidecar::{free_addr, Running};
+use reprise_testkit::upstream::first_then;
 
-use crate::cli::{free_addr, temp_file, Running};
-use crate::support::{config, Action, Sidecar, Upstream};
+use crate::cli::{config_file, start, EXIT_WITHIN};
+use crate::support::{api, full_budget, retries, Action, Config, Sidecar, Upstream};
 use collector::{hex, int, text, Collector, Received};
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -25,23 +27,50 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
+/// Two endpoints running `script` (one script: its clones share a count).
+async fn two(
+    script: impl Fn(&reprise_testkit::upstream::Received) -> Action + Clone + Send + Sync + 'static,
+) -> (Upstream, Upstream) {
+    (
+        Upstream::start(script.clone()).await,
+        Upstream::start(script).await,
+    )
+}
+
 /// Two endpoints; the very first request (whichever endpoint gets it) answers
 /// 503, every other one 200: one request recovers on its retry, deterministically.
 async fn first_request_fails() -> (Upstream, Upstream) {
-    let first = Arc::new(AtomicUsize::new(0));
-    let script = |first: Arc<AtomicUsize>| {
-        move |_| {
-            if first.fetch_add(1, Ordering::SeqCst) == 0 {
-                Action::Reply(503)
-            } else {
-                Action::Reply(200)
-            }
-        }
-    };
-    (
-        Upstream::start(script(Arc::clone(&first))).await,
-        Upstream::start(script(first)).await,
-    )
+    two(first_then(Action::Reply(503), Action::Reply(200))).await
+}
+
+/// The binary from `config` (written for `label`), exporting to `endpoint`
+/// with `env` besides.
+async fn exporting(
+    label: &str,
+    config: impl Into<Config>,
+    endpoint: &str,
+    env: &[(&str, &str)],
+) -> Running {
+    let mut all = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)];
+    all.extend_from_slice(env);
+    start(&config_file(label, config), &all).await
+}
+
+/// The status of one traced GET of `path` through `sidecar`.
+async fn traced_status(sidecar: &Running, path: &str) -> u16 {
+    client::exchange(sidecar.listen, traced_get(path).as_bytes())
+        .await
+        .expect("response")
+        .status
+}
+
+/// The first span of `kind` in `spans`; panics naming `what` when there is none.
+fn only<'a>(spans: &'a [Received], kind: SpanKind, what: &str) -> &'a Span {
+    &spans
+        .iter()
+        .find(|r| r.span.kind == kind as i32)
+        .unwrap_or_else(|| panic!("no {what}: {spans:#?}"))
+        .span
 }
 
 fn traced_get(path: &str) -> String {
@@ -54,23 +83,19 @@ fn traced_get(path: &str) -> String {
 async fn recovered_request(protocol: &str, extra_env: &[(&str, &str)]) -> Vec<Received> {
     let collector = Collector::start().await;
     let (a, b) = first_request_fails().await;
-    let path = temp_file(
-        &format!("trace-{}", protocol.replace('/', "-")),
-        &config(&[&a, &b], "    retries: { attempts: 1 }\n"),
-    );
-    let endpoint = format!("http://{}", collector.addr);
     let mut env = vec![
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ];
     env.extend_from_slice(extra_env);
-    let sidecar = Running::start_with_env(&path, &env).await;
-    let (status, _) = sidecar
-        .request(sidecar.listen, &traced_get("/items?token=secret"))
-        .await
-        .expect("response");
-    assert_eq!(status, 200);
+    let sidecar = exporting(
+        &format!("trace-{}", protocol.replace('/', "-")),
+        api(&[&a, &b]).retries(retries().attempts(1)),
+        &format!("http://{}", collector.addr),
+        &env,
+    )
+    .await;
+    assert_eq!(traced_status(&sidecar, "/items?token=secret").await, 200);
     let spans = collector.wait_for(&unhex(TRACE), 3).await;
     assert_eq!(
         spans.len(),
@@ -142,12 +167,7 @@ async fn recovered_request(protocol: &str, extra_env: &[(&str, &str)]) -> Vec<Re
     for up in [&a, &b] {
         let received = up.received();
         assert_eq!(received.len(), 1);
-        let headers = &received[0].headers;
-        let parents: Vec<&str> = headers
-            .iter()
-            .filter(|(k, _)| k == "traceparent")
-            .map(|(_, v)| v.as_str())
-            .collect();
+        let parents = received[0].header_values("traceparent");
         let attempt = clients
             .iter()
             .find(|c| int(&c.attributes, "server.port") == Some(i64::from(up.addr.port())))
@@ -161,9 +181,9 @@ async fn recovered_request(protocol: &str, extra_env: &[(&str, &str)]) -> Vec<Re
             [format!("00-{TRACE}-{}-01", hex(&attempt.span_id))],
             "replaced, not appended"
         );
-        assert!(headers
-            .iter()
-            .any(|(k, v)| k == "tracestate" && v == "vendor=abc"));
+        assert!(received[0]
+            .header_values("tracestate")
+            .contains(&"vendor=abc"));
     }
     spans
 }
@@ -201,45 +221,21 @@ async fn grpc_export_and_resource_from_the_environment() {
 async fn a_hedge_is_its_own_attempt_and_the_loser_ends_cancelled() {
     let collector = Collector::start().await;
     // Whichever endpoint gets the very first request stalls; the hedge answers.
-    let first = Arc::new(AtomicUsize::new(0));
-    let script = |first: Arc<AtomicUsize>| {
-        move |_| {
-            if first.fetch_add(1, Ordering::SeqCst) == 0 {
-                Action::Stall(Duration::from_secs(3))
-            } else {
-                Action::Reply(200)
-            }
-        }
-    };
-    let a = Upstream::start(script(Arc::clone(&first))).await;
-    let b = Upstream::start(script(first)).await;
-    let path = temp_file(
+    let (a, b) = two(first_then(
+        Action::Stall(Duration::from_secs(3)),
+        Action::Reply(200),
+    ))
+    .await;
+    let sidecar = exporting(
         "trace-hedge",
-        &config(
-            &[&a, &b],
-            "    retries: { attempts: 1, hedge: { delay_ms: 100 }, budget_percent: 100 }\n",
-        ),
-    );
-    let endpoint = format!("http://{}", collector.addr);
-    let sidecar = Running::start_with_env(
-        &path,
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
+        api(&[&a, &b]).retries(full_budget().attempts(1).hedge_delay_ms(100)),
+        &format!("http://{}", collector.addr),
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
     )
     .await;
-    let (status, _) = sidecar
-        .request(sidecar.listen, &traced_get("/"))
-        .await
-        .expect("response");
-    assert_eq!(status, 200);
+    assert_eq!(traced_status(&sidecar, "/").await, 200);
     let spans = collector.wait_for(&unhex(TRACE), 3).await;
-    let server = &spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Server as i32)
-        .expect("server span")
-        .span;
+    let server = only(&spans, SpanKind::Server, "server span");
     assert_eq!(text(&server.attributes, "reprise.outcome"), Some("ok"));
     assert!(server.events.iter().any(|e| e.name == "hedge"));
     let clients: Vec<_> = spans
@@ -264,39 +260,34 @@ async fn a_hedge_is_its_own_attempt_and_the_loser_ends_cancelled() {
 
 #[tokio::test]
 async fn an_unreachable_collector_drops_and_counts_spans_and_requests_still_succeed() {
-    let api = Upstream::always(Action::Reply(200)).await;
-    let path = temp_file("trace-down", &config(&[&api], ""));
-    let closed = format!("http://{}", free_addr());
-    let sidecar = Running::start_with_env(
-        &path,
+    let up = Upstream::always(Action::Reply(200)).await;
+    let sidecar = exporting(
+        "trace-down",
+        api(&[&up]),
+        &format!("http://{}", free_addr()),
         &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", closed.as_str()),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
     )
     .await;
     for _ in 0..5 {
-        let (status, _) = sidecar
-            .request(sidecar.listen, &traced_get("/"))
-            .await
-            .expect("response");
-        assert_eq!(status, 200);
+        assert_eq!(traced_status(&sidecar, "/").await, 200);
     }
-    let mut dropped = 0.0;
-    for _ in 0..100 {
-        dropped = sidecar
-            .metric("reprise_trace_spans_dropped_total")
-            .await
-            .unwrap_or(0.0);
-        if dropped > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let dropped = sidecar
+        .wait_for_metric(
+            "reprise_trace_spans_dropped_total",
+            &[],
+            Duration::from_secs(10),
+            |v| v > 0.0,
+        )
+        .await
+        .unwrap_or(0.0);
     assert!(dropped > 0.0, "no span counted as dropped");
     assert_eq!(
-        sidecar.metric("reprise_trace_spans_exported_total").await,
+        sidecar
+            .metric("reprise_trace_spans_exported_total", &[])
+            .await,
         Some(0.0)
     );
 }
@@ -304,60 +295,37 @@ async fn an_unreachable_collector_drops_and_counts_spans_and_requests_still_succ
 #[tokio::test]
 async fn sigterm_flushes_queued_spans() {
     let collector = Collector::start().await;
-    let api = Upstream::always(Action::Reply(200)).await;
-    let path = temp_file("trace-flush", &config(&[&api], ""));
-    let endpoint = format!("http://{}", collector.addr);
-    let mut sidecar = Running::start_with_env(
-        &path,
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            // No timed export before the signal: only the shutdown flush sends.
-            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
-        ],
+    let up = Upstream::always(Action::Reply(200)).await;
+    let mut sidecar = exporting(
+        "trace-flush",
+        api(&[&up]),
+        &format!("http://{}", collector.addr),
+        // No timed export before the signal: only the shutdown flush sends.
+        &[("OTEL_BSP_SCHEDULE_DELAY", "600000")],
     )
     .await;
-    let (status, _) = sidecar
-        .request(sidecar.listen, &traced_get("/"))
-        .await
-        .expect("response");
-    assert_eq!(status, 200);
+    assert_eq!(traced_status(&sidecar, "/").await, 200);
     assert!(collector.trace(&unhex(TRACE)).is_empty());
-    sidecar.signal("-TERM");
-    let stdout = sidecar.child.stdout.take().expect("stdout");
-    let status = tokio::task::spawn_blocking(move || sidecar.child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
-    assert_eq!(status.code(), Some(0));
+    let exit = sidecar.stop(EXIT_WITHIN).await.expect("exit after SIGTERM");
+    assert_eq!(exit.code, Some(0));
     assert_eq!(collector.trace(&unhex(TRACE)).len(), 2, "SERVER and CLIENT");
     // The request's log event names its trace, to jump from a log to Jaeger.
-    use std::io::BufRead;
-    let event = std::io::BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
-        .find(|v| v["target"] == "reprise::request")
-        .expect("the request's log event");
+    let events = sidecar.events("reprise::request");
+    let event = events.first().expect("the request's log event");
     assert_eq!(event["trace_id"], TRACE);
 }
 
 #[tokio::test]
 async fn tracing_off_passes_the_apps_traceparent_through() {
-    let api = Upstream::always(Action::Reply(200)).await;
-    let sidecar = Sidecar::start(&config(&[&api], "")).await;
+    let up = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(api(&[&up])).await;
     assert!(!sidecar.proxy.tracing().is_on());
     let traceparent = format!("00-{TRACE}-{PARENT}-01");
     let r = sidecar
-        .send_with("GET", "api", "/", b"", &[("traceparent", &traceparent)])
+        .get_with("/", &[("traceparent", &traceparent)])
         .await;
     assert_eq!(r.status, 200);
-    let parents: Vec<String> = api.received()[0]
-        .headers
-        .iter()
-        .filter(|(k, _)| k == "traceparent")
-        .map(|(_, v)| v.clone())
-        .collect();
-    assert_eq!(parents, [traceparent]);
+    assert_eq!(up.received()[0].header_values("traceparent"), [traceparent]);
 }
 
 #[tokio::test]
@@ -389,55 +357,27 @@ async fn a_request_forwarded_outside_every_upstream_gets_a_client_span() {
     // Kubernetes mode forwards hosts no policy covers, once, as a plain proxy.
     let mesh = Upstream::always(Action::Reply(200)).await;
     let outside = Upstream::always(Action::Reply(200)).await;
-    let mut cfg = reprise_crds::file::parse(&config(&[&mesh], ""), "test").expect("config");
+    let mut cfg = Config::from(api(&[&mesh])).resolve();
     cfg.proxy.forward_unknown_hosts = true;
-    let proxy = reprise_sidecar::Proxy::with_tracing(cfg, tracing);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let listen = listener.local_addr().expect("addr");
-    tokio::spawn(reprise_sidecar::serve_proxy(
-        listener,
-        proxy,
-        std::future::pending(),
-    ));
+    let sidecar = Sidecar::serve(reprise_sidecar::Proxy::with_tracing(cfg, tracing)).await;
 
     let port = outside.addr.port();
     let raw = format!(
         "GET http://127.0.0.1:{port}/outside?token=x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\ntraceparent: 00-{TRACE}-{PARENT}-01\r\nConnection: close\r\n\r\n"
     );
-    let mut s = tokio::net::TcpStream::connect(listen)
-        .await
-        .expect("connect");
-    tokio::io::AsyncWriteExt::write_all(&mut s, raw.as_bytes())
-        .await
-        .expect("write");
-    let mut out = Vec::new();
-    tokio::time::timeout(
+    let answer = tokio::time::timeout(
         Duration::from_secs(5),
-        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut out),
+        client::exchange(sidecar.addr, raw.as_bytes()),
     )
     .await
     .expect("answered in time")
-    .expect("read");
-    assert!(
-        out.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&out)
-    );
+    .expect("an HTTP response");
+    assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(mesh.count(), 0);
 
     let spans = collector.wait_for(&unhex(TRACE), 2).await;
-    let server = &spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Server as i32)
-        .expect("server span")
-        .span;
-    let client = &spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Client as i32)
-        .expect("client span")
-        .span;
+    let server = only(&spans, SpanKind::Server, "server span");
+    let client = only(&spans, SpanKind::Client, "client span");
     assert_eq!(client.parent_span_id, server.span_id);
     assert_eq!(
         text(&client.attributes, "server.address"),
@@ -457,15 +397,8 @@ async fn a_request_forwarded_outside_every_upstream_gets_a_client_span() {
         Some(200)
     );
     // The outside server received the CLIENT span's context.
-    let got = outside.received();
-    let traceparent: Vec<_> = got[0]
-        .headers
-        .iter()
-        .filter(|(k, _)| k == "traceparent")
-        .map(|(_, v)| v.clone())
-        .collect();
     assert_eq!(
-        traceparent,
+        outside.received()[0].header_values("traceparent"),
         [format!("00-{TRACE}-{}-01", hex(&client.span_id))]
     );
 }

@@ -1,0 +1,38 @@
+//! Reprise's test kit: what the sidecar's integration tests, the end-to-end
+//! tests, the demo and the soak share.
+//!
+//! - [`upstream`]: one scriptable, fault-injecting upstream server on loopback
+//!   (HTTP/1.1 on raw sockets, h2c through hyper) that records every request.
+//! - [`sidecar`]: the process harness for the real `reprise-sidecar` binary.
+//! - [`config`]: typed builders over the configuration file's types, rendered
+//!   as YAML.
+//! - [`prometheus`]: a parser for the Prometheus text format.
+//! - [`client`]: one-shot HTTP clients (hyper, and raw bytes on a socket).
+//! - [`http1`]: HTTP/1.1 message framing (heads, Content-Length, chunked),
+//!   which the upstream and the raw client share.
+//!
+//! Test support: a failure to set something up panics with a message naming
+//! what failed, or returns `anyhow` errors where a long-running driver (the
+//! soak) must report it instead. Everything listens on loopback; every loop
+//! is bounded in count and in time.
+#![forbid(unsafe_code)]
+
+/// Builder methods that set the field of the same name (`field: Type`).
+macro_rules! field_setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, value: $ty) -> Self {
+                self.$field = value;
+                self
+            }
+        )*
+    };
+}
+
+pub mod client;
+pub mod config;
+pub mod http1;
+pub mod prometheus;
+pub mod sidecar;
+pub mod upstream;
