@@ -54,7 +54,7 @@ pub trait Authenticator: Send + Sync + 'static {
 }
 
 /// The real authenticator: TokenReview plus a Pod lookup, cached briefly.
-pub struct TokenReviewer {
+pub(crate) struct TokenReviewer {
     client: Client,
     cache: Mutex<HashMap<u64, (Instant, Identity)>>,
 }
@@ -71,7 +71,7 @@ impl std::fmt::Debug for TokenReviewer {
 
 impl TokenReviewer {
     /// An authenticator using `client`.
-    pub fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Client) -> Self {
         Self {
             client,
             cache: Mutex::new(HashMap::new()),
@@ -164,6 +164,22 @@ impl Authenticator for TokenReviewer {
         pod: &'a str,
     ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>> {
         Box::pin(self.review(token, namespace, pod))
+    }
+}
+
+/// A synchronous check `(token, namespace, pod) -> identity` is an
+/// authenticator too: fixed identities for tests and benchmarks.
+impl<F> Authenticator for F
+where
+    F: Fn(&str, &str, &str) -> Result<Identity, AuthError> + Send + Sync + 'static,
+{
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+        namespace: &'a str,
+        pod: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>> {
+        Box::pin(std::future::ready(self(token, namespace, pod)))
     }
 }
 
