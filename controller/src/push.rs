@@ -18,7 +18,7 @@ mod source;
 mod stream;
 
 pub(crate) use auth::TokenReviewer;
-pub use auth::{AuthError, Authenticator, Identity};
+pub use auth::{AuthError, Authenticating, Authenticator, Identity};
 pub use server::PushServer;
 pub use sidecars::{SidecarRegistry, SidecarState};
 pub(crate) use source::CacheSource;

@@ -364,6 +364,34 @@ fn snapshot_request() -> http::Request<http_body_util::Empty<bytes::Bytes>> {
         .expect("request")
 }
 
+/// Reads the first line of the streamed `response`, the current snapshot,
+/// checks that the sidecar now counts as connected, and returns the rest.
+async fn read_first_snapshot(
+    h: &Harness,
+    response: impl std::future::Future<Output = hyper::Result<http::Response<hyper::body::Incoming>>>,
+) -> hyper::body::Incoming {
+    use http_body_util::BodyExt;
+    let mut body = response.await.expect("response").into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert!(
+        first.data_ref().is_some_and(|d| d.ends_with(b"\n")),
+        "the current snapshot comes first"
+    );
+    assert_eq!(
+        connected_gauge(h),
+        "reprise_controller_connected_sidecars 1"
+    );
+    body
+}
+
+/// Waits until the connected-sidecars gauge is back to 0.
+async fn until_disconnected(h: &Harness) {
+    eventually("the gauge is back to 0", || {
+        connected_gauge(h) == "reprise_controller_connected_sidecars 0"
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn an_upgraded_stream_dropped_mid_way_leaves_no_connected_sidecar() {
     let h = harness("drop-upgraded").await;
@@ -383,16 +411,12 @@ async fn an_upgraded_stream_dropped_mid_way_leaves_no_connected_sidecar() {
     );
     // The sidecar's task is aborted mid-stream: its connection just goes away.
     task.abort();
-    eventually("the gauge is back to 0", || {
-        connected_gauge(&h) == "reprise_controller_connected_sidecars 0"
-    })
-    .await;
+    until_disconnected(&h).await;
     assert!(h.registry.get("shop", "client-a").is_none());
 }
 
 #[tokio::test]
 async fn a_streamed_body_reset_mid_way_leaves_no_connected_sidecar() {
-    use http_body_util::BodyExt;
     let h = harness("drop-h2").await;
     let tls = tls_connect(&h, b"h2").await;
     let (mut sender, connection) = hyper::client::conn::http2::handshake(
@@ -402,26 +426,10 @@ async fn a_streamed_body_reset_mid_way_leaves_no_connected_sidecar() {
     .await
     .expect("h2 handshake");
     let connection = tokio::spawn(connection);
-    let mut body = sender
-        .send_request(snapshot_request())
-        .await
-        .expect("response")
-        .into_body();
-    let first = body.frame().await.expect("a frame").expect("data");
-    assert!(
-        first.data_ref().is_some_and(|d| d.ends_with(b"\n")),
-        "the current snapshot comes first"
-    );
-    assert_eq!(
-        connected_gauge(&h),
-        "reprise_controller_connected_sidecars 1"
-    );
+    let body = read_first_snapshot(&h, sender.send_request(snapshot_request())).await;
     // Resetting the stream (dropping its body) keeps the HTTP/2 connection open.
     drop(body);
-    eventually("the gauge is back to 0", || {
-        connected_gauge(&h) == "reprise_controller_connected_sidecars 0"
-    })
-    .await;
+    until_disconnected(&h).await;
     assert!(
         !connection.is_finished(),
         "the connection itself stays open"
@@ -431,7 +439,6 @@ async fn a_streamed_body_reset_mid_way_leaves_no_connected_sidecar() {
 
 #[tokio::test]
 async fn a_streamed_body_whose_connection_closes_leaves_no_connected_sidecar() {
-    use http_body_util::BodyExt;
     let h = harness("drop-h1").await;
     let tls = tls_connect(&h, b"http/1.1").await;
     let (mut sender, connection) =
@@ -439,20 +446,8 @@ async fn a_streamed_body_whose_connection_closes_leaves_no_connected_sidecar() {
             .await
             .expect("http/1.1 handshake");
     let connection = tokio::spawn(connection);
-    let mut body = sender
-        .send_request(snapshot_request())
-        .await
-        .expect("response")
-        .into_body();
-    body.frame().await.expect("a frame").expect("data");
-    assert_eq!(
-        connected_gauge(&h),
-        "reprise_controller_connected_sidecars 1"
-    );
+    let body = read_first_snapshot(&h, sender.send_request(snapshot_request())).await;
     connection.abort();
     drop((body, sender));
-    eventually("the gauge is back to 0", || {
-        connected_gauge(&h) == "reprise_controller_connected_sidecars 0"
-    })
-    .await;
+    until_disconnected(&h).await;
 }

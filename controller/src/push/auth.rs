@@ -42,6 +42,10 @@ pub enum AuthError {
     Api(#[source] kube::Error),
 }
 
+/// The answer an [`Authenticator`] works out.
+pub type Authenticating<'a> =
+    Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>>;
+
 /// Checks tokens. A trait so unit tests of the push protocol can use fixed identities.
 pub trait Authenticator: Send + Sync + 'static {
     /// Checks `token` for the pod `namespace/pod`.
@@ -50,7 +54,7 @@ pub trait Authenticator: Send + Sync + 'static {
         token: &'a str,
         namespace: &'a str,
         pod: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>>;
+    ) -> Authenticating<'a>;
 }
 
 /// The real authenticator: TokenReview plus a Pod lookup, cached briefly.
@@ -162,7 +166,7 @@ impl Authenticator for TokenReviewer {
         token: &'a str,
         namespace: &'a str,
         pod: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>> {
+    ) -> Authenticating<'a> {
         Box::pin(self.review(token, namespace, pod))
     }
 }
@@ -178,7 +182,7 @@ where
         token: &'a str,
         namespace: &'a str,
         pod: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>> {
+    ) -> Authenticating<'a> {
         Box::pin(std::future::ready(self(token, namespace, pod)))
     }
 }
