@@ -7,36 +7,23 @@
 //! `cargo run --release -p reprise-controller --example push_scale -- 1000`
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
-use std::pin::Pin;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reprise_controller::auth::{AuthError, Authenticator, Identity};
-use reprise_controller::push::{PushServer, SnapshotSource};
+use reprise_controller::push::{AuthError, Identity, PushServer, SidecarRegistry, SnapshotSource};
 use reprise_crds::retry_rule::RetryRule;
 use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
 use tokio::sync::watch;
 
-struct AnyPod;
-
-impl Authenticator for AnyPod {
-    fn authenticate<'a>(
-        &'a self,
-        _t: &'a str,
-        ns: &'a str,
-        pod: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>> {
-        Box::pin(async move {
-            Ok(Identity {
-                namespace: ns.into(),
-                pod: pod.into(),
-                labels: BTreeMap::new(),
-            })
-        })
-    }
+/// Every token is good for the pod it claims.
+fn any_pod(_token: &str, namespace: &str, pod: &str) -> Result<Identity, AuthError> {
+    Ok(Identity {
+        namespace: namespace.into(),
+        pod: pod.into(),
+        labels: BTreeMap::new(),
+    })
 }
 
 struct Source(Mutex<Snapshot>, watch::Sender<u64>);
@@ -92,9 +79,9 @@ async fn server(dir: &str) -> anyhow::Result<()> {
     let (tx, _) = watch::channel(0);
     let source = Arc::new(Source(Mutex::new(snapshot(0)), tx));
     let (sync_tx, mut sync_rx) = tokio::sync::mpsc::unbounded_channel();
-    let registry = Arc::new(reprise_controller::sidecars::SidecarRegistry::default());
+    let registry = Arc::new(SidecarRegistry::default());
     let server = PushServer::new(
-        Arc::new(AnyPod),
+        Arc::new(any_pod),
         Arc::clone(&source) as Arc<dyn SnapshotSource>,
         Arc::clone(&registry),
         Arc::default(),

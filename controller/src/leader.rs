@@ -9,23 +9,26 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
+/// The Lease the replicas compete for.
+pub(crate) const LEASE_NAME: &str = "reprise-controller";
+
 /// Lease timing.
 #[derive(Clone, Debug)]
-pub struct LeaseSettings {
+pub(crate) struct LeaseSettings {
     /// Lease name.
-    pub name: String,
+    pub(crate) name: String,
     /// Lease namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// This replica's identity (its pod name).
-    pub identity: String,
+    pub(crate) identity: String,
     /// How long a lease is valid without renewal.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// How often the holder renews (and others retry).
-    pub renew_every: Duration,
+    pub(crate) renew_every: Duration,
 }
 
 /// Runs forever, publishing whether this replica leads.
-pub async fn run(client: Client, settings: LeaseSettings, leading: watch::Sender<bool>) {
+pub(crate) async fn run(client: Client, settings: LeaseSettings, leading: watch::Sender<bool>) {
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
     loop {
         let is_leader = match try_acquire(&api, &settings).await {

@@ -1,41 +1,34 @@
-//! Reprise's controller: reconciles `RetryPolicy` resources, resolves their
-//! target Services' endpoints, writes status, and pushes validated snapshots to
-//! the sidecars they apply to.
+//! Reprise's controller (README: "In Kubernetes: RetryPolicy and the
+//! controller").
+//!
+//! The contract: every replica watches RetryPolicies, Services and
+//! EndpointSlices once, into a shared [`cache`]; serves each authenticated
+//! sidecar a versioned snapshot of the valid policies that select its pod
+//! (with the ready endpoints of their target Services) on a long-lived
+//! [`push`] stream, and counts its ACKs; and injects the sidecar into new Pods.
+//! The replica holding the Lease [`reconcile`]s each policy from the same
+//! cache and writes its status (`Accepted`, `InSync` with counts, warnings)
+//! only when it changed. Nothing here touches a cluster in unit tests: the
+//! reconciler runs against a mocked API and a filled cache.
+//!
+//! The binary's `main` parses the [`cli`] and calls [`run::run`]; the tests,
+//! the `push_scale` example and other crates use the public items below.
 #![forbid(unsafe_code)]
 
-pub mod auth;
-pub mod crd;
-pub mod endpoints;
-pub mod explain;
-pub mod injection;
-pub mod leader;
+pub mod cache;
+pub mod cli;
+mod error;
+mod inject;
+mod leader;
 pub mod metrics;
-pub mod peers;
+mod policy;
 pub mod push;
 pub mod reconcile;
 pub mod run;
-pub mod selection;
-pub mod selftest;
-pub mod sidecars;
-pub mod source;
-pub mod status;
 pub mod telemetry;
 pub mod tls;
-pub mod webhook;
 
-/// Errors of the controller library.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The CRD could not be rendered as YAML.
-    #[error("cannot render the CRD: {0}")]
-    Render(#[source] serde_yaml::Error),
-    /// A Kubernetes API call failed.
-    #[error("kubernetes API: {0}")]
-    Kube(#[source] kube::Error),
-    /// TLS material could not be loaded or generated.
-    #[error("TLS: {0}")]
-    Tls(String),
-    /// A namespaced object arrived without a namespace.
-    #[error("object has no namespace")]
-    MissingNamespace,
-}
+#[cfg(test)]
+mod fixtures;
+
+pub use error::Error;

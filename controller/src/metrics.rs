@@ -1,69 +1,55 @@
-//! Controller metrics (Prometheus text).
+//! Controller metrics (README: "In Kubernetes: RetryPolicy and the
+//! controller"): the families, the counters behind them, and the listener
+//! that serves them (`/metrics`, with `/healthz` and `/readyz`).
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use reprise_telemetry::prometheus::{Exposition, Family, Histogram, Kind};
-use reprise_telemetry::SpanCounters;
+use reprise_telemetry::{SpanCounters, Tracing};
 
-/// Counters the controller exposes.
-#[derive(Debug)]
-pub struct Metrics {
+use crate::push::SidecarRegistry;
+use crate::Error;
+
+/// The plain counters, each one family without labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
     /// Reconciles run.
-    pub reconciles: AtomicU64,
-    /// Reconciles that failed.
-    pub reconcile_errors: AtomicU64,
+    Reconciles,
     /// Status writes.
-    pub status_writes: AtomicU64,
+    StatusWrites,
     /// Snapshots pushed.
-    pub pushes: AtomicU64,
+    Pushes,
     /// ACKs received.
-    pub acks: AtomicU64,
+    Acks,
     /// NACKs received.
-    pub nacks: AtomicU64,
-    /// Time from sending a snapshot to its ACK.
-    pub push_latency: PushLatency,
+    Nacks,
     /// Pods the webhook injected.
-    pub injections: AtomicU64,
+    Injections,
     /// Pods the webhook left as they were (opted out, already injected).
-    pub injection_skips: AtomicU64,
+    InjectionSkips,
     /// Pods the webhook refused (an invalid override annotation).
-    pub injection_refusals: AtomicU64,
+    InjectionRefusals,
 }
 
-/// Upper bounds of the push latency histogram, in seconds.
-const PUSH_LATENCY_BUCKETS: [f64; 12] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
+/// How many [`Counter`]s there are.
+const COUNTERS: usize = 8;
 
-/// Time from sending a snapshot to its ACK.
-pub type PushLatency = Histogram<12>;
+const RECONCILE_ERRORS: &str = "reprise_controller_reconcile_errors_total";
+const CONNECTED_SIDECARS: &str = "reprise_controller_connected_sidecars";
+const SPANS_EXPORTED: &str = "reprise_controller_trace_spans_exported_total";
+const SPANS_DROPPED: &str = "reprise_controller_trace_spans_dropped_total";
+const PUSH_LATENCY: &str = "reprise_controller_push_latency_seconds";
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self {
-            reconciles: AtomicU64::new(0),
-            reconcile_errors: AtomicU64::new(0),
-            status_writes: AtomicU64::new(0),
-            pushes: AtomicU64::new(0),
-            acks: AtomicU64::new(0),
-            nacks: AtomicU64::new(0),
-            push_latency: Histogram::new(PUSH_LATENCY_BUCKETS),
-            injections: AtomicU64::new(0),
-            injection_skips: AtomicU64::new(0),
-            injection_refusals: AtomicU64::new(0),
-        }
-    }
-}
-
-/// Every family the controller exposes, in exposition order.
+/// Every family the controller exposes, in exposition order. The first
+/// [`COUNTERS`] are the plain counters, in [`Counter`] order.
 const FAMILIES: &[Family] = &[
     counter(
         "reprise_controller_reconciles_total",
         "RetryPolicy reconciles.",
-    ),
-    counter(
-        "reprise_controller_reconcile_errors_total",
-        "Failed reconciles.",
     ),
     counter(
         "reprise_controller_status_writes_total",
@@ -87,21 +73,25 @@ const FAMILIES: &[Family] = &[
         "reprise_controller_injection_refusals_total",
         "Pods the webhook refused for an invalid override annotation.",
     ),
+    counter(
+        RECONCILE_ERRORS,
+        "Failed reconciles, by what failed (`error`).",
+    ),
     Family {
-        name: "reprise_controller_connected_sidecars",
+        name: CONNECTED_SIDECARS,
         kind: Kind::Gauge,
         help: "Sidecars connected to this replica.",
     },
     counter(
-        "reprise_controller_trace_spans_exported_total",
+        SPANS_EXPORTED,
         "Spans the OTLP collector accepted (0 while tracing is off).",
     ),
     counter(
-        "reprise_controller_trace_spans_dropped_total",
+        SPANS_DROPPED,
         "Spans dropped: export queue full, collector unreachable or export timed out.",
     ),
     Family {
-        name: "reprise_controller_push_latency_seconds",
+        name: PUSH_LATENCY,
         kind: Kind::Histogram,
         help: "Time from sending a snapshot to the sidecar's ACK.",
     },
@@ -115,54 +105,193 @@ const fn counter(name: &'static str, help: &'static str) -> Family {
     }
 }
 
+/// Upper bounds of the push latency histogram, in seconds.
+const PUSH_LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// What the controller counts. The connected sidecars are not counted here:
+/// the [`SidecarRegistry`] holds them, each for as long as its stream's
+/// registration guard lives.
+#[derive(Debug)]
+pub struct Metrics {
+    counters: [AtomicU64; COUNTERS],
+    /// Failed reconciles by [`Error::metric_label`].
+    reconcile_errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// Time from sending a snapshot to its ACK.
+    push_latency: Histogram<12>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            counters: [const { AtomicU64::new(0) }; COUNTERS],
+            reconcile_errors: Mutex::default(),
+            push_latency: Histogram::new(PUSH_LATENCY_BUCKETS),
+        }
+    }
+}
+
 impl Metrics {
+    /// Adds one to `counter`.
+    pub(crate) fn add(&self, counter: Counter) {
+        self.counters[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The value of `counter`.
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.counters[counter as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts a failed reconcile under its error's label.
+    pub(crate) fn reconcile_failed(&self, error: &Error) {
+        *self.lock_errors().entry(error.metric_label()).or_insert(0) += 1;
+    }
+
+    /// Failed reconciles with the label `error`.
+    pub fn reconcile_errors(&self, error: &str) -> u64 {
+        self.lock_errors().get(error).copied().unwrap_or(0)
+    }
+
+    /// Records the time from sending a snapshot to its ACK.
+    pub(crate) fn push_acked(&self, latency: Duration) {
+        self.push_latency.observe(latency);
+    }
+
     /// Prometheus text; `connected` is the number of connected sidecars,
     /// `traces` the trace pipeline's counters (`None` while tracing is off).
     pub fn render(&self, connected: usize, traces: Option<&SpanCounters>) -> String {
         let mut out = Exposition::new(FAMILIES);
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        for (name, value) in [
-            (
-                "reprise_controller_reconciles_total",
-                load(&self.reconciles),
-            ),
-            (
-                "reprise_controller_reconcile_errors_total",
-                load(&self.reconcile_errors),
-            ),
-            (
-                "reprise_controller_status_writes_total",
-                load(&self.status_writes),
-            ),
-            ("reprise_controller_pushes_total", load(&self.pushes)),
-            ("reprise_controller_acks_total", load(&self.acks)),
-            ("reprise_controller_nacks_total", load(&self.nacks)),
-            (
-                "reprise_controller_injections_total",
-                load(&self.injections),
-            ),
-            (
-                "reprise_controller_injection_skips_total",
-                load(&self.injection_skips),
-            ),
-            (
-                "reprise_controller_injection_refusals_total",
-                load(&self.injection_refusals),
-            ),
-            ("reprise_controller_connected_sidecars", connected as u64),
-            (
-                "reprise_controller_trace_spans_exported_total",
-                traces.map_or(0, SpanCounters::exported),
-            ),
-            (
-                "reprise_controller_trace_spans_dropped_total",
-                traces.map_or(0, SpanCounters::dropped),
-            ),
-        ] {
-            out.sample(name, &[], value);
+        for (family, value) in FAMILIES.iter().zip(&self.counters) {
+            out.sample(family.name, &[], value.load(Ordering::Relaxed));
         }
-        self.push_latency
-            .render(&mut out, "reprise_controller_push_latency_seconds", &[]);
+        for (label, n) in self.lock_errors().iter() {
+            out.sample(RECONCILE_ERRORS, &[("error", label)], n);
+        }
+        out.sample(CONNECTED_SIDECARS, &[], connected);
+        out.sample(
+            SPANS_EXPORTED,
+            &[],
+            traces.map_or(0, SpanCounters::exported),
+        );
+        out.sample(SPANS_DROPPED, &[], traces.map_or(0, SpanCounters::dropped));
+        self.push_latency.render(&mut out, PUSH_LATENCY, &[]);
         out.finish()
+    }
+
+    fn lock_errors(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, u64>> {
+        self.reconcile_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Serves `/metrics` (the controller's families, the connected sidecars of
+/// `registry`, the span counters of `traces`) and `/healthz`, `/readyz` on
+/// `addr`, until the process ends. A listener that cannot bind is logged: the
+/// controller runs on without metrics.
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    registry: Arc<SidecarRegistry>,
+    traces: Tracing,
+) {
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot listen for metrics");
+            return;
+        }
+    };
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (metrics, registry, traces) =
+            (Arc::clone(&metrics), Arc::clone(&registry), traces.clone());
+        tokio::spawn(async move {
+            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let body = match req.uri().path() {
+                    "/metrics" => metrics.render(registry.connected(), traces.counters()),
+                    "/healthz" | "/readyz" => "ok\n".to_string(),
+                    _ => String::new(),
+                };
+                let status = if body.is_empty() { 404 } else { 200 };
+                let mut resp = http::Response::new(Full::new(bytes::Bytes::from(body)));
+                *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
+                async move { Ok::<_, std::convert::Infallible>(resp) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_counter_is_its_own_family_and_errors_carry_their_label() {
+        let m = Metrics::default();
+        let names = [
+            (Counter::Reconciles, "reprise_controller_reconciles_total"),
+            (
+                Counter::StatusWrites,
+                "reprise_controller_status_writes_total",
+            ),
+            (Counter::Pushes, "reprise_controller_pushes_total"),
+            (Counter::Acks, "reprise_controller_acks_total"),
+            (Counter::Nacks, "reprise_controller_nacks_total"),
+            (Counter::Injections, "reprise_controller_injections_total"),
+            (
+                Counter::InjectionSkips,
+                "reprise_controller_injection_skips_total",
+            ),
+            (
+                Counter::InjectionRefusals,
+                "reprise_controller_injection_refusals_total",
+            ),
+        ];
+        assert_eq!(names.len(), COUNTERS);
+        for (i, (counter, _)) in names.iter().enumerate() {
+            for _ in 0..=i {
+                m.add(*counter);
+            }
+        }
+        m.reconcile_failed(&Error::MissingNamespace);
+        m.reconcile_failed(&Error::MissingNamespace);
+        let text = m.render(3, None);
+        for (i, (counter, name)) in names.iter().enumerate() {
+            assert_eq!(m.get(*counter), i as u64 + 1);
+            assert!(
+                text.contains(&format!("\n{name} {}\n", i + 1)),
+                "{name}: {text}"
+            );
+            assert!(text.contains(&format!("# TYPE {name} counter\n")), "{text}");
+        }
+        assert!(
+            text.contains(
+                "reprise_controller_reconcile_errors_total{error=\"missing_namespace\"} 2\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(m.reconcile_errors("missing_namespace"), 2);
+        assert!(
+            text.contains("\nreprise_controller_connected_sidecars 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("reprise_controller_trace_spans_dropped_total 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("reprise_controller_push_latency_seconds_count 0\n"),
+            "{text}"
+        );
     }
 }

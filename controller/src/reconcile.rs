@@ -1,48 +1,64 @@
-//! The RetryPolicy reconciler: validate, resolve the target, count sidecars in
-//! sync, and write status by server-side apply when (and only when) it changed.
-//! Each reconcile is one `reconcile` span when tracing is on.
+//! The RetryPolicy reconciler: validate, resolve the target from the shared
+//! [`Cache`], count the sidecars in sync, and write status by server-side
+//! apply when (and only when) it changed, recording Events for the changes
+//! people act on. It reads no object from the API: every read comes from the
+//! cache the push streams also read. Each reconcile is one `reconcile` span
+//! when tracing is on.
+//!
+//! - [`status`]: the status a policy should have (pure).
+//! - [`conditions`]: its condition types and reasons.
+//! - [`events`]: the Events a status change records.
+//! - [`peers`]: sync counts across replicas.
+//! - [`triggers`]: the kube `Controller` and what re-triggers a policy.
+
+pub(crate) mod conditions;
+mod events;
+pub(crate) mod peers;
+pub(crate) mod status;
+pub(crate) mod triggers;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Api, Client, Resource, ResourceExt};
-use reprise_crds::resource::RetryPolicy;
+use kube::runtime::events::Recorder;
+use kube::{Api, Client, ResourceExt};
+use reprise_crds::resource::{RetryPolicy, RetryPolicyStatus};
 
-use crate::metrics::Metrics;
-use crate::sidecars::SidecarRegistry;
+use crate::cache::Cache;
+use crate::metrics::{Counter, Metrics};
+use crate::push::SidecarRegistry;
 use crate::telemetry::{ReconcileSpan, Tracing};
-use crate::{endpoints, status, Error};
+use crate::{policy, Error};
 
-/// Field manager for status writes.
-pub const MANAGER: &str = "reprise-controller";
+/// Field manager of the controller's writes (status, sync counts).
+pub(crate) const MANAGER: &str = "reprise-controller";
 
-/// What every reconcile shares.
+/// How often a policy is reconciled with nothing changed.
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// What every reconcile shares: the API client and the cache it reads,
+/// where it records, and the state kept between reconciles.
 pub struct Context {
-    /// API client.
-    pub client: Client,
-    /// Event recorder (absent in tests).
-    pub recorder: Option<Recorder>,
+    /// API client, for status writes and Events.
+    pub(crate) client: Client,
+    /// The shared stores every read comes from.
+    pub(crate) cache: Cache,
+    /// Event recorder (`None`: no Events).
+    pub(crate) recorder: Option<Recorder>,
     /// Controller metrics.
-    pub metrics: Arc<Metrics>,
-    /// Connected sidecars and their ACKs.
-    pub sidecars: Arc<SidecarRegistry>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Sidecars connected to this replica and their ACKs.
+    pub(crate) sidecars: Arc<SidecarRegistry>,
+    /// Other replicas' sync counts (with leader election).
+    pub(crate) peers: Option<peers::Peers>,
     /// Consecutive failures per policy, for error backoff.
-    pub failures: Mutex<HashMap<String, u32>>,
-    /// Other replicas' sync counts (with leader election), and this replica's identity.
-    pub peers: Option<(
-        kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
-        String,
-    )>,
+    pub(crate) failures: Mutex<HashMap<String, u32>>,
     /// Spans of each reconcile (off: records nothing).
-    pub tracing: Tracing,
+    pub(crate) tracing: Tracing,
 }
 
 impl std::fmt::Debug for Context {
@@ -51,7 +67,35 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// Reconciles one RetryPolicy. Idempotent: with nothing changed, it reads and writes nothing else.
+impl Context {
+    /// Reconciles from `cache`, writing through `client`, with metrics and a
+    /// sidecar registry of its own, no Events and no peers.
+    pub fn new(client: Client, cache: Cache, tracing: Tracing) -> Self {
+        Context {
+            client,
+            cache,
+            recorder: None,
+            metrics: Arc::default(),
+            sidecars: Arc::default(),
+            peers: None,
+            failures: Mutex::default(),
+            tracing,
+        }
+    }
+
+    /// Also records Kubernetes Events with `recorder`.
+    pub fn with_recorder(mut self, recorder: Recorder) -> Self {
+        self.recorder = Some(recorder);
+        self
+    }
+
+    /// The metrics reconciles count into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
+/// Reconciles one RetryPolicy. Idempotent: with nothing changed, it writes nothing.
 pub async fn reconcile(policy: Arc<RetryPolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
     let mut span = ReconcileSpan::start(&ctx.tracing, &policy);
     let result = reconcile_policy(&policy, &ctx, &mut span).await;
@@ -64,130 +108,65 @@ async fn reconcile_policy(
     ctx: &Context,
     span: &mut ReconcileSpan,
 ) -> Result<Action, Error> {
-    ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
-    let ns = policy.namespace().ok_or(Error::MissingNamespace)?;
-    let name = policy.name_any();
-    let target = &policy.spec.target_ref.name;
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let service = services.get_opt(target).await.map_err(Error::Kube)?;
-    let slices = if service.is_some() {
-        let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &ns);
-        let params = ListParams::default().labels(&format!("kubernetes.io/service-name={target}"));
-        api.list(&params).await.map_err(Error::Kube)?.items
-    } else {
-        Vec::new()
-    };
-    let resolved = endpoints::resolve(service.as_ref(), &slices, policy.spec.target_ref.port, &ns);
+    ctx.metrics.add(Counter::Reconciles);
+    let namespace = policy.namespace().ok_or(Error::MissingNamespace)?;
+    let target = ctx.cache.target(policy);
     let mut counts = ctx.sidecars.counts(policy);
-    if let Some((store, me)) = &ctx.peers {
-        let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        counts = crate::peers::total(counts, policy, &crate::peers::reports(store, me), now);
+    if let Some(peers) = &ctx.peers {
+        counts = peers.add(counts, policy);
     }
-
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let eval = status::evaluate(policy, &resolved, counts, now);
+    let eval = status::evaluate(
+        policy,
+        &target,
+        counts,
+        Time(k8s_openapi::jiff::Timestamp::now()),
+    );
     span.evaluated(&eval, counts);
     if policy.status.as_ref() != Some(&eval.status) {
-        let was_accepted = policy
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Accepted"))
-            .map(|c| c.status == "True");
-        let api: Api<RetryPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({
-            "apiVersion": "reprise.dev/v1alpha1",
-            "kind": "RetryPolicy",
-            "status": eval.status,
-        });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(Error::Kube)?;
-        ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+        write_status(ctx, &namespace, &policy.name_any(), &eval.status).await?;
+        ctx.metrics.add(Counter::StatusWrites);
         span.status_written();
-        if was_accepted != Some(eval.accepted) {
-            publish_verdict(ctx, policy, &eval, span).await;
-        }
-        let synced = |s: Option<&reprise_crds::resource::RetryPolicyStatus>| {
-            s.and_then(|s| s.conditions.iter().find(|c| c.type_ == "InSync"))
-                .is_some_and(|c| c.reason == "AllSidecarsInSync")
-        };
-        if !synced(policy.status.as_ref()) && synced(Some(&eval.status)) {
-            let event = Event {
-                type_: EventType::Normal,
-                reason: "InSync".into(),
-                note: eval.status.conditions.get(1).map(|c| c.message.clone()),
-                action: "Push".into(),
-                secondary: None,
-            };
-            publish(ctx, policy, &event, span).await;
-        }
+        events::status_changed(ctx, policy, &eval, span).await;
     }
     ctx.failures
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .remove(&format!("{ns}/{name}"));
-    Ok(Action::requeue(Duration::from_secs(300)))
+        .remove(&policy::id(policy));
+    Ok(Action::requeue(RESYNC))
 }
 
-/// Records `event` on the policy. A failure is logged, not returned: the
-/// status already says the same.
-async fn publish(ctx: &Context, policy: &RetryPolicy, event: &Event, span: &mut ReconcileSpan) {
-    let Some(recorder) = &ctx.recorder else {
-        return;
-    };
-    match recorder.publish(event, &policy.object_ref(&())).await {
-        Ok(()) => span.event_recorded(
-            match event.type_ {
-                EventType::Normal => "Normal",
-                EventType::Warning => "Warning",
-            },
-            &event.reason,
-        ),
-        Err(e) => tracing::warn!(error = %e, "cannot publish event"),
-    }
-}
-
-async fn publish_verdict(
+/// Writes `status` by server-side apply: the controller owns the whole status.
+async fn write_status(
     ctx: &Context,
-    policy: &RetryPolicy,
-    eval: &status::Evaluation,
-    span: &mut ReconcileSpan,
-) {
-    let accepted = eval.status.conditions.first();
-    let event = Event {
-        type_: if eval.accepted {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        },
-        reason: if eval.accepted {
-            "Accepted".into()
-        } else {
-            "Rejected".into()
-        },
-        note: accepted.map(|c| c.message.chars().take(1000).collect()),
-        action: "Validate".into(),
-        secondary: None,
-    };
-    publish(ctx, policy, &event, span).await;
+    namespace: &str,
+    name: &str,
+    status: &RetryPolicyStatus,
+) -> Result<(), Error> {
+    let api: Api<RetryPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": "reprise.dev/v1alpha1",
+        "kind": "RetryPolicy",
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(Error::Kube)?;
+    Ok(())
 }
 
-/// Logs, counts and requeues with per-policy exponential backoff (1 s doubling to 5 min).
+/// Logs, counts (by [`Error::metric_label`]) and requeues with per-policy
+/// exponential backoff (1 s doubling to 5 min).
 pub fn error_policy(policy: Arc<RetryPolicy>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_errors.fetch_add(1, Ordering::Relaxed);
-    let key = format!(
-        "{}/{}",
-        policy.namespace().unwrap_or_default(),
-        policy.name_any()
-    );
+    ctx.metrics.reconcile_failed(error);
+    let key = policy::id(&policy);
     let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
     let n = failures.entry(key.clone()).or_insert(0);
     *n = n.saturating_add(1);
-    let delay = Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300));
+    let delay = Duration::from_secs(1u64 << (*n - 1).min(8)).min(RESYNC);
     tracing::warn!(policy = %key, error = %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

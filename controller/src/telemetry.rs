@@ -14,8 +14,8 @@ use std::time::Duration;
 use reprise_telemetry::Service;
 pub use reprise_telemetry::Tracing;
 
-pub use push::PushSpan;
-pub use reconcile::ReconcileSpan;
+pub(crate) use push::PushSpan;
+pub(crate) use reconcile::ReconcileSpan;
 
 /// `service.name` when neither `OTEL_SERVICE_NAME` nor `OTEL_RESOURCE_ATTRIBUTES` names one.
 pub const SERVICE: Service = Service {

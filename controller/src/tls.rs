@@ -1,5 +1,7 @@
-//! TLS for the push stream: load the serving certificate from a directory, or
-//! generate a private CA and a serving certificate there on first start.
+//! TLS for both controller listeners (the push stream and the injection
+//! webhook): the serving certificate and its CA, loaded from a directory or a
+//! Secret or generated on first start (README: "Push protocol"), the rustls
+//! configuration, and the accept loop.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,11 +31,14 @@ impl std::fmt::Debug for TlsMaterial {
 }
 
 /// Reads `ca.crt`, `tls.crt`, `tls.key` from `dir`, generating all three when absent.
-pub fn load_or_generate(dir: &Path, sans: &[String]) -> Result<TlsMaterial, Error> {
+pub(crate) fn load_or_generate(dir: &Path, sans: &[String]) -> Result<TlsMaterial, Error> {
     let (ca, cert, key) = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
     if cert.exists() && key.exists() {
         let read = |p: &Path| {
-            std::fs::read_to_string(p).map_err(|e| Error::Tls(format!("{}: {e}", p.display())))
+            std::fs::read_to_string(p).map_err(|source| Error::TlsFile {
+                path: p.to_path_buf(),
+                source,
+            })
         };
         return Ok(TlsMaterial {
             ca_pem: if ca.exists() {
@@ -46,7 +51,10 @@ pub fn load_or_generate(dir: &Path, sans: &[String]) -> Result<TlsMaterial, Erro
         });
     }
     let material = generate(sans)?;
-    std::fs::create_dir_all(dir).map_err(|e| Error::Tls(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(|source| Error::TlsFile {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     write(&ca, &material.ca_pem, 0o644)?;
     write(&cert, &material.cert_pem, 0o644)?;
     write(&key, &material.key_pem, 0o600)?;
@@ -57,7 +65,7 @@ pub fn load_or_generate(dir: &Path, sans: &[String]) -> Result<TlsMaterial, Erro
 /// with generated material when it does not exist. Every replica calls this
 /// at start; whichever creates the Secret first wins and the others read it,
 /// so all replicas serve the same certificate under the same CA.
-pub async fn load_or_create_secret(
+pub(crate) async fn load_or_create_secret(
     client: kube::Client,
     namespace: &str,
     name: &str,
@@ -105,17 +113,18 @@ pub async fn load_or_create_secret(
             Err(e) => return Err(Error::Kube(e)),
         }
     }
-    Err(Error::Tls(format!(
-        "Secret {namespace}/{name} keeps appearing and disappearing"
-    )))
+    Err(Error::SecretRace {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    })
 }
 
 fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Result<TlsMaterial, Error> {
     let data = secret.data.as_ref();
-    let field = |key: &str| {
+    let field = |key: &'static str| {
         data.and_then(|d| d.get(key))
             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            .ok_or_else(|| Error::Tls(format!("Secret has no {key}")))
+            .ok_or(Error::SecretField { key })
     };
     Ok(TlsMaterial {
         ca_pem: field("ca.crt")?,
@@ -126,7 +135,7 @@ fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Result<TlsMateria
 
 /// A new private CA and a serving certificate for `sans`.
 pub fn generate(sans: &[String]) -> Result<TlsMaterial, Error> {
-    let tls = |e: rcgen::Error| Error::Tls(e.to_string());
+    let tls = Error::Certificate;
     let ca_key = KeyPair::generate().map_err(tls)?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(tls)?;
     ca_params
@@ -154,17 +163,24 @@ pub fn server_config(material: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>
     let certs: Vec<CertificateDer<'static>> =
         CertificateDer::pem_slice_iter(material.cert_pem.as_bytes())
             .collect::<Result<_, _>>()
-            .map_err(|e| Error::Tls(format!("serving certificate: {e}")))?;
-    let key = PrivateKeyDer::from_pem_slice(material.key_pem.as_bytes())
-        .map_err(|e| Error::Tls(format!("serving key: {e}")))?;
+            .map_err(|source| Error::Pem {
+                what: "serving certificate",
+                source,
+            })?;
+    let key = PrivateKeyDer::from_pem_slice(material.key_pem.as_bytes()).map_err(|source| {
+        Error::Pem {
+            what: "serving key",
+            source,
+        }
+    })?;
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| Error::Tls(e.to_string()))?
+    .map_err(Error::Tls)?
     .with_no_client_auth()
     .with_single_cert(certs, key)
-    .map_err(|e| Error::Tls(e.to_string()))?;
+    .map_err(Error::Tls)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -172,22 +188,25 @@ pub fn server_config(material: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>
 fn write(path: &Path, text: &str, mode: u32) -> Result<(), Error> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    let failed = |source| Error::TlsFile {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(mode)
         .open(path)
-        .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
-    f.write_all(text.as_bytes())
-        .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))
+        .map_err(failed)?;
+    f.write_all(text.as_bytes()).map_err(failed)
 }
 
 /// The TLS accept loop both controller listeners share: accepts on
 /// `listener` until `shutdown` resolves, completes each handshake (10 s at
 /// most) on the connection's own task, so a slow client never holds up the
 /// loop, and hands the stream to `serve`. `what` names the listener in logs.
-pub async fn accept<F, Fut>(
+pub(crate) async fn accept<F, Fut>(
     listener: tokio::net::TcpListener,
     config: Arc<rustls::ServerConfig>,
     shutdown: impl std::future::Future<Output = ()>,

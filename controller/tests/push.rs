@@ -2,43 +2,28 @@
 //! sidecar subscription, with fixed identities instead of TokenReview (the API
 //! server's part is covered end to end).
 
-use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reprise_controller::auth::{AuthError, Authenticator, Identity};
-use reprise_controller::metrics::Metrics;
-use reprise_controller::push::{PushServer, SnapshotSource};
-use reprise_controller::sidecars::SidecarRegistry;
+use reprise_controller::metrics::{Counter, Metrics};
+use reprise_controller::push::{AuthError, Identity, PushServer, SidecarRegistry, SnapshotSource};
 use reprise_crds::retry_rule::{Retries, RetryRule};
 use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
 use reprise_sidecar::config::{Subscription, TrustedCa};
 use reprise_sidecar::Proxy;
 use tokio::sync::watch;
 
-struct FixedTokens(HashMap<String, (String, String)>);
-
-impl Authenticator for FixedTokens {
-    fn authenticate<'a>(
-        &'a self,
-        token: &'a str,
-        namespace: &'a str,
-        pod: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>> {
-        Box::pin(async move {
-            match self.0.get(token) {
-                Some((ns, p)) if ns == namespace && p == pod => Ok(Identity {
-                    namespace: ns.clone(),
-                    pod: p.clone(),
-                    labels: BTreeMap::new(),
-                }),
-                Some(_) => Err(AuthError::WrongPod(format!("{namespace}/{pod}"))),
-                None => Err(AuthError::Rejected("unknown token".into())),
-            }
-        })
+/// The one token the tests know: `token-a`, for `shop/client-a`.
+fn fixed_token(token: &str, namespace: &str, pod: &str) -> Result<Identity, AuthError> {
+    match token {
+        "token-a" if (namespace, pod) == ("shop", "client-a") => Ok(Identity {
+            namespace: namespace.into(),
+            pod: pod.into(),
+            labels: BTreeMap::new(),
+        }),
+        "token-a" => Err(AuthError::WrongPod(format!("{namespace}/{pod}"))),
+        _ => Err(AuthError::Rejected("unknown token".into())),
     }
 }
 
@@ -102,6 +87,10 @@ struct Harness {
     registry: Arc<SidecarRegistry>,
     metrics: Arc<Metrics>,
     subscription: Subscription,
+    /// The push server's address.
+    addr: std::net::SocketAddr,
+    /// The CA its certificate is issued by.
+    ca_pem: String,
 }
 
 async fn harness(name: &str) -> Harness {
@@ -118,12 +107,8 @@ async fn harness(name: &str) -> Harness {
     });
     let registry = Arc::new(SidecarRegistry::default());
     let metrics = Arc::new(Metrics::default());
-    let auth = Arc::new(FixedTokens(HashMap::from([(
-        "token-a".to_string(),
-        ("shop".to_string(), "client-a".to_string()),
-    )])));
     let server = PushServer::new(
-        auth,
+        Arc::new(fixed_token),
         Arc::clone(&source) as Arc<dyn SnapshotSource>,
         Arc::clone(&registry),
         Arc::clone(&metrics),
@@ -153,6 +138,8 @@ async fn harness(name: &str) -> Harness {
         registry,
         metrics,
         subscription,
+        addr,
+        ca_pem: material.ca_pem,
     }
 }
 
@@ -188,14 +175,7 @@ async fn snapshots_are_pushed_acked_nacked_and_resumed() {
     let task = tokio::spawn(h.subscription.clone().run(Arc::clone(&proxy), None));
 
     // First snapshot: applied, ACKed, saved.
-    let v1 = h
-        .source
-        .snapshot_for(&Identity {
-            namespace: String::new(),
-            pod: String::new(),
-            labels: BTreeMap::new(),
-        })
-        .version;
+    let v1 = snapshot_version(&h);
     eventually("first snapshot applied and ACKed", || {
         h.registry.get("shop", "client-a").and_then(|s| s.acked) == Some(v1.clone())
     })
@@ -217,14 +197,7 @@ async fn snapshots_are_pushed_acked_nacked_and_resumed() {
         endpoint_ports(&proxy) == vec![1001, 1002]
     })
     .await;
-    let v2 = h
-        .source
-        .snapshot_for(&Identity {
-            namespace: String::new(),
-            pod: String::new(),
-            labels: BTreeMap::new(),
-        })
-        .version;
+    let v2 = snapshot_version(&h);
     eventually("second snapshot ACKed", || {
         h.registry.get("shop", "client-a").and_then(|s| s.acked) == Some(v2.clone())
     })
@@ -253,7 +226,7 @@ async fn snapshots_are_pushed_acked_nacked_and_resumed() {
         vec![1001, 1002],
         "the last good config keeps serving"
     );
-    assert_eq!(h.metrics.nacks.load(Ordering::Relaxed), 1);
+    assert_eq!(h.metrics.get(Counter::Nacks), 1);
     let saved: Snapshot =
         serde_json::from_slice(&std::fs::read(&h.subscription.snapshot_path).expect("saved"))
             .expect("json");
@@ -266,7 +239,7 @@ async fn snapshots_are_pushed_acked_nacked_and_resumed() {
         h.registry.get("shop", "client-a").is_none()
     })
     .await;
-    let pushes = h.metrics.pushes.load(Ordering::Relaxed);
+    let pushes = h.metrics.get(Counter::Pushes);
     let task = tokio::spawn(
         h.subscription
             .clone()
@@ -278,7 +251,7 @@ async fn snapshots_are_pushed_acked_nacked_and_resumed() {
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
-        h.metrics.pushes.load(Ordering::Relaxed),
+        h.metrics.get(Counter::Pushes),
         pushes,
         "nothing re-sent on resume"
     );
@@ -301,6 +274,7 @@ async fn a_sidecar_restarts_from_its_saved_snapshot() {
     assert!(h.subscription.load_saved().is_none());
 }
 
+/// The version of the snapshot the source serves now.
 fn snapshot_version(h: &Harness) -> String {
     h.source
         .snapshot_for(&Identity {
@@ -338,4 +312,141 @@ async fn unknown_tokens_and_other_pods_are_refused() {
     }
     assert_eq!(h.registry.connected(), 0);
     assert!(!proxy.is_ready(), "nothing was applied");
+}
+
+/// The `reprise_controller_connected_sidecars` sample the metrics endpoint shows.
+fn connected_gauge(h: &Harness) -> String {
+    h.metrics
+        .render(h.registry.connected(), None)
+        .lines()
+        .find(|l| l.starts_with("reprise_controller_connected_sidecars "))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A TLS connection to the harness's push server, offering `alpn`.
+async fn tls_connect(
+    h: &Harness,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(h.ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA pem")).expect("CA");
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = tokio::net::TcpStream::connect(h.addr)
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS")
+}
+
+/// `GET /v1/snapshots` without the upgrade: the snapshots come as a streamed body.
+fn snapshot_request() -> http::Request<http_body_util::Empty<bytes::Bytes>> {
+    use reprise_crds::protocol::{NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH};
+    http::Request::get(format!("https://localhost{SNAPSHOTS_PATH}"))
+        .header("authorization", "Bearer token-a")
+        .header(NAMESPACE_HEADER, "shop")
+        .header(POD_HEADER, "client-a")
+        .body(http_body_util::Empty::new())
+        .expect("request")
+}
+
+/// Reads the first line of the streamed `response`, the current snapshot,
+/// checks that the sidecar now counts as connected, and returns the rest.
+async fn read_first_snapshot(
+    h: &Harness,
+    response: impl std::future::Future<Output = hyper::Result<http::Response<hyper::body::Incoming>>>,
+) -> hyper::body::Incoming {
+    use http_body_util::BodyExt;
+    let mut body = response.await.expect("response").into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert!(
+        first.data_ref().is_some_and(|d| d.ends_with(b"\n")),
+        "the current snapshot comes first"
+    );
+    assert_eq!(
+        connected_gauge(h),
+        "reprise_controller_connected_sidecars 1"
+    );
+    body
+}
+
+/// Waits until the connected-sidecars gauge is back to 0.
+async fn until_disconnected(h: &Harness) {
+    eventually("the gauge is back to 0", || {
+        connected_gauge(h) == "reprise_controller_connected_sidecars 0"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_upgraded_stream_dropped_mid_way_leaves_no_connected_sidecar() {
+    let h = harness("drop-upgraded").await;
+    assert_eq!(
+        connected_gauge(&h),
+        "reprise_controller_connected_sidecars 0"
+    );
+    let proxy = empty_proxy();
+    let task = tokio::spawn(h.subscription.clone().run(Arc::clone(&proxy), None));
+    eventually("connected and applied", || {
+        endpoint_ports(&proxy) == vec![1001]
+    })
+    .await;
+    assert_eq!(
+        connected_gauge(&h),
+        "reprise_controller_connected_sidecars 1"
+    );
+    // The sidecar's task is aborted mid-stream: its connection just goes away.
+    task.abort();
+    until_disconnected(&h).await;
+    assert!(h.registry.get("shop", "client-a").is_none());
+}
+
+#[tokio::test]
+async fn a_streamed_body_reset_mid_way_leaves_no_connected_sidecar() {
+    let h = harness("drop-h2").await;
+    let tls = tls_connect(&h, b"h2").await;
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    let body = read_first_snapshot(&h, sender.send_request(snapshot_request())).await;
+    // Resetting the stream (dropping its body) keeps the HTTP/2 connection open.
+    drop(body);
+    until_disconnected(&h).await;
+    assert!(
+        !connection.is_finished(),
+        "the connection itself stays open"
+    );
+    drop(sender);
+}
+
+#[tokio::test]
+async fn a_streamed_body_whose_connection_closes_leaves_no_connected_sidecar() {
+    let h = harness("drop-h1").await;
+    let tls = tls_connect(&h, b"http/1.1").await;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("http/1.1 handshake");
+    let connection = tokio::spawn(connection);
+    let body = read_first_snapshot(&h, sender.send_request(snapshot_request())).await;
+    connection.abort();
+    drop((body, sender));
+    until_disconnected(&h).await;
 }

@@ -1,16 +1,22 @@
-//! The reconciler against a mocked API server: what it reads, what status it
-//! writes, that an unchanged policy writes nothing, and the span it records.
+//! The reconciler against a mocked API server and a filled cache: that it
+//! reads nothing from the API (every read comes from the shared cache), what
+//! status it writes, that an unchanged policy writes nothing, and the span it
+//! records.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 use opentelemetry::trace::{SpanKind, Status};
 use opentelemetry::Value as AttrValue;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SpanData};
+use reprise_controller::cache::Cache;
+use reprise_controller::metrics::Counter;
 use reprise_controller::reconcile::{reconcile, Context};
 use reprise_controller::telemetry::{self, Tracing};
 use reprise_crds::resource::{RetryPolicy, RetryPolicyStatus};
@@ -19,32 +25,56 @@ use serde_json::{json, Value};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
-fn context() -> (Arc<Context>, Handle) {
-    context_with(Tracing::off(), false)
+/// The Service `shop/api` (one port, `http` 80) and its EndpointSlice with
+/// two ready pods, or nothing when `service_exists` is false.
+fn cache(service_exists: bool) -> Cache {
+    if !service_exists {
+        return Cache::fixed([], [], []);
+    }
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "api", "namespace": "shop" },
+        "spec": { "ports": [{ "name": "http", "port": 80 }] }
+    }))
+    .expect("service");
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": { "name": "api-1", "namespace": "shop", "labels": { "kubernetes.io/service-name": "api" } },
+        "addressType": "IPv4",
+        "ports": [{ "name": "http", "port": 8080 }],
+        "endpoints": [
+            { "addresses": ["127.0.0.11"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-a" } },
+            { "addresses": ["127.0.0.12"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-b" } }
+        ]
+    }))
+    .expect("slice");
+    // A slice of another Service in the namespace: not an endpoint of `api`.
+    let mut other = slice.clone();
+    other.metadata.name = Some("web-1".into());
+    other.metadata.labels =
+        Some([("kubernetes.io/service-name".to_string(), "web".to_string())].into());
+    Cache::fixed([], [service], [slice, other])
 }
 
-/// A context on a mocked API server; `events` records Kubernetes Events through it.
-fn context_with(tracing: Tracing, events: bool) -> (Arc<Context>, Handle) {
+fn context(service_exists: bool) -> (Arc<Context>, Handle) {
+    context_with(service_exists, Tracing::off(), false)
+}
+
+/// A context on a mocked API server reading a filled cache; `events` records
+/// Kubernetes Events through the API.
+fn context_with(service_exists: bool, tracing: Tracing, events: bool) -> (Arc<Context>, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
-    let recorder = events.then(|| {
-        Recorder::new(
-            client.clone(),
+    let mut ctx = Context::new(client.clone(), cache(service_exists), tracing);
+    if events {
+        ctx = ctx.with_recorder(Recorder::new(
+            client,
             Reporter {
                 controller: "reprise-controller".into(),
                 instance: None,
             },
-        )
-    });
-    let ctx = Context {
-        client,
-        recorder,
-        metrics: Arc::default(),
-        sidecars: Arc::default(),
-        failures: Default::default(),
-        peers: None,
-        tracing,
-    };
+        ));
+    }
     (Arc::new(ctx), handle)
 }
 
@@ -69,61 +99,25 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: StatusCod
     );
 }
 
-/// Serves the service GET and the EndpointSlice LIST; returns the status patch body if one came.
-async fn serve(mut handle: Handle, service_exists: bool) -> Option<Value> {
-    serve_on(&mut handle, service_exists).await
+/// Serves the status patch, the only request a reconcile makes before its
+/// Events (it reads from the cache, never from the API); returns its body if
+/// one came.
+async fn serve(mut handle: Handle) -> Option<Value> {
+    serve_on(&mut handle).await
 }
 
 /// Like [`serve`], on a handle the caller keeps to serve what comes next.
-async fn serve_on(handle: &mut Handle, service_exists: bool) -> Option<Value> {
-    let (req, send) = handle.next_request().await.expect("GET service");
-    assert_eq!(req.method(), Method::GET);
-    assert_eq!(req.uri().path(), "/api/v1/namespaces/shop/services/api");
-    if !service_exists {
-        respond(
-            send,
-            StatusCode::NOT_FOUND,
-            json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "services \"api\" not found" }),
-        );
-    } else {
-        respond(
-            send,
-            StatusCode::OK,
-            json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": "api", "namespace": "shop" }, "spec": { "ports": [{ "name": "http", "port": 80 }] } }),
-        );
-        let (req, send) = handle.next_request().await.expect("LIST slices");
-        assert_eq!(
-            req.uri().path(),
-            "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices"
-        );
-        assert!(
-            req.uri()
-                .query()
-                .unwrap_or("")
-                .contains("labelSelector=kubernetes.io%2Fservice-name%3Dapi"),
-            "{:?}",
-            req.uri()
-        );
-        respond(
-            send,
-            StatusCode::OK,
-            json!({
-                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
-                "items": [{
-                    "metadata": { "name": "api-1", "namespace": "shop" }, "addressType": "IPv4",
-                    "ports": [{ "name": "http", "port": 8080 }],
-                    "endpoints": [
-                        { "addresses": ["127.0.0.11"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-a" } },
-                        { "addresses": ["127.0.0.12"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-b" } }
-                    ]
-                }]
-            }),
-        );
-    }
+async fn serve_on(handle: &mut Handle) -> Option<Value> {
     let next =
         tokio::time::timeout(std::time::Duration::from_millis(500), handle.next_request()).await;
     let (req, send) = next.ok()??;
-    assert_eq!(req.method(), Method::PATCH);
+    assert_eq!(
+        req.method(),
+        Method::PATCH,
+        "no GET or LIST: reads come from the cache ({} {})",
+        req.method(),
+        req.uri()
+    );
     assert_eq!(
         req.uri().path(),
         "/apis/reprise.dev/v1alpha1/namespaces/shop/retrypolicies/reads/status"
@@ -149,8 +143,8 @@ async fn serve_on(handle: &mut Handle, service_exists: bool) -> Option<Value> {
 
 #[tokio::test]
 async fn a_valid_policy_is_accepted_with_its_endpoints() {
-    let (ctx, handle) = context();
-    let server = tokio::spawn(serve(handle, true));
+    let (ctx, handle) = context(true);
+    let server = tokio::spawn(serve(handle));
     let p = policy(json!({ "targetRef": { "name": "api" } }), None);
     reconcile(Arc::new(p), Arc::clone(&ctx))
         .await
@@ -168,8 +162,8 @@ async fn a_valid_policy_is_accepted_with_its_endpoints() {
 
 #[tokio::test]
 async fn a_missing_target_is_reported_not_failed() {
-    let (ctx, handle) = context();
-    let server = tokio::spawn(serve(handle, false));
+    let (ctx, handle) = context(false);
+    let server = tokio::spawn(serve(handle));
     let p = policy(json!({ "targetRef": { "name": "api" } }), None);
     reconcile(Arc::new(p), ctx).await.expect("reconcile");
     let patch = server.await.expect("server").expect("a status patch");
@@ -180,8 +174,8 @@ async fn a_missing_target_is_reported_not_failed() {
 
 #[tokio::test]
 async fn an_invalid_spec_is_rejected_with_the_field_named() {
-    let (ctx, handle) = context();
-    let server = tokio::spawn(serve(handle, true));
+    let (ctx, handle) = context(true);
+    let server = tokio::spawn(serve(handle));
     // Slipped past the schema (e.g. applied before the CRD was updated).
     let p = policy(
         json!({ "targetRef": { "name": "api" }, "retries": { "attempts": 11 } }),
@@ -200,8 +194,8 @@ async fn an_invalid_spec_is_rejected_with_the_field_named() {
 #[tokio::test]
 async fn reconcile_is_idempotent() {
     // First pass computes the status; second pass, with that status on the object, writes nothing.
-    let (ctx, handle) = context();
-    let server = tokio::spawn(serve(handle, true));
+    let (ctx, handle) = context(true);
+    let server = tokio::spawn(serve(handle));
     let p = policy(json!({ "targetRef": { "name": "api" } }), None);
     reconcile(Arc::new(p.clone()), ctx)
         .await
@@ -210,8 +204,8 @@ async fn reconcile_is_idempotent() {
     let status: RetryPolicyStatus =
         serde_json::from_value(patch["status"].clone()).expect("status");
 
-    let (ctx, handle) = context();
-    let server = tokio::spawn(serve(handle, true));
+    let (ctx, handle) = context(true);
+    let server = tokio::spawn(serve(handle));
     let again = policy(json!({ "targetRef": { "name": "api" } }), Some(status));
     reconcile(Arc::new(again), Arc::clone(&ctx))
         .await
@@ -220,12 +214,8 @@ async fn reconcile_is_idempotent() {
         server.await.expect("server").is_none(),
         "no write when nothing changed"
     );
-    assert_eq!(
-        ctx.metrics
-            .status_writes
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(ctx.metrics().get(Counter::StatusWrites), 0);
+    assert_eq!(ctx.metrics().get(Counter::Reconciles), 1);
 }
 
 /// Tracing into memory, exporting only when flushed.
@@ -279,9 +269,9 @@ async fn a_reconcile_is_one_span_with_its_verdict_and_writes() {
         );
     }
     let tracing = Tracing::on(pipeline);
-    let (ctx, mut handle) = context_with(tracing.clone(), true);
+    let (ctx, mut handle) = context_with(true, tracing.clone(), true);
     let server = tokio::spawn(async move {
-        serve_on(&mut handle, true).await.expect("a status patch");
+        serve_on(&mut handle).await.expect("a status patch");
         // Then the Events the reconcile records, until it stops sending.
         let mut reasons = Vec::new();
         while let Ok(Some((req, send))) =
@@ -348,20 +338,32 @@ async fn a_reconcile_is_one_span_with_its_verdict_and_writes() {
 async fn a_failed_reconcile_span_is_an_error_with_its_type() {
     let (pipeline, exporter) = in_memory_pipeline();
     let tracing = Tracing::on(pipeline);
-    let (ctx, mut handle) = context_with(tracing.clone(), false);
+    let (ctx, mut handle) = context_with(true, tracing.clone(), false);
     let server = tokio::spawn(async move {
-        let (_, send) = handle.next_request().await.expect("GET service");
+        let (req, send) = handle.next_request().await.expect("PATCH status");
+        assert_eq!(req.method(), Method::PATCH);
         respond(
             send,
             StatusCode::FORBIDDEN,
-            json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "services \"api\" is forbidden" }),
+            json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "retrypolicies.reprise.dev \"reads\" is forbidden" }),
         );
     });
     let p = policy(json!({ "targetRef": { "name": "api" } }), None);
-    reconcile(Arc::new(p), ctx)
+    let error = reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
         .await
         .expect_err("the API refused");
     server.await.expect("server");
+    // The error policy counts it by what failed, and retries soon.
+    let action = reprise_controller::reconcile::error_policy(Arc::new(p), &error, Arc::clone(&ctx));
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(1))
+    );
+    assert_eq!(ctx.metrics().reconcile_errors("kube"), 1);
+    assert!(ctx
+        .metrics()
+        .render(0, None)
+        .contains("reprise_controller_reconcile_errors_total{error=\"kube\"} 1\n"));
 
     let span = the_span(&tracing, &exporter).await;
     assert!(

@@ -10,14 +10,14 @@ use opentelemetry_semantic_conventions::attribute::{ERROR_TYPE, K8S_NAMESPACE_NA
 use reprise_telemetry::Tracing;
 
 /// The span's name.
-pub const NAME: &str = "push";
+pub(crate) const NAME: &str = "push";
 /// The snapshot version sent.
-pub const VERSION: &str = "reprise.snapshot.version";
+pub(crate) const VERSION: &str = "reprise.snapshot.version";
 /// `acked`, `nacked` or `dropped` (never answered: the stream closed, or a
 /// newer version replaced it).
-pub const RESULT: &str = "reprise.push.result";
+pub(crate) const RESULT: &str = "reprise.push.result";
 /// Time from sending to the ACK, in milliseconds, as the push server measured it.
-pub const ACK_LATENCY_MS: &str = "reprise.push.ack_latency_ms";
+pub(crate) const ACK_LATENCY_MS: &str = "reprise.push.ack_latency_ms";
 
 /// Longest NACK message kept in the span status: it is the sidecar's text.
 const MAX_NACK_LEN: usize = 1000;
@@ -26,11 +26,11 @@ const MAX_NACK_LEN: usize = 1000;
 /// [`PushSpan::nacked`] or [`PushSpan::dropped`]; dropped unfinished, it ends
 /// as `dropped`.
 #[derive(Debug)]
-pub struct PushSpan(Option<Span>);
+pub(crate) struct PushSpan(Option<Span>);
 
 impl PushSpan {
     /// A span that records nothing.
-    pub fn off() -> Self {
+    pub(crate) fn off() -> Self {
         PushSpan(None)
     }
 
@@ -38,7 +38,7 @@ impl PushSpan {
     /// pod `pod` in `namespace`; records nothing while `tracing` is off. End it
     /// with [`PushSpan::acked`], [`PushSpan::nacked`] or [`PushSpan::dropped`];
     /// dropped unfinished, it ends as `dropped`.
-    pub fn start(tracing: &Tracing, namespace: &str, pod: &str, version: &str) -> Self {
+    pub(crate) fn start(tracing: &Tracing, namespace: &str, pod: &str, version: &str) -> Self {
         let Some(tracer) = tracing.tracer() else {
             return Self::off();
         };
@@ -55,7 +55,7 @@ impl PushSpan {
     }
 
     /// The sidecar ACKed the version `latency` after it was sent.
-    pub fn acked(mut self, latency: Duration) {
+    pub(crate) fn acked(mut self, latency: Duration) {
         if let Some(mut span) = self.0.take() {
             span.set_attributes([
                 KeyValue::new(RESULT, "acked"),
@@ -66,7 +66,7 @@ impl PushSpan {
     }
 
     /// The sidecar refused the version with `error`.
-    pub fn nacked(mut self, error: &str) {
+    pub(crate) fn nacked(mut self, error: &str) {
         if let Some(mut span) = self.0.take() {
             span.set_attributes([
                 KeyValue::new(RESULT, "nacked"),
@@ -81,7 +81,7 @@ impl PushSpan {
 
     /// The version will never be answered: the stream closed, or a newer
     /// version replaced it. Not an error: the next push carries the state.
-    pub fn dropped(mut self) {
+    pub(crate) fn dropped(mut self) {
         if let Some(span) = self.0.take() {
             end_dropped(span);
         }

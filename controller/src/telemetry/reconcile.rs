@@ -8,49 +8,51 @@ use opentelemetry_semantic_conventions::attribute::{ERROR_TYPE, K8S_NAMESPACE_NA
 use reprise_crds::resource::RetryPolicy;
 use reprise_telemetry::Tracing;
 
-use crate::status::{Evaluation, SyncCounts};
+use crate::reconcile::status::{Evaluation, SyncCounts};
 use crate::Error;
 
 /// The span's name.
-pub const NAME: &str = "reconcile";
+pub(crate) const NAME: &str = "reconcile";
 /// The RetryPolicy's name (its namespace is `k8s.namespace.name`).
-pub const POLICY: &str = "reprise.policy";
+pub(crate) const POLICY: &str = "reprise.policy";
 /// The RetryPolicy's `metadata.generation`.
-pub const GENERATION: &str = "reprise.policy.generation";
+pub(crate) const GENERATION: &str = "reprise.policy.generation";
 /// `accepted`, `rejected` (invalid, or its target does not resolve) or `error`
 /// (the reconcile failed and will be retried).
-pub const RESULT: &str = "reprise.reconcile.result";
+pub(crate) const RESULT: &str = "reprise.reconcile.result";
 /// Ready endpoints of the policy's target.
-pub const ENDPOINTS: &str = "reprise.endpoints";
+pub(crate) const ENDPOINTS: &str = "reprise.endpoints";
 /// Connected sidecars the policy selects (all replicas).
-pub const SIDECARS_SELECTED: &str = "reprise.sidecars.selected";
+pub(crate) const SIDECARS_SELECTED: &str = "reprise.sidecars.selected";
 /// Of those, how many ACKed the policy's current generation.
-pub const SIDECARS_IN_SYNC: &str = "reprise.sidecars.in_sync";
+pub(crate) const SIDECARS_IN_SYNC: &str = "reprise.sidecars.in_sync";
 /// The Kubernetes Event's reason, e.g. `Accepted` (`event_recorded` event).
-pub const EVENT_REASON: &str = "reprise.event.reason";
+pub(crate) const EVENT_REASON: &str = "reprise.event.reason";
 /// `Normal` or `Warning` (`event_recorded` event).
-pub const EVENT_TYPE: &str = "reprise.event.type";
+pub(crate) const EVENT_TYPE: &str = "reprise.event.type";
 
 /// The INTERNAL span of one reconcile; ends with [`ReconcileSpan::end`].
 #[derive(Debug)]
-pub struct ReconcileSpan(Option<Inner>);
+pub(crate) struct ReconcileSpan(Option<Inner>);
 
 #[derive(Debug)]
 struct Inner {
     span: Span,
-    /// The verdict, once evaluated; the result unless the reconcile then fails.
+    /// The verdict, once evaluated: the result unless the reconcile then fails.
     accepted: Option<bool>,
+    /// What the verdict was based on, recorded when the reconcile succeeds.
+    based_on: Vec<KeyValue>,
 }
 
 impl ReconcileSpan {
     /// A span that records nothing.
-    pub fn off() -> Self {
+    pub(crate) fn off() -> Self {
         ReconcileSpan(None)
     }
 
     /// Starts the span of one reconcile of `policy`; records nothing while
     /// `tracing` is off.
-    pub fn start(tracing: &Tracing, policy: &RetryPolicy) -> Self {
+    pub(crate) fn start(tracing: &Tracing, policy: &RetryPolicy) -> Self {
         let Some(tracer) = tracing.tracer() else {
             return Self::off();
         };
@@ -73,31 +75,34 @@ impl ReconcileSpan {
         ReconcileSpan(Some(Inner {
             span,
             accepted: None,
+            based_on: Vec::new(),
         }))
     }
 
-    /// Records the verdict and what it was based on.
-    pub fn evaluated(&mut self, eval: &Evaluation, counts: SyncCounts) {
+    /// Records the verdict and what it was based on. A reconcile that then
+    /// fails (its status write refused) concluded nothing: its span carries
+    /// the error, not these.
+    pub(crate) fn evaluated(&mut self, eval: &Evaluation, counts: SyncCounts) {
         let Some(inner) = &mut self.0 else {
             return;
         };
         inner.accepted = Some(eval.accepted);
-        inner.span.set_attributes([
+        inner.based_on = vec![
             KeyValue::new(ENDPOINTS, i64::from(eval.status.endpoints)),
             KeyValue::new(SIDECARS_SELECTED, i64::from(counts.selected)),
             KeyValue::new(SIDECARS_IN_SYNC, i64::from(counts.in_sync)),
-        ]);
+        ];
     }
 
     /// The status changed and was written.
-    pub fn status_written(&mut self) {
+    pub(crate) fn status_written(&mut self) {
         if let Some(inner) = &mut self.0 {
             inner.span.add_event("status_written", Vec::new());
         }
     }
 
     /// A Kubernetes Event was recorded on the policy.
-    pub fn event_recorded(&mut self, event_type: &'static str, reason: &str) {
+    pub(crate) fn event_recorded(&mut self, event_type: &'static str, reason: &str) {
         if let Some(inner) = &mut self.0 {
             inner.span.add_event(
                 "event_recorded",
@@ -110,7 +115,7 @@ impl ReconcileSpan {
     }
 
     /// Ends the span with the reconcile's result.
-    pub fn end<T>(mut self, result: &Result<T, Error>) {
+    pub(crate) fn end<T>(mut self, result: &Result<T, Error>) {
         let Some(mut inner) = self.0.take() else {
             return;
         };
@@ -122,10 +127,17 @@ impl ReconcileSpan {
                 inner.span.set_status(Status::error(e.to_string()));
                 "error"
             }
-            (Ok(_), Some(true)) => "accepted",
-            (Ok(_), Some(false)) => "rejected",
-            // Not reached today: every successful reconcile evaluates.
-            (Ok(_), None) => "unknown",
+            (Ok(_), accepted) => {
+                inner
+                    .span
+                    .set_attributes(std::mem::take(&mut inner.based_on));
+                match accepted {
+                    Some(true) => "accepted",
+                    Some(false) => "rejected",
+                    // Not reached today: every successful reconcile evaluates.
+                    None => "unknown",
+                }
+            }
         };
         inner.span.set_attribute(KeyValue::new(RESULT, outcome));
         inner.span.end();
@@ -133,14 +145,13 @@ impl ReconcileSpan {
 }
 
 /// A low-cardinality name for what failed: the API's reason (`Conflict`,
-/// `Forbidden`, ...) or HTTP status when it answered, else the kind of failure.
+/// `Forbidden`, ...) or HTTP status when it answered, `kube_client` when the
+/// client failed before an answer, else [`Error::metric_label`].
 fn error_type(error: &Error) -> String {
     match error {
         Error::Kube(kube::Error::Api(status)) if !status.reason.is_empty() => status.reason.clone(),
         Error::Kube(kube::Error::Api(status)) => status.code.to_string(),
         Error::Kube(_) => "kube_client".to_string(),
-        Error::MissingNamespace => "missing_namespace".to_string(),
-        Error::Render(_) => "render".to_string(),
-        Error::Tls(_) => "tls".to_string(),
+        other => other.metric_label().to_string(),
     }
 }

@@ -1,10 +1,16 @@
-//! Connected sidecars and what each has ACKed, turned into per-policy sync counts.
+//! Connected sidecars and what each has ACKed, turned into per-policy sync
+//! counts. A sidecar is in the registry while its stream's registration
+//! lives (see `stream.rs`); the registry's size is the
+//! `reprise_controller_connected_sidecars` gauge.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use kube::ResourceExt;
 use reprise_crds::resource::RetryPolicy;
+
+use crate::policy::{self, selection};
+use crate::reconcile::status::SyncCounts;
 
 /// One connected sidecar.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -35,7 +41,7 @@ pub struct SidecarRegistry {
 
 impl SidecarRegistry {
     /// Registers connection `connection` for a pod, replacing an older one.
-    pub fn connect(
+    pub(crate) fn connect(
         &self,
         namespace: &str,
         pod: &str,
@@ -54,7 +60,7 @@ impl SidecarRegistry {
 
     /// Forgets a pod's connection, unless a newer connection replaced it.
     /// Returns the policies that pod had ACKed (their sync counts changed).
-    pub fn disconnect(&self, namespace: &str, pod: &str, connection: u64) -> Vec<String> {
+    pub(crate) fn disconnect(&self, namespace: &str, pod: &str, connection: u64) -> Vec<String> {
         let mut map = self.lock();
         let key = (namespace.to_string(), pod.to_string());
         if map.get(&key).is_some_and(|s| s.connection == connection) {
@@ -67,7 +73,13 @@ impl SidecarRegistry {
     }
 
     /// Records what was sent.
-    pub fn sent(&self, namespace: &str, pod: &str, version: &str, policies: HashMap<String, i64>) {
+    pub(crate) fn sent(
+        &self,
+        namespace: &str,
+        pod: &str,
+        version: &str,
+        policies: HashMap<String, i64>,
+    ) {
         if let Some(s) = self
             .lock()
             .get_mut(&(namespace.to_string(), pod.to_string()))
@@ -79,7 +91,7 @@ impl SidecarRegistry {
     }
 
     /// Time from sending the current snapshot to now (for the push latency metric).
-    pub fn since_sent(&self, namespace: &str, pod: &str) -> Option<std::time::Duration> {
+    pub(crate) fn since_sent(&self, namespace: &str, pod: &str) -> Option<std::time::Duration> {
         self.lock()
             .get(&(namespace.to_string(), pod.to_string()))
             .and_then(|s| s.sent_at)
@@ -88,7 +100,7 @@ impl SidecarRegistry {
 
     /// Records an ACK of `version`; returns the policies whose sync may have
     /// changed, or `None` for a stale ACK (not the version last sent).
-    pub fn ack(&self, namespace: &str, pod: &str, version: &str) -> Option<Vec<String>> {
+    pub(crate) fn ack(&self, namespace: &str, pod: &str, version: &str) -> Option<Vec<String>> {
         let mut map = self.lock();
         let s = map.get_mut(&(namespace.to_string(), pod.to_string()))?;
         if s.sent.as_deref() != Some(version) {
@@ -105,7 +117,7 @@ impl SidecarRegistry {
     }
 
     /// Records a NACK.
-    pub fn nack(&self, namespace: &str, pod: &str, error: &str) {
+    pub(crate) fn nack(&self, namespace: &str, pod: &str, error: &str) {
         if let Some(s) = self
             .lock()
             .get_mut(&(namespace.to_string(), pod.to_string()))
@@ -127,13 +139,13 @@ impl SidecarRegistry {
     }
 
     /// Sidecars `policy` selects, and how many ACKed its current generation.
-    pub fn counts(&self, policy: &RetryPolicy) -> crate::status::SyncCounts {
+    pub(crate) fn counts(&self, policy: &RetryPolicy) -> SyncCounts {
         let ns = policy.namespace().unwrap_or_default();
-        let id = format!("{ns}/{}", policy.name_any());
-        let generation = policy.metadata.generation.unwrap_or(0);
-        let mut counts = crate::status::SyncCounts::default();
+        let id = policy::id(policy);
+        let generation = policy::generation(policy);
+        let mut counts = SyncCounts::default();
         for ((pod_ns, _), s) in self.lock().iter() {
-            if *pod_ns != ns || !crate::selection::selects(policy, &s.labels) {
+            if *pod_ns != ns || !selection::selects(policy, &s.labels) {
                 continue;
             }
             counts.selected += 1;

@@ -10,17 +10,59 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, Client};
 
+use super::ControllerNamespace;
+use crate::leader::LEASE_NAME;
+
+/// How recently the Lease must have been renewed.
+const FRESH: Duration = Duration::from_secs(30);
+
+// The subcommand's help is the doc comment of `Command::Selftest`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    namespace: ControllerNamespace,
+    /// MutatingWebhookConfiguration to check.
+    #[arg(long)]
+    webhook_configuration: Option<String>,
+}
+
 /// One check's result.
 #[derive(Debug)]
-pub struct Check {
+struct Check {
     /// What was checked.
-    pub name: String,
+    name: String,
     /// `Ok(detail)` or `Err(reason)`.
-    pub result: Result<String, String>,
+    result: Result<String, String>,
+}
+
+/// Runs every check and prints one line each; fails when one failed.
+pub async fn print(args: Args) -> anyhow::Result<()> {
+    let client = super::client().await?;
+    let checks = run(
+        client,
+        &args.namespace.namespace,
+        args.webhook_configuration.as_deref(),
+        FRESH,
+    )
+    .await;
+    let mut failed = 0;
+    for c in &checks {
+        match &c.result {
+            Ok(detail) => println!("ok   {}: {detail}", c.name),
+            Err(why) => {
+                failed += 1;
+                println!("FAIL {}: {why}", c.name);
+            }
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} checks failed", checks.len());
+    }
+    Ok(())
 }
 
 /// Runs every check; the Lease must have been renewed within `fresh`.
-pub async fn run(
+async fn run(
     client: Client,
     namespace: &str,
     webhook: Option<&str>,
@@ -32,7 +74,7 @@ pub async fn run(
             result: crd(&client).await,
         },
         Check {
-            name: format!("a controller holds Lease {namespace}/reprise-controller"),
+            name: format!("a controller holds Lease {namespace}/{LEASE_NAME}"),
             result: lease(&client, namespace, fresh).await,
         },
     ];
@@ -65,7 +107,7 @@ async fn crd(client: &Client) -> Result<String, String> {
 
 async fn lease(client: &Client, namespace: &str, fresh: Duration) -> Result<String, String> {
     let lease = Api::<Lease>::namespaced(client.clone(), namespace)
-        .get("reprise-controller")
+        .get(LEASE_NAME)
         .await
         .map_err(|e| e.to_string())?;
     let spec = lease.spec.unwrap_or_default();

@@ -1,8 +1,9 @@
 //! In-Sync counts across controller replicas. Sidecars may hold their stream
 //! to any replica, but only the leader writes status: every replica publishes
 //! its own per-policy counts in a ConfigMap, and the leader adds them up.
+//! (The ConfigMaps are watched once, by the [`Cache`](crate::cache::Cache).)
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,49 +14,86 @@ use kube::{Api, Client, ResourceExt};
 use reprise_crds::resource::RetryPolicy;
 use serde::{Deserialize, Serialize};
 
-use crate::sidecars::SidecarRegistry;
-use crate::status::SyncCounts;
+use super::status::SyncCounts;
+use super::MANAGER;
+use crate::cache::Cache;
+use crate::policy;
+use crate::push::SidecarRegistry;
 
-/// Label on every replica's sync ConfigMap.
-pub const LABEL: &str = "reprise.dev/sync-counts";
+/// Label on every replica's sync ConfigMap; its value is the replica's identity.
+pub(crate) const LABEL: &str = "reprise.dev/sync-counts";
 /// Counts older than this are from a replica that is gone.
-pub const STALE_AFTER_SECS: i64 = 30;
+const STALE_AFTER_SECS: i64 = 30;
+/// An unchanged report is refreshed this often, so it never looks stale.
+const HEARTBEAT_SECS: i64 = 10;
+/// How often a replica recounts its sidecars.
+const COUNT_EVERY: Duration = Duration::from_secs(2);
+/// The ConfigMap key holding a [`PeerReport`] as JSON.
+const REPORT_KEY: &str = "report";
+
+/// The other replicas' reports, as the leader reads them.
+#[derive(Clone)]
+pub(crate) struct Peers {
+    /// Every replica's sync ConfigMap.
+    pub(crate) reports: Store<ConfigMap>,
+    /// This replica's identity: its own report is not added twice.
+    pub(crate) me: String,
+}
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peers")
+            .field("me", &self.me)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Peers {
+    /// `local` plus the fresh counts of the other replicas for `policy`.
+    pub(crate) fn add(&self, local: SyncCounts, policy: &RetryPolicy) -> SyncCounts {
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        total(local, policy, &reports(&self.reports, &self.me), now)
+    }
+}
 
 /// One replica's counts for one policy generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PeerCount {
+struct PeerCount {
     /// Generation the counts are for.
-    pub generation: i64,
+    generation: i64,
     /// Sidecars selected.
-    pub selected: i32,
+    selected: i32,
     /// Sidecars that ACKed this generation.
-    pub in_sync: i32,
+    in_sync: i32,
 }
 
 /// What one replica publishes: counts by `namespace/name`, and when.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PeerReport {
+pub(crate) struct PeerReport {
     /// Unix seconds of the last refresh.
-    pub heartbeat: i64,
-    /// Counts by policy.
-    pub counts: BTreeMap<String, PeerCount>,
+    heartbeat: i64,
+    /// Counts by policy (`namespace/name`).
+    counts: BTreeMap<String, PeerCount>,
+}
+
+impl PeerReport {
+    /// The report a sync ConfigMap carries, if it carries one.
+    pub(crate) fn of(cm: &ConfigMap) -> Option<PeerReport> {
+        serde_json::from_str(cm.data.as_ref()?.get(REPORT_KEY)?).ok()
+    }
+
+    /// The policies (`namespace/name`) it reports on.
+    pub(crate) fn policies(&self) -> impl Iterator<Item = &str> {
+        self.counts.keys().map(String::as_str)
+    }
 }
 
 /// Adds this replica's counts and fresh peer reports for `policy`.
-pub fn total(
-    local: SyncCounts,
-    policy: &RetryPolicy,
-    peers: &[PeerReport],
-    now: i64,
-) -> SyncCounts {
-    let id = format!(
-        "{}/{}",
-        policy.namespace().unwrap_or_default(),
-        policy.name_any()
-    );
-    let generation = policy.metadata.generation.unwrap_or(0);
+fn total(local: SyncCounts, policy: &RetryPolicy, peers: &[PeerReport], now: i64) -> SyncCounts {
+    let id = policy::id(policy);
+    let generation = policy::generation(policy);
     peers
         .iter()
         .filter(|r| now - r.heartbeat <= STALE_AFTER_SECS)
@@ -70,73 +108,69 @@ pub fn total(
 }
 
 /// Reports of other replicas, from a store of sync ConfigMaps.
-pub fn reports(store: &Store<ConfigMap>, me: &str) -> Vec<PeerReport> {
+fn reports(store: &Store<ConfigMap>, me: &str) -> Vec<PeerReport> {
     store
         .state()
         .iter()
         .filter(|cm| cm.labels().get(LABEL).is_some_and(|owner| owner != me))
-        .filter_map(|cm| serde_json::from_str(cm.data.as_ref()?.get("report")?).ok())
+        .filter_map(|cm| PeerReport::of(cm))
         .collect()
 }
 
 /// Publishes this replica's counts every few seconds while it runs.
-pub async fn publish(
+pub(crate) async fn publish(
     client: Client,
     namespace: String,
     me: String,
-    policies: Store<RetryPolicy>,
+    cache: Cache,
     registry: Arc<SidecarRegistry>,
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let name = format!("reprise-sync-{}", sanitize(&me));
-    let mut last: Option<(HashMap<String, PeerCount>, i64)> = None;
+    let mut last: Option<(BTreeMap<String, PeerCount>, i64)> = None;
     loop {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        let counts: BTreeMap<String, PeerCount> = policies
-            .state()
+        let counts: BTreeMap<String, PeerCount> = cache
+            .policies()
             .iter()
             .map(|p| {
                 let c = registry.counts(p);
-                let id = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
-                (
-                    id,
-                    PeerCount {
-                        generation: p.metadata.generation.unwrap_or(0),
-                        selected: c.selected,
-                        in_sync: c.in_sync,
-                    },
-                )
+                let count = PeerCount {
+                    generation: policy::generation(p),
+                    selected: c.selected,
+                    in_sync: c.in_sync,
+                };
+                (policy::id(p), count)
             })
             .filter(|(_, c)| c.selected > 0)
             .collect();
-        let flat: HashMap<String, PeerCount> = counts.clone().into_iter().collect();
         let due = last
             .as_ref()
-            .is_none_or(|(prev, at)| *prev != flat || now - at >= 10);
+            .is_none_or(|(prev, at)| *prev != counts || now - at >= HEARTBEAT_SECS);
         if due {
             let report = PeerReport {
                 heartbeat: now,
-                counts,
+                counts: counts.clone(),
             };
             let cm = serde_json::json!({
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": { "name": name, "labels": { LABEL: me } },
-                "data": { "report": serde_json::to_string(&report).unwrap_or_default() },
+                "data": { REPORT_KEY: serde_json::to_string(&report).unwrap_or_default() },
             });
             match api
                 .patch(
                     &name,
-                    &PatchParams::apply("reprise-controller").force(),
+                    &PatchParams::apply(MANAGER).force(),
                     &Patch::Apply(&cm),
                 )
                 .await
             {
-                Ok(_) => last = Some((flat, now)),
+                Ok(_) => last = Some((counts, now)),
                 Err(e) => tracing::warn!(error = %e, "cannot publish sync counts"),
             }
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(COUNT_EVERY).await;
     }
 }
 
@@ -154,25 +188,12 @@ fn sanitize(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use reprise_crds::resource::{RetryPolicySpec, TargetRef};
-
     use super::*;
+    use crate::fixtures;
 
     #[test]
     fn fresh_peers_add_up_and_stale_ones_do_not() {
-        let mut p = RetryPolicy::new(
-            "reads",
-            RetryPolicySpec {
-                target_ref: TargetRef {
-                    name: "api".into(),
-                    port: None,
-                },
-                pod_selector: None,
-                rule: Default::default(),
-            },
-        );
-        p.metadata.namespace = Some("shop".into());
-        p.metadata.generation = Some(4);
+        let p = fixtures::policy().named("reads").generation(4).build();
         let report = |heartbeat, generation, selected, in_sync| PeerReport {
             heartbeat,
             counts: BTreeMap::from([(

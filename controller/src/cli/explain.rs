@@ -1,6 +1,8 @@
-//! The request tester: for a client pod, a method, a URL and headers, which
-//! policy would apply, which endpoints are eligible, and on which failures the
-//! request would be retried. It sends no traffic.
+//! `reprise-controller explain`, the request tester: for a client pod, a
+//! method, a URL and headers, which policy would apply, which endpoints are
+//! eligible, and on which failures the request would be retried. It sends no
+//! traffic: it lists the cluster into a [`Cache`] and asks the same snapshot
+//! source the push server uses, then the same matching the sidecar runs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -8,36 +10,84 @@ use std::fmt::Write;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
-use kube::runtime::reflector;
-
 use kube::{Api, Client, ResourceExt};
 use reprise_crds::resource::RetryPolicy;
 use reprise_crds::{Config, FailureBoundary};
 
-use crate::auth::Identity;
-use crate::push::SnapshotSource;
-use crate::source::StoreSource;
+use crate::cache::Cache;
+use crate::push::{CacheSource, Identity, SnapshotSource};
 use crate::Error;
+
+// The subcommand's help is the doc comment of `Command::Explain`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Client namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    namespace: String,
+    /// Client pod whose labels select policies.
+    #[arg(long)]
+    pod: Option<String>,
+    /// Labels of a hypothetical client pod (key=value, repeatable).
+    #[arg(long = "label")]
+    labels: Vec<String>,
+    /// Header `name: value` (repeatable).
+    #[arg(long = "header", short = 'H')]
+    headers: Vec<String>,
+    /// Method.
+    method: String,
+    /// URL, e.g. http://api/v1/items.
+    url: String,
+}
 
 /// A request to explain.
 #[derive(Clone, Debug)]
-pub struct Question {
+struct Question {
     /// Client namespace.
-    pub namespace: String,
+    namespace: String,
     /// Client pod (for its labels); absent means a pod with `labels`.
-    pub pod: Option<String>,
+    pod: Option<String>,
     /// Labels of a hypothetical client pod.
-    pub labels: BTreeMap<String, String>,
+    labels: BTreeMap<String, String>,
     /// Method.
-    pub method: String,
+    method: String,
     /// URL, e.g. `http://api/v1/items`.
-    pub url: String,
+    url: String,
     /// Headers as `name: value`.
-    pub headers: Vec<(String, String)>,
+    headers: Vec<(String, String)>,
+}
+
+impl From<Args> for Question {
+    fn from(args: Args) -> Self {
+        Question {
+            namespace: args.namespace,
+            pod: args.pod,
+            labels: args
+                .labels
+                .iter()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            method: args.method.to_ascii_uppercase(),
+            url: args.url,
+            headers: args
+                .headers
+                .iter()
+                .filter_map(|h| h.split_once(':'))
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .collect(),
+        }
+    }
+}
+
+/// Prints the answer to `args` from the live cluster.
+pub async fn print(args: Args) -> anyhow::Result<()> {
+    let client = super::client().await?;
+    print!("{}", explain(client, &Question::from(args)).await?);
+    Ok(())
 }
 
 /// Answers `q` from the live cluster state, as the sidecar would decide.
-pub async fn explain(client: Client, q: &Question) -> Result<String, Error> {
+async fn explain(client: Client, q: &Question) -> Result<String, Error> {
     let labels = match &q.pod {
         Some(name) => {
             let pods: Api<Pod> = Api::namespaced(client.clone(), &q.namespace);
@@ -45,50 +95,30 @@ pub async fn explain(client: Client, q: &Question) -> Result<String, Error> {
         }
         None => q.labels.clone(),
     };
-    let (policies, mut pw) = reflector::store::<RetryPolicy>();
-    let (services, mut sw) = reflector::store::<Service>();
-    let (slices, mut ew) = reflector::store::<EndpointSlice>();
-    let lp = ListParams::default();
-    for p in Api::<RetryPolicy>::namespaced(client.clone(), &q.namespace)
-        .list(&lp)
+    let all = ListParams::default();
+    let policies = Api::<RetryPolicy>::namespaced(client.clone(), &q.namespace)
+        .list(&all)
         .await
         .map_err(Error::Kube)?
-        .items
-    {
-        pw.apply_watcher_event(&kube::runtime::watcher::Event::Apply(p));
-    }
-    for s in Api::<Service>::all(client.clone())
-        .list(&lp)
+        .items;
+    let services = Api::<Service>::all(client.clone())
+        .list(&all)
         .await
         .map_err(Error::Kube)?
-        .items
-    {
-        sw.apply_watcher_event(&kube::runtime::watcher::Event::Apply(s));
-    }
-    for s in Api::<EndpointSlice>::all(client)
-        .list(&lp)
+        .items;
+    let slices = Api::<EndpointSlice>::all(client)
+        .list(&all)
         .await
         .map_err(Error::Kube)?
-        .items
-    {
-        ew.apply_watcher_event(&kube::runtime::watcher::Event::Apply(s));
-    }
-    let (_tx, changes) = tokio::sync::watch::channel(0);
-    let source = StoreSource {
-        policies: policies.clone(),
-        services,
-        slices,
-        changes,
-    };
+        .items;
+    let cache = Cache::fixed(policies, services, slices);
     let id = Identity {
         namespace: q.namespace.clone(),
         pod: q.pod.clone().unwrap_or_default(),
         labels,
     };
-    let snapshot = source.snapshot_for(&id);
-    let config = snapshot
-        .resolve()
-        .map_err(|e| Error::Tls(format!("snapshot does not validate: {e}")))?;
+    let snapshot = CacheSource(cache.clone()).snapshot_for(&id);
+    let config = snapshot.resolve().map_err(Error::InvalidSnapshot)?;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -102,8 +132,8 @@ pub async fn explain(client: Client, q: &Question) -> Result<String, Error> {
         "policies applying to this client: {}",
         snapshot.policies.len()
     );
-    let skipped: Vec<String> = policies
-        .state()
+    let skipped: Vec<String> = cache
+        .policies()
         .iter()
         .filter(|p| !snapshot.policies.iter().any(|s| s.name == p.name_any()))
         .map(|p| p.name_any())
@@ -120,7 +150,7 @@ pub async fn explain(client: Client, q: &Question) -> Result<String, Error> {
 }
 
 /// The part of the answer that depends only on the resolved configuration.
-pub fn answer(config: &Config, q: &Question, out: &mut String) {
+fn answer(config: &Config, q: &Question, out: &mut String) {
     let uri: http::Uri = match q.url.parse() {
         Ok(u) => u,
         Err(e) => {
@@ -287,19 +317,14 @@ mod tests {
     #[test]
     fn explains_match_endpoints_and_retryable_failures() {
         let out = ask("GET", "http://api/v1/items");
-        assert!(
-            out.contains("policy shop/reads (priority 0) matches"),
-            "{out}"
-        );
-        assert!(out.contains("127.0.0.11:8080 api-1"), "{out}");
-        assert!(
-            out.contains("retried on statuses: [502, 503, 504]"),
-            "{out}"
-        );
-        assert!(
-            out.contains("resets, early closes and read timeouts"),
-            "{out}"
-        );
+        for expected in [
+            "policy shop/reads (priority 0) matches",
+            "127.0.0.11:8080 api-1",
+            "retried on statuses: [502, 503, 504]",
+            "resets, early closes and read timeouts",
+        ] {
+            assert!(out.contains(expected), "{expected}: {out}");
+        }
         assert!(ask("POST", "http://api/v1/items").contains("no policy matches POST /v1/items"));
         assert!(ask("GET", "http://api/v2/items").contains("no policy matches GET /v2/items"));
         assert!(ask("GET", "http://example/x").contains("no policy targets it"));

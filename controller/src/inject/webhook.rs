@@ -1,10 +1,8 @@
-//! The sidecar-injecting mutating admission webhook: an HTTPS server the API
-//! server calls on Pod creation, and the upkeep of its configuration's
-//! `caBundle`.
+//! The sidecar-injecting mutating admission webhook: the HTTPS server the API
+//! server calls on Pod creation, answering each AdmissionReview with the
+//! JSON patch of [`decide`]'s Pod.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -12,24 +10,23 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::DynamicObject;
 use tokio::net::TcpListener;
 
-use crate::injection::{self, Decision, InjectionConfig};
-use crate::metrics::Metrics;
+use super::config::InjectionConfig;
+use super::pod::{decide, Decision};
+use crate::metrics::{Counter, Metrics};
 
 /// Path the webhook configuration points at.
-pub const PATH: &str = "/inject";
+const PATH: &str = "/inject";
 /// Admission reviews are small; anything larger is not one.
 const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
 
 /// Answers admission reviews for Pods.
 #[derive(Debug)]
-pub struct Webhook {
+pub(crate) struct Webhook {
     config: InjectionConfig,
     ca_pem: String,
     native: bool,
@@ -39,7 +36,7 @@ pub struct Webhook {
 impl Webhook {
     /// A webhook injecting per `config`; `native` when the API server runs
     /// native sidecars (init containers with `restartPolicy: Always`).
-    pub fn new(
+    pub(crate) fn new(
         config: InjectionConfig,
         ca_pem: String,
         native: bool,
@@ -54,7 +51,7 @@ impl Webhook {
     }
 
     /// The response to one AdmissionReview body.
-    pub fn review(&self, body: &[u8]) -> AdmissionReview<DynamicObject> {
+    fn review(&self, body: &[u8]) -> AdmissionReview<DynamicObject> {
         let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => {
@@ -76,16 +73,14 @@ impl Webhook {
             .clone()
             .or_else(|| pod.metadata.generate_name.clone())
             .unwrap_or_default();
-        match injection::decide(pod, &self.config, &self.ca_pem, self.native) {
+        match decide(pod, &self.config, &self.ca_pem, self.native) {
             Decision::Skip(why) => {
-                self.metrics.injection_skips.fetch_add(1, Ordering::Relaxed);
+                self.metrics.add(Counter::InjectionSkips);
                 tracing::debug!(namespace = ?request.namespace, pod = %name, why, "not injected");
                 response.into_review()
             }
             Decision::Refuse(why) => {
-                self.metrics
-                    .injection_refusals
-                    .fetch_add(1, Ordering::Relaxed);
+                self.metrics.add(Counter::InjectionRefusals);
                 tracing::info!(namespace = ?request.namespace, pod = %name, %why, "pod refused");
                 response.deny(why).into_review()
             }
@@ -98,7 +93,7 @@ impl Webhook {
                 };
                 match response.clone().with_patch(patch) {
                     Ok(r) => {
-                        self.metrics.injections.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.add(Counter::Injections);
                         tracing::info!(namespace = ?request.namespace, pod = %name, native = self.native, "sidecar injected");
                         r.into_review()
                     }
@@ -113,7 +108,11 @@ impl Webhook {
     }
 
     /// Serves HTTPS on `listener` until the process ends.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
+    pub(crate) async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+    ) {
         crate::tls::accept(
             listener,
             tls,
@@ -173,7 +172,7 @@ fn plain(status: StatusCode, text: String) -> Response<Full<Bytes>> {
 
 /// Whether the API server runs native sidecars: beta and on by default since
 /// Kubernetes 1.29.
-pub async fn supports_native_sidecars(client: &kube::Client) -> bool {
+pub(crate) async fn supports_native_sidecars(client: &kube::Client) -> bool {
     match client.apiserver_version().await {
         Ok(v) => {
             let minor: u32 = v.minor.trim_end_matches('+').parse().unwrap_or(0);
@@ -184,71 +183,6 @@ pub async fn supports_native_sidecars(client: &kube::Client) -> bool {
             false
         }
     }
-}
-
-/// Keeps every webhook of the configuration `name` trusting `ca_pem`: patches
-/// it now and re-checks every minute (a re-install or a `kubectl apply` of
-/// the chart's manifest may have emptied it).
-pub async fn keep_ca_bundle(client: kube::Client, name: String, ca_pem: String) {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-    let bundle = k8s_openapi::ByteString(ca_pem.into_bytes());
-    loop {
-        let wait = match patch_ca_bundle(&api, &name, &bundle).await {
-            Ok(true) => {
-                tracing::info!(%name, "webhook caBundle set");
-                Duration::from_secs(60)
-            }
-            Ok(false) => Duration::from_secs(60),
-            Err(e) => {
-                tracing::warn!(%name, error = %e, "cannot set the webhook caBundle; retrying");
-                Duration::from_secs(5)
-            }
-        };
-        tokio::time::sleep(wait).await;
-    }
-}
-
-/// Returns whether it changed anything.
-async fn patch_ca_bundle(
-    api: &Api<MutatingWebhookConfiguration>,
-    name: &str,
-    bundle: &k8s_openapi::ByteString,
-) -> Result<bool, kube::Error> {
-    let config = api.get(name).await?;
-    let webhooks = config.webhooks.unwrap_or_default();
-    if webhooks
-        .iter()
-        .all(|w| w.client_config.ca_bundle.as_ref() == Some(bundle))
-    {
-        return Ok(false);
-    }
-    // A JSON merge patch would replace the whole list; a JSON patch per entry
-    // touches only caBundle and fails cleanly if the list changed meanwhile.
-    let ops: Vec<json_patch::PatchOperation> = webhooks
-        .iter()
-        .enumerate()
-        .flat_map(|(i, w)| {
-            [
-                json_patch::PatchOperation::Test(json_patch::TestOperation {
-                    path: format!("/webhooks/{i}/name").try_into().unwrap_or_default(),
-                    value: serde_json::Value::String(w.name.clone()),
-                }),
-                json_patch::PatchOperation::Add(json_patch::AddOperation {
-                    path: format!("/webhooks/{i}/clientConfig/caBundle")
-                        .try_into()
-                        .unwrap_or_default(),
-                    value: serde_json::to_value(bundle).unwrap_or_default(),
-                }),
-            ]
-        })
-        .collect();
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Json::<()>(json_patch::Patch(ops)),
-    )
-    .await?;
-    Ok(true)
 }
 
 #[cfg(test)]
@@ -312,7 +246,7 @@ mod tests {
             patched["spec"]["initContainers"][0]["restartPolicy"],
             "Always"
         );
-        assert_eq!(w.metrics.injections.load(Ordering::Relaxed), 1);
+        assert_eq!(w.metrics.get(Counter::Injections), 1);
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub enum AuthError {
     Api(#[source] kube::Error),
 }
 
+/// The answer an [`Authenticator`] works out.
+pub type Authenticating<'a> =
+    Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>>;
+
 /// Checks tokens. A trait so unit tests of the push protocol can use fixed identities.
 pub trait Authenticator: Send + Sync + 'static {
     /// Checks `token` for the pod `namespace/pod`.
@@ -50,11 +54,11 @@ pub trait Authenticator: Send + Sync + 'static {
         token: &'a str,
         namespace: &'a str,
         pod: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>>;
+    ) -> Authenticating<'a>;
 }
 
 /// The real authenticator: TokenReview plus a Pod lookup, cached briefly.
-pub struct TokenReviewer {
+pub(crate) struct TokenReviewer {
     client: Client,
     cache: Mutex<HashMap<u64, (Instant, Identity)>>,
 }
@@ -71,7 +75,7 @@ impl std::fmt::Debug for TokenReviewer {
 
 impl TokenReviewer {
     /// An authenticator using `client`.
-    pub fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Client) -> Self {
         Self {
             client,
             cache: Mutex::new(HashMap::new()),
@@ -162,8 +166,24 @@ impl Authenticator for TokenReviewer {
         token: &'a str,
         namespace: &'a str,
         pod: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>> {
+    ) -> Authenticating<'a> {
         Box::pin(self.review(token, namespace, pod))
+    }
+}
+
+/// A synchronous check `(token, namespace, pod) -> identity` is an
+/// authenticator too: fixed identities for tests and benchmarks.
+impl<F> Authenticator for F
+where
+    F: Fn(&str, &str, &str) -> Result<Identity, AuthError> + Send + Sync + 'static,
+{
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+        namespace: &'a str,
+        pod: &'a str,
+    ) -> Authenticating<'a> {
+        Box::pin(std::future::ready(self(token, namespace, pod)))
     }
 }
 

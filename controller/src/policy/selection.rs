@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use reprise_crds::resource::RetryPolicy;
 
 /// True when `policy` selects a pod with `labels` (in the policy's namespace).
-pub fn selects(policy: &RetryPolicy, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn selects(policy: &RetryPolicy, labels: &BTreeMap<String, String>) -> bool {
     match &policy.spec.pod_selector {
         None => true,
         Some(sel) => matches(sel, labels),
@@ -15,7 +15,7 @@ pub fn selects(policy: &RetryPolicy, labels: &BTreeMap<String, String>) -> bool 
 }
 
 /// Label selector semantics: every matchLabels pair and every expression holds.
-pub fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     let labels_ok = sel
         .match_labels
         .iter()

@@ -1,47 +1,56 @@
 //! What a RetryPolicy's status says: pure functions of the policy, its target
 //! and the sidecars' ACKs, so reconcile stays idempotent and testable.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use reprise_crds::resource::{RetryPolicy, RetryPolicyStatus};
 use reprise_crds::retry_rule::{Boundary, HttpMethod};
 use reprise_crds::snapshot::SnapshotUpstream;
-use reprise_crds::validation::ValidationErrors;
 
-use crate::endpoints::TargetProblem;
+use super::conditions::{condition, ConditionType, Reason, Verdict};
+use crate::policy::{self, target::TargetProblem};
 
 /// Sidecars selected by a policy and how many run its current generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SyncCounts {
+pub(crate) struct SyncCounts {
     /// Connected sidecars whose pod the policy selects.
-    pub selected: i32,
+    pub(crate) selected: i32,
     /// Of those, how many ACKed a snapshot with this generation.
-    pub in_sync: i32,
+    pub(crate) in_sync: i32,
 }
 
 /// The verdict on one policy.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Evaluation {
+pub(crate) struct Evaluation {
     /// The status to write.
-    pub status: RetryPolicyStatus,
+    pub(crate) status: RetryPolicyStatus,
     /// True when the policy is valid and its target resolved.
-    pub accepted: bool,
+    pub(crate) accepted: bool,
 }
 
-/// Validates a policy with the shared rules (the same the sidecar runs).
-pub fn validate(policy: &RetryPolicy) -> ValidationErrors {
-    let mut errs = ValidationErrors::default();
-    let id = format!(
-        "{}/{}",
-        policy.metadata.namespace.as_deref().unwrap_or(""),
-        policy.metadata.name.as_deref().unwrap_or("")
-    );
-    let _ = policy.spec.rule.resolve(&id, "target", "spec", &mut errs);
-    errs
+/// `status.state`, the State column of `kubectl get rp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Accepted and enabled.
+    Active,
+    /// Not accepted.
+    Rejected,
+    /// Accepted, but `enabled: false`.
+    Disabled,
+}
+
+impl State {
+    const fn as_str(self) -> &'static str {
+        match self {
+            State::Active => "Active",
+            State::Rejected => "Rejected",
+            State::Disabled => "Disabled",
+        }
+    }
 }
 
 /// The status for `policy` given its target and sync counts. Conditions keep
 /// their transition time while their status and reason stay the same.
-pub fn evaluate(
+pub(crate) fn evaluate(
     policy: &RetryPolicy,
     target: &Result<SnapshotUpstream, TargetProblem>,
     sync: SyncCounts,
@@ -49,73 +58,27 @@ pub fn evaluate(
 ) -> Evaluation {
     let generation = policy.metadata.generation;
     let previous = policy.status.as_ref();
-    let errs = validate(policy);
-    let (accepted, reason, message) = if !errs.is_empty() {
-        (false, "InvalidSpec", errs.to_string())
-    } else {
-        match target {
-            Ok(_) => (
-                true,
-                "Valid",
-                "policy is valid and its target resolved".to_string(),
-            ),
-            Err(TargetProblem::NotFound) => (
-                false,
-                "TargetNotFound",
-                format!(
-                    "Service {} not found in this namespace",
-                    policy.spec.target_ref.name
-                ),
-            ),
-            Err(TargetProblem::Port(m)) => (false, "PortNotFound", m.clone()),
-        }
-    };
+    let acceptance = acceptance(policy, target);
+    let accepted = acceptance.ok;
     let endpoints = target
         .as_ref()
         .map_or(0, |u| i32::try_from(u.endpoints.len()).unwrap_or(i32::MAX));
-    let mut conditions = vec![condition(
-        previous, "Accepted", accepted, reason, &message, generation, &now,
-    )];
-    let (in_sync_ok, sync_reason, sync_message) = if !accepted {
-        (
-            false,
-            "NotAccepted",
-            "the policy is not pushed to sidecars".to_string(),
-        )
-    } else if sync.selected == 0 {
-        (
-            true,
-            "NoSidecars",
-            "no connected sidecar is selected by this policy".to_string(),
-        )
-    } else if sync.in_sync >= sync.selected {
-        (
-            true,
-            "AllSidecarsInSync",
-            format!(
-                "{}/{} sidecars run this generation",
-                sync.in_sync, sync.selected
-            ),
-        )
-    } else {
-        (
-            false,
-            "Pending",
-            format!(
-                "{}/{} sidecars run this generation",
-                sync.in_sync, sync.selected
-            ),
-        )
-    };
-    conditions.push(condition(
-        previous,
-        "InSync",
-        in_sync_ok,
-        sync_reason,
-        &sync_message,
-        generation,
-        &now,
-    ));
+    let conditions = vec![
+        condition(
+            previous,
+            ConditionType::Accepted,
+            acceptance,
+            generation,
+            &now,
+        ),
+        condition(
+            previous,
+            ConditionType::InSync,
+            in_sync(accepted, sync),
+            generation,
+            &now,
+        ),
+    ];
     let warnings = if accepted {
         warnings(policy, endpoints)
     } else {
@@ -125,16 +88,16 @@ pub fn evaluate(
     let mut statuses: Vec<String> = rule.statuses.iter().map(ToString::to_string).collect();
     statuses.extend(rule.status_presets.iter().map(|p| format!("{p:?}")));
     let state = if !accepted {
-        "Rejected"
+        State::Rejected
     } else if !rule.enabled {
-        "Disabled"
+        State::Disabled
     } else {
-        "Active"
+        State::Active
     };
     let status = RetryPolicyStatus {
         observed_generation: generation,
         conditions,
-        state: Some(state.to_string()),
+        state: Some(state.as_str().to_string()),
         in_sync: Some(format!("{}/{}", sync.in_sync, sync.selected)),
         endpoints,
         sidecars: sync.selected,
@@ -150,8 +113,72 @@ pub fn evaluate(
     Evaluation { status, accepted }
 }
 
-/// The rules document's common mistakes.
-pub fn warnings(policy: &RetryPolicy, endpoints: i32) -> Vec<String> {
+/// `Accepted`: valid by the shared rules, and the target resolved.
+fn acceptance(policy: &RetryPolicy, target: &Result<SnapshotUpstream, TargetProblem>) -> Verdict {
+    let errs = policy::validate(policy);
+    let (ok, reason, message) = if !errs.is_empty() {
+        (false, Reason::InvalidSpec, errs.to_string())
+    } else {
+        match target {
+            Ok(_) => (
+                true,
+                Reason::Valid,
+                "policy is valid and its target resolved".to_string(),
+            ),
+            Err(TargetProblem::NotFound) => (
+                false,
+                Reason::TargetNotFound,
+                format!(
+                    "Service {} not found in this namespace",
+                    policy.spec.target_ref.name
+                ),
+            ),
+            Err(TargetProblem::Port(m)) => (false, Reason::PortNotFound, m.clone()),
+        }
+    };
+    Verdict {
+        ok,
+        reason,
+        message,
+    }
+}
+
+/// `InSync`: how many of the selected sidecars run this generation.
+fn in_sync(accepted: bool, sync: SyncCounts) -> Verdict {
+    let counted = || {
+        format!(
+            "{}/{} sidecars run this generation",
+            sync.in_sync, sync.selected
+        )
+    };
+    let (ok, reason, message) = if !accepted {
+        (
+            false,
+            Reason::NotAccepted,
+            "the policy is not pushed to sidecars".to_string(),
+        )
+    } else if sync.selected == 0 {
+        (
+            true,
+            Reason::NoSidecars,
+            "no connected sidecar is selected by this policy".to_string(),
+        )
+    } else if sync.in_sync >= sync.selected {
+        (true, Reason::AllSidecarsInSync, counted())
+    } else {
+        (false, Reason::Pending, counted())
+    };
+    Verdict {
+        ok,
+        reason,
+        message,
+    }
+}
+
+/// Warnings for the common mistakes: every method retried, duplicate risk
+/// acknowledged, no statuses listed, fewer than two endpoints, attempts 0
+/// (README: "In Kubernetes: RetryPolicy and the controller").
+fn warnings(policy: &RetryPolicy, endpoints: i32) -> Vec<String> {
     let rule = &policy.spec.rule;
     let mut w = Vec::new();
     if rule.methods.contains(&HttpMethod::Any) {
@@ -199,53 +226,23 @@ pub fn warnings(policy: &RetryPolicy, endpoints: i32) -> Vec<String> {
     w
 }
 
-fn condition(
-    previous: Option<&RetryPolicyStatus>,
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: &Time,
-) -> Condition {
-    let status = if ok { "True" } else { "False" };
-    let since = previous
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
-        .filter(|c| c.status == status && c.reason == reason)
-        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
-    Condition {
-        type_: type_.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message: message.to_string(),
-        observed_generation: generation,
-        last_transition_time: since,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use reprise_crds::resource::{RetryPolicySpec, TargetRef};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use reprise_crds::retry_rule::RetryRule;
     use reprise_crds::snapshot::SnapshotEndpoint;
 
     use super::*;
+    use crate::fixtures;
+    use crate::reconcile::conditions::find;
 
     fn policy(rule: RetryRule) -> RetryPolicy {
-        let mut p = RetryPolicy::new(
-            "p",
-            RetryPolicySpec {
-                target_ref: TargetRef {
-                    name: "api".into(),
-                    port: None,
-                },
-                pod_selector: None,
-                rule,
-            },
-        );
-        p.metadata.namespace = Some("shop".into());
-        p.metadata.generation = Some(3);
-        p
+        fixtures::policy().rule(rule).build()
+    }
+
+    /// The condition `type_` of the evaluated status.
+    fn cond(e: &Evaluation, type_: ConditionType) -> &Condition {
+        find(Some(&e.status), type_).unwrap_or_else(|| panic!("no {type_:?} condition"))
     }
 
     fn target(n: usize) -> Result<SnapshotUpstream, TargetProblem> {
@@ -285,20 +282,14 @@ mod tests {
         assert_eq!(s.in_sync.as_deref(), Some("3/3"));
         assert_eq!(s.state.as_deref(), Some("Active"));
         assert_eq!(s.endpoints, 3);
+        let types: Vec<&str> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, ["Accepted", "InSync"], "written in this order");
+        assert_eq!(cond(&e, ConditionType::Accepted).status, "True");
         assert_eq!(
-            (
-                s.conditions[0].type_.as_str(),
-                s.conditions[0].status.as_str()
-            ),
-            ("Accepted", "True")
+            cond(&e, ConditionType::InSync).reason,
+            Reason::AllSidecarsInSync.as_str()
         );
-        assert_eq!(
-            (
-                s.conditions[1].type_.as_str(),
-                s.conditions[1].reason.as_str()
-            ),
-            ("InSync", "AllSidecarsInSync")
-        );
+        assert_eq!(Reason::AllSidecarsInSync.as_str(), "AllSidecarsInSync");
         assert_eq!(
             s.warnings,
             vec!["no statuses listed: only transport failures are retried, an upstream 5xx is not"]
@@ -311,7 +302,7 @@ mod tests {
         rule.retries.total_deadline_ms = Some(0);
         let e = evaluate(&policy(rule), &target(3), SyncCounts::default(), t(100));
         assert!(!e.accepted);
-        let c = &e.status.conditions[0];
+        let c = cond(&e, ConditionType::Accepted);
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("False", "InvalidSpec")
@@ -327,7 +318,7 @@ mod tests {
             SyncCounts::default(),
             t(100),
         );
-        assert_eq!(e.status.conditions[0].reason, "TargetNotFound");
+        assert_eq!(cond(&e, ConditionType::Accepted).reason, "TargetNotFound");
     }
 
     #[test]
@@ -357,7 +348,7 @@ mod tests {
             w.contains("only one endpoint: a retry has no alternate"),
             "{w}"
         );
-        assert_eq!(e.status.conditions[1].reason, "Pending");
+        assert_eq!(cond(&e, ConditionType::InSync).reason, "Pending");
         assert_eq!(e.status.status_summary.as_deref(), Some("Gateway"));
     }
 
@@ -393,7 +384,13 @@ mod tests {
             },
             t(300),
         );
-        assert_eq!(changed.status.conditions[0].last_transition_time, t(100));
-        assert_eq!(changed.status.conditions[1].last_transition_time, t(300));
+        assert_eq!(
+            cond(&changed, ConditionType::Accepted).last_transition_time,
+            t(100)
+        );
+        assert_eq!(
+            cond(&changed, ConditionType::InSync).last_transition_time,
+            t(300)
+        );
     }
 }

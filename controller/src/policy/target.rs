@@ -1,14 +1,18 @@
-//! From a Service and its EndpointSlices to the upstream a sidecar calls: the
-//! port clients use, the host names that reach it, and the ready pod endpoints.
+//! From a policy's target Service and its EndpointSlices to the upstream a
+//! sidecar calls: the port clients use, the host names that reach it, and the
+//! ready pod endpoints (README: "In Kubernetes: RetryPolicy and the controller").
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use reprise_crds::snapshot::{SnapshotEndpoint, SnapshotUpstream};
 use reprise_crds::Protocol;
 
+/// The label that ties an EndpointSlice to its Service.
+pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
 /// Why a target could not be resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TargetProblem {
+pub(crate) enum TargetProblem {
     /// No such Service.
     NotFound,
     /// The Service has no port matching `targetRef.port` (or several and none chosen).
@@ -16,12 +20,12 @@ pub enum TargetProblem {
 }
 
 /// The upstream name used for a Service in snapshots.
-pub fn upstream_name(service: &str, namespace: &str) -> String {
+fn upstream_name(service: &str, namespace: &str) -> String {
     format!("{service}.{namespace}")
 }
 
 /// The host names clients in `client_namespace` may use for the Service.
-pub fn hosts(service: &str, namespace: &str, client_namespace: &str) -> Vec<String> {
+fn hosts(service: &str, namespace: &str, client_namespace: &str) -> Vec<String> {
     let mut hosts = Vec::with_capacity(4);
     if namespace == client_namespace {
         hosts.push(service.to_string());
@@ -32,10 +36,11 @@ pub fn hosts(service: &str, namespace: &str, client_namespace: &str) -> Vec<Stri
     hosts
 }
 
-/// Resolves the Service port clients call and the upstream it leads to.
-pub fn resolve(
+/// Resolves the Service port clients call and the upstream it leads to;
+/// `slices` are the Service's EndpointSlices.
+pub(crate) fn resolve<'a>(
     service: Option<&Service>,
-    slices: &[EndpointSlice],
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
     port: Option<i32>,
     client_namespace: &str,
 ) -> Result<SnapshotUpstream, TargetProblem> {
@@ -120,35 +125,21 @@ pub fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn service(ports: serde_json::Value) -> Service {
-        serde_json::from_value(serde_json::json!({
-            "metadata": { "name": "api", "namespace": "shop" },
-            "spec": { "ports": ports }
-        }))
-        .expect("service")
-    }
-
-    fn slice(endpoints: serde_json::Value) -> EndpointSlice {
-        serde_json::from_value(serde_json::json!({
-            "metadata": { "name": "api-abc", "namespace": "shop", "labels": { "kubernetes.io/service-name": "api" } },
-            "addressType": "IPv4",
-            "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
-            "endpoints": endpoints
-        }))
-        .expect("slice")
-    }
+    use crate::fixtures::{service, slice};
 
     #[test]
     fn ready_endpoints_with_pod_names_and_target_port() {
         let svc = service(serde_json::json!([{ "name": "http", "port": 80, "targetPort": 8080 }]));
-        let s = slice(serde_json::json!([
-            { "addresses": ["127.0.0.12"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-2" }, "zone": "z1" },
-            { "addresses": ["127.0.0.11"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-1" } },
-            { "addresses": ["127.0.0.13"], "conditions": { "ready": false }, "targetRef": { "kind": "Pod", "name": "api-3" } },
-            { "addresses": ["127.0.0.14"], "conditions": { "ready": true, "terminating": true }, "targetRef": { "kind": "Pod", "name": "api-4" } }
-        ]));
-        let up = resolve(Some(&svc), &[s], None, "shop").expect("resolved");
+        let s = slice(
+            "api-abc",
+            serde_json::json!([
+                { "addresses": ["127.0.0.12"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-2" }, "zone": "z1" },
+                { "addresses": ["127.0.0.11"], "conditions": { "ready": true }, "targetRef": { "kind": "Pod", "name": "api-1" } },
+                { "addresses": ["127.0.0.13"], "conditions": { "ready": false }, "targetRef": { "kind": "Pod", "name": "api-3" } },
+                { "addresses": ["127.0.0.14"], "conditions": { "ready": true, "terminating": true }, "targetRef": { "kind": "Pod", "name": "api-4" } }
+            ]),
+        );
+        let up = resolve(Some(&svc), [&s], None, "shop").expect("resolved");
         assert_eq!(up.name, "api.shop");
         assert_eq!(
             up.hosts,
@@ -180,22 +171,22 @@ mod tests {
             serde_json::json!([{ "name": "http", "port": 80 }, { "name": "grpc", "port": 9090, "appProtocol": "kubernetes.io/h2c" }]),
         );
         assert!(
-            matches!(resolve(Some(&svc), &[], None, "shop"), Err(TargetProblem::Port(m)) if m.contains("set targetRef.port"))
+            matches!(resolve(Some(&svc), [], None, "shop"), Err(TargetProblem::Port(m)) if m.contains("set targetRef.port"))
         );
         assert!(
-            matches!(resolve(Some(&svc), &[], Some(81), "shop"), Err(TargetProblem::Port(m)) if m.contains("no port 81"))
+            matches!(resolve(Some(&svc), [], Some(81), "shop"), Err(TargetProblem::Port(m)) if m.contains("no port 81"))
         );
         assert_eq!(
-            resolve(Some(&svc), &[], Some(9090), "shop")
+            resolve(Some(&svc), [], Some(9090), "shop")
                 .expect("grpc")
                 .protocol,
             Protocol::H2c
         );
         assert_eq!(
-            resolve(None, &[], None, "shop"),
+            resolve(None, [], None, "shop"),
             Err(TargetProblem::NotFound)
         );
-        let other_ns = resolve(Some(&svc), &[], Some(80), "web").expect("resolved");
+        let other_ns = resolve(Some(&svc), [], Some(80), "web").expect("resolved");
         assert_eq!(
             other_ns.hosts[0], "api.shop",
             "the short name only works in the same namespace"

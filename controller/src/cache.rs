@@ -1,0 +1,180 @@
+//! The controller's one view of the cluster. Each kind it reads is watched
+//! once, into a reflector store that every reader shares:
+//!
+//! | Watch | Read by |
+//! |---|---|
+//! | RetryPolicy (all namespaces) | push source (snapshots), reconciler (the policy itself), sync-count publisher, `Controller` triggers |
+//! | Service (all namespaces) | push source and reconciler (target resolution), `Controller` triggers |
+//! | EndpointSlice (all namespaces) | push source and reconciler (endpoints), `Controller` triggers |
+//! | ConfigMap `reprise.dev/sync-counts` (controller namespace, leader election only) | reconciler (peers' sync counts), `Controller` triggers |
+//!
+//! Status and pushes are computed from the same objects by the same
+//! function ([`Cache::target`]), so they cannot disagree. Every change to a
+//! policy, Service or EndpointSlice bumps the counter push streams wait on;
+//! what each event touched is relayed to the reconciler while one runs.
+
+mod relay;
+mod watch;
+
+use std::sync::Arc;
+
+use futures_util::Stream;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use reprise_crds::resource::RetryPolicy;
+use reprise_crds::snapshot::SnapshotUpstream;
+use tokio::sync::watch as change;
+
+pub(crate) use relay::Relay;
+pub(crate) use watch::Watched;
+
+use crate::policy::target::{self, TargetProblem, SERVICE_NAME_LABEL};
+use crate::reconcile::peers;
+
+/// The shared stores. Cheap to clone: clones share the stores.
+#[derive(Clone)]
+pub struct Cache {
+    pub(crate) policies: Watched<RetryPolicy>,
+    pub(crate) services: Watched<Service>,
+    pub(crate) slices: Watched<EndpointSlice>,
+    /// Other replicas' sync counts; `None` without leader election.
+    pub(crate) peers: Option<Watched<ConfigMap>>,
+    /// Bumped on every change to a policy, Service or EndpointSlice.
+    changes: change::Receiver<u64>,
+    /// Told when a store was replaced by a fresh list.
+    relisted: Arc<Relay<()>>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("policies", &self.policies.store.len())
+            .field("services", &self.services.store.len())
+            .field("slices", &self.slices.store.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cache {
+    /// Starts the watches, each on a task of its own; `peers_namespace` adds
+    /// the watch of the replicas' sync-count ConfigMaps there.
+    pub(crate) fn start(client: &Client, peers_namespace: Option<&str>) -> Self {
+        let (tx, changes) = change::channel(0u64);
+        let relisted = Arc::new(Relay::default());
+        let signals = watch::Signals {
+            changes: Some(Arc::new(tx)),
+            relisted: Arc::clone(&relisted),
+        };
+        let all = watcher::Config::default;
+        Cache {
+            policies: Watched::start(Api::all(client.clone()), all(), signals.clone()),
+            services: Watched::start(Api::all(client.clone()), all(), signals.clone()),
+            slices: Watched::start(Api::all(client.clone()), all(), signals.clone()),
+            peers: peers_namespace.map(|ns| {
+                Watched::start(
+                    Api::namespaced(client.clone(), ns),
+                    all().labels(peers::LABEL),
+                    // Peer counts do not change snapshots: their events need not wake the push streams.
+                    watch::Signals {
+                        changes: None,
+                        ..signals.clone()
+                    },
+                )
+            }),
+            changes,
+            relisted,
+        }
+    }
+
+    /// A complete cache of these objects that never changes (for `explain`
+    /// and tests).
+    pub fn fixed(
+        policies: impl IntoIterator<Item = RetryPolicy>,
+        services: impl IntoIterator<Item = Service>,
+        slices: impl IntoIterator<Item = EndpointSlice>,
+    ) -> Self {
+        Cache {
+            policies: Watched::fixed(policies),
+            services: Watched::fixed(services),
+            slices: Watched::fixed(slices),
+            peers: None,
+            changes: change::channel(0).1,
+            relisted: Arc::default(),
+        }
+    }
+
+    /// Waits until every store holds a complete list, so nothing is
+    /// computed from a half-filled cache. `false` when a watch is gone.
+    pub(crate) async fn ready(&self) -> bool {
+        let peers = async {
+            match &self.peers {
+                Some(p) => p.store.wait_until_ready().await.is_ok(),
+                None => true,
+            }
+        };
+        let (policies, services, slices, peers) = tokio::join!(
+            self.policies.store.wait_until_ready(),
+            self.services.store.wait_until_ready(),
+            self.slices.store.wait_until_ready(),
+            peers,
+        );
+        policies.is_ok() && services.is_ok() && slices.is_ok() && peers
+    }
+
+    /// Bumped on every change to anything snapshots are made of.
+    pub(crate) fn changes(&self) -> change::Receiver<u64> {
+        self.changes.clone()
+    }
+
+    /// Tells when a store was replaced by a fresh list, from now on.
+    pub(crate) fn relisted(&self) -> impl Stream<Item = ()> + Send + 'static {
+        self.relisted.subscribe()
+    }
+
+    /// Every RetryPolicy.
+    pub(crate) fn policies(&self) -> Vec<Arc<RetryPolicy>> {
+        self.policies.store.state()
+    }
+
+    /// The upstream `policy`'s `targetRef` resolves to, for clients in the
+    /// policy's namespace.
+    pub(crate) fn target(&self, policy: &RetryPolicy) -> Result<SnapshotUpstream, TargetProblem> {
+        let namespace = policy.namespace().unwrap_or_default();
+        let name = &policy.spec.target_ref.name;
+        let service = self
+            .services
+            .store
+            .get(&ObjectRef::new(name).within(&namespace));
+        let slices = self.slices.store.state_filter(|s| {
+            s.namespace().as_deref() == Some(namespace.as_str())
+                && s.labels().get(SERVICE_NAME_LABEL) == Some(name)
+        });
+        target::resolve(
+            service.as_deref(),
+            slices.iter().map(|s| &**s),
+            policy.spec.target_ref.port,
+            &namespace,
+        )
+    }
+
+    /// The policies whose `targetRef` names the Service `service` in `namespace`.
+    pub(crate) fn targeting(
+        &self,
+        namespace: Option<&str>,
+        service: Option<&str>,
+    ) -> Vec<ObjectRef<RetryPolicy>> {
+        self.policies
+            .store
+            .state()
+            .iter()
+            .filter(|p| {
+                p.namespace().as_deref() == namespace
+                    && Some(p.spec.target_ref.name.as_str()) == service
+            })
+            .map(|p| ObjectRef::from_obj(&**p))
+            .collect()
+    }
+}

@@ -1,0 +1,116 @@
+//! One watch of one kind: a reflector store every reader shares, and the
+//! objects each event touched, relayed to the reconciler.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use super::relay::Relay;
+
+/// What a kind must be to be watched into a store.
+pub(crate) trait Kind:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Kind for K where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+/// The store of one watched kind and the relay of what its events touched.
+pub(crate) struct Watched<K: Kind> {
+    /// Every object of the kind, as last seen.
+    pub(crate) store: Store<K>,
+    touched: Arc<Relay<K>>,
+}
+
+impl<K: Kind> Clone for Watched<K> {
+    fn clone(&self) -> Self {
+        Watched {
+            store: self.store.clone(),
+            touched: Arc::clone(&self.touched),
+        }
+    }
+}
+
+/// Where a watch reports besides its store.
+#[derive(Clone, Debug)]
+pub(crate) struct Signals {
+    /// Bumped whenever the store changed, when snapshots depend on the kind.
+    pub(crate) changes: Option<Arc<watch::Sender<u64>>>,
+    /// Told when the store was replaced by a fresh list (at start, and after
+    /// the watch lost its place): every policy is then reconciled again.
+    pub(crate) relisted: Arc<Relay<()>>,
+}
+
+impl<K: Kind> Watched<K> {
+    /// Starts watching `api` (with `config`) on a task of its own, retrying
+    /// with backoff when the watch fails, for as long as the process runs.
+    pub(crate) fn start(api: Api<K>, config: watcher::Config, signals: Signals) -> Self {
+        let (store, writer) = reflector::store();
+        let touched = Arc::new(Relay::default());
+        let relay = Arc::clone(&touched);
+        tokio::spawn(async move {
+            watcher(api, config)
+                .default_backoff()
+                .reflect(writer)
+                .for_each(|event| {
+                    match event {
+                        // The store already holds the change when the event arrives here.
+                        Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
+                            signals.bump();
+                            relay.send(obj);
+                        }
+                        // A list is buffered until it is complete, then swapped in at once.
+                        Ok(watcher::Event::InitDone) => {
+                            signals.bump();
+                            signals.relisted.send(());
+                        }
+                        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                        Err(e) => {
+                            tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying");
+                        }
+                    }
+                    std::future::ready(())
+                })
+                .await;
+        });
+        Watched { store, touched }
+    }
+
+    /// A complete store of `objects` that never changes.
+    pub(crate) fn fixed(objects: impl IntoIterator<Item = K>) -> Self {
+        let mut writer = reflector::store::Writer::default();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for obj in objects {
+            writer.apply_watcher_event(&watcher::Event::InitApply(obj));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        Watched {
+            store: writer.as_reader(),
+            touched: Arc::default(),
+        }
+    }
+
+    /// The objects events touch from now on (applied or deleted), as the kube
+    /// `Controller`'s trigger streams take them. Replaces an earlier
+    /// subscription.
+    pub(crate) fn touched(&self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+        self.touched.subscribe().map(Ok)
+    }
+}
+
+impl Signals {
+    fn bump(&self) {
+        if let Some(changes) = &self.changes {
+            changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}

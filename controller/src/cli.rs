@@ -1,0 +1,151 @@
+//! The command line (README: "In Kubernetes: RetryPolicy and the
+//! controller"): `run` starts the controller; `crd`, `explain` and `selftest`
+//! are one-shot tools, each in its own file.
+
+pub mod crd;
+pub mod explain;
+pub mod selftest;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use crate::inject::InjectionConfig;
+use crate::leader::{LeaseSettings, LEASE_NAME};
+use crate::run::{Options, TlsSource, WebhookOptions};
+use crate::telemetry::Tracing;
+
+/// Reprise controller.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Args {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the RetryPolicy CustomResourceDefinition as YAML.
+    Crd,
+    /// Checks an installation: the CRD is served, a controller holds the
+    /// Lease, the webhook has a caBundle. Exit status 1 when a check fails.
+    Selftest(selftest::Args),
+    /// Request tester: which policy applies to a request, which endpoints are
+    /// eligible and on which failures it would be retried. Sends no traffic.
+    Explain(explain::Args),
+
+    /// Run the controller (in cluster, or out of cluster with KUBECONFIG).
+    Run(RunArgs),
+}
+
+/// `--namespace`, the controller's own namespace, as `run` and `selftest`
+/// take it.
+#[derive(Debug, clap::Args)]
+pub struct ControllerNamespace {
+    /// The controller's namespace: its Lease, peer ConfigMaps and TLS Secret live there.
+    #[arg(
+        long,
+        short = 'n',
+        alias = "lease-namespace",
+        env = "POD_NAMESPACE",
+        default_value = "reprise-system"
+    )]
+    namespace: String,
+}
+
+// The subcommand's help is the doc comment of `Command::Run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Push stream listener (TLS).
+    #[arg(long, default_value = "0.0.0.0:15010")]
+    push_addr: SocketAddr,
+    /// Metrics and health listener.
+    #[arg(long, default_value = "127.0.0.1:15020")]
+    metrics_addr: SocketAddr,
+    /// Directory holding ca.crt, tls.crt and tls.key (generated when absent).
+    #[arg(long, default_value = "/var/run/reprise/tls")]
+    tls_dir: PathBuf,
+    /// Name for a generated serving certificate (repeatable).
+    #[arg(long = "tls-san", default_values_t = ["localhost".to_string(), "reprise-controller.reprise-system.svc".to_string()])]
+    tls_sans: Vec<String>,
+    /// Elect a leader with a Lease so several replicas can run.
+    #[arg(long)]
+    leader_election: bool,
+    #[command(flatten)]
+    namespace: ControllerNamespace,
+    /// Keep the CA and serving certificate in this Secret (created when
+    /// absent), shared by every replica, instead of --tls-dir.
+    #[arg(long)]
+    tls_secret: Option<String>,
+    /// Serve the sidecar-injecting webhook (HTTPS, path /inject) here.
+    #[arg(long, requires = "injection_config")]
+    webhook_addr: Option<SocketAddr>,
+    /// What injected sidecars look like (YAML; the chart's injection ConfigMap).
+    #[arg(long)]
+    injection_config: Option<PathBuf>,
+    /// MutatingWebhookConfiguration whose caBundle to keep set to the
+    /// controller's CA (leave out when cert-manager injects it).
+    #[arg(long)]
+    webhook_configuration: Option<String>,
+    /// This replica's identity in the Lease.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+impl RunArgs {
+    /// How the controller runs with these arguments; `tracing` records its
+    /// spans. Reads the injection config file.
+    pub fn options(self, tracing: Tracing) -> anyhow::Result<Options> {
+        let webhook = match self.webhook_addr {
+            Some(addr) => {
+                let path = self
+                    .injection_config
+                    .context("--webhook-addr needs --injection-config")?;
+                Some(WebhookOptions {
+                    addr,
+                    injection: InjectionConfig::load(&path)?,
+                    configuration: self.webhook_configuration,
+                })
+            }
+            None => None,
+        };
+        let namespace = self.namespace.namespace;
+        let lease = self.leader_election.then(|| LeaseSettings {
+            name: LEASE_NAME.into(),
+            namespace: namespace.clone(),
+            identity: self
+                .identity
+                .unwrap_or_else(|| format!("reprise-controller-{}", std::process::id())),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        });
+        let tls = match self.tls_secret {
+            Some(name) => TlsSource::Secret(name),
+            None => TlsSource::Dir(self.tls_dir),
+        };
+        Ok(Options {
+            push_addr: self.push_addr,
+            metrics_addr: self.metrics_addr,
+            tls,
+            tls_sans: self.tls_sans,
+            lease,
+            namespace,
+            webhook,
+            tracing,
+            // Events name the pod that recorded them.
+            reporter_instance: std::env::var("POD_NAME").ok(),
+        })
+    }
+}
+
+/// A client from the in-cluster configuration or `KUBECONFIG`.
+pub async fn client() -> anyhow::Result<kube::Client> {
+    kube::Client::try_default()
+        .await
+        .context("no Kubernetes configuration (in cluster or KUBECONFIG)")
+}

@@ -1,0 +1,44 @@
+//! Sidecar injection (README: "Installing with Helm"): the mutating webhook
+//! that adds `reprise-sidecar` to new Pods, and the annotations a Pod uses to
+//! opt out or override the injection config.
+//!
+//! - `config.rs`: the injection config (the chart's ConfigMap).
+//! - `pod.rs`: the decision on one Pod (skip, refuse, inject) and its
+//!   volumes and proxy variables; pure, unit-tested without an API server.
+//! - `container.rs`: the sidecar container itself.
+//! - `overrides.rs`: per-pod annotation overrides.
+//! - `webhook.rs`: the HTTPS admission server.
+//! - `ca_bundle.rs`: keeping the webhook configuration's `caBundle` set.
+
+mod ca_bundle;
+mod config;
+mod container;
+mod overrides;
+mod pod;
+mod webhook;
+
+pub(crate) use ca_bundle::keep_ca_bundle;
+pub(crate) use config::InjectionConfig;
+pub(crate) use webhook::{supports_native_sidecars, Webhook};
+
+/// Name of the injected container.
+pub(crate) const SIDECAR_NAME: &str = "reprise-sidecar";
+/// Set to `"false"` on a Pod to opt it out (the chart's object selector also
+/// skips Pods labelled `reprise.dev/inject=disabled`).
+pub(crate) const INJECT: &str = "reprise.dev/inject";
+/// Written on injected Pods; its presence makes injection idempotent.
+pub(crate) const INJECTED: &str = "reprise.dev/injected";
+/// Set to `"false"` to keep `HTTP_PROXY`/`NO_PROXY` out of the app containers.
+pub(crate) const PROXY_ENV: &str = "reprise.dev/proxy-env";
+/// Per-pod overrides, each replacing one value of the injection config.
+pub(crate) const CPU_REQUEST: &str = "reprise.dev/sidecar-cpu-request";
+/// See [`CPU_REQUEST`].
+pub(crate) const MEMORY_REQUEST: &str = "reprise.dev/sidecar-memory-request";
+/// See [`CPU_REQUEST`].
+pub(crate) const CPU_LIMIT: &str = "reprise.dev/sidecar-cpu-limit";
+/// See [`CPU_REQUEST`].
+pub(crate) const MEMORY_LIMIT: &str = "reprise.dev/sidecar-memory-limit";
+/// See [`CPU_REQUEST`].
+pub(crate) const LOG_LEVEL: &str = "reprise.dev/log-level";
+/// See [`CPU_REQUEST`].
+pub(crate) const IMAGE: &str = "reprise.dev/sidecar-image";

@@ -1,0 +1,179 @@
+//! The injected `reprise-sidecar` container: its arguments, the environment
+//! contract of [`reprise_crds::sidecar_env`], OTLP settings, probes, security
+//! context and mounts.
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, Probe, SeccompProfile, SecurityContext, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use reprise_crds::sidecar_env;
+
+use super::config::InjectionConfig;
+use super::overrides::Overrides;
+use super::SIDECAR_NAME;
+
+/// The volume holding the projected push token.
+pub(super) const TOKEN_VOLUME: &str = "reprise-token";
+/// The volume holding the last good snapshot.
+pub(super) const STATE_VOLUME: &str = "reprise-state";
+
+/// The directory of `path`: the volumes are mounted where the sidecar's
+/// default paths point (and the variables name those paths), so the two
+/// always agree.
+fn dir_of(path: &'static str) -> &'static str {
+    Path::new(path)
+        .parent()
+        .and_then(Path::to_str)
+        .unwrap_or(path)
+}
+
+/// The file name of the token within its volume.
+pub(super) fn token_file() -> &'static str {
+    Path::new(sidecar_env::DEFAULT_TOKEN_PATH)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("token")
+}
+
+/// The sidecar container for `config` with the pod's `overrides`; it trusts
+/// `ca_pem` for the push stream.
+pub(super) fn sidecar_container(
+    config: &InjectionConfig,
+    o: &Overrides,
+    ca_pem: &str,
+) -> Container {
+    let field = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector {
+            field_path: path.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut env = vec![
+        env(sidecar_env::CONTROLLER, &config.controller_address),
+        EnvVar {
+            name: sidecar_env::POD_NAME.into(),
+            value_from: Some(field("metadata.name")),
+            ..Default::default()
+        },
+        EnvVar {
+            name: sidecar_env::POD_NAMESPACE.into(),
+            value_from: Some(field("metadata.namespace")),
+            ..Default::default()
+        },
+        env(sidecar_env::TOKEN_PATH, sidecar_env::DEFAULT_TOKEN_PATH),
+        env(sidecar_env::CA_PEM, ca_pem),
+        env(
+            sidecar_env::SNAPSHOT_PATH,
+            sidecar_env::DEFAULT_SNAPSHOT_PATH,
+        ),
+        env(sidecar_env::LOG, &o.log_level),
+    ];
+    if let Some(name) = &config.server_name {
+        env.push(self::env(sidecar_env::CONTROLLER_SERVER_NAME, name));
+    }
+    if let Some(map) = &config.address_map {
+        env.push(self::env(sidecar_env::ENDPOINT_ADDRESS_MAP, map));
+    }
+    if !config.otel.endpoint.is_empty() {
+        env.push(self::env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            &config.otel.endpoint,
+        ));
+        env.push(self::env("OTEL_SERVICE_NAME", "reprise-sidecar"));
+        env.push(self::env(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            &format!(
+                "k8s.pod.name=$({}),k8s.namespace.name=$({})",
+                sidecar_env::POD_NAME,
+                sidecar_env::POD_NAMESPACE
+            ),
+        ));
+        for (name, value) in [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", &config.otel.protocol),
+            ("OTEL_TRACES_SAMPLER", &config.otel.sampler),
+            ("OTEL_TRACES_SAMPLER_ARG", &config.otel.sampler_arg),
+        ] {
+            if !value.is_empty() {
+                env.push(self::env(name, value));
+            }
+        }
+    }
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(config.health_port.into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    };
+    Container {
+        name: SIDECAR_NAME.into(),
+        image: Some(o.image.clone()),
+        image_pull_policy: Some(config.image_pull_policy.clone()),
+        args: Some(vec![
+            "--listen".into(),
+            format!("127.0.0.1:{}", config.proxy_port),
+            "--admin".into(),
+            format!("127.0.0.1:{}", config.admin_port),
+            "--health".into(),
+            format!("0.0.0.0:{}", config.health_port),
+        ]),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("reprise-health".into()),
+            container_port: config.health_port.into(),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        resources: o.resources.clone(),
+        // The app starts once the proxy listens; readiness follows the snapshot.
+        startup_probe: Some(probe("/live", 1, 30)),
+        liveness_probe: Some(probe("/live", 10, 3)),
+        readiness_probe: Some(probe("/ready", 5, 3)),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: TOKEN_VOLUME.into(),
+                mount_path: dir_of(sidecar_env::DEFAULT_TOKEN_PATH).into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: STATE_VOLUME.into(),
+                mount_path: dir_of(sidecar_env::DEFAULT_SNAPSHOT_PATH).into(),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    }
+}
+
+/// `name=value`.
+pub(super) fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}

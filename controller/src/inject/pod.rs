@@ -1,0 +1,345 @@
+//! What injection does to a Pod: skip it (opted out, already injected, host
+//! network), refuse it (an invalid override annotation), or add the sidecar,
+//! its volumes and the app containers' proxy variables.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, EnvVar, Pod, ProjectedVolumeSource,
+    ServiceAccountTokenProjection, Volume, VolumeProjection,
+};
+
+use super::config::InjectionConfig;
+use super::container::{env, sidecar_container, token_file, STATE_VOLUME, TOKEN_VOLUME};
+use super::overrides::Overrides;
+use super::{INJECT, INJECTED, PROXY_ENV, SIDECAR_NAME};
+
+/// How long a projected push token is valid; the kubelet refreshes it before.
+const TOKEN_EXPIRATION_SECS: i64 = 3600;
+
+/// What to do with a Pod.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// Leave it as it is, for this reason.
+    Skip(&'static str),
+    /// Admit this mutated Pod.
+    Inject(Box<Pod>),
+    /// Refuse the Pod: an override annotation is invalid.
+    Refuse(String),
+}
+
+/// Decides what to do with `pod`. `native` adds the sidecar as an init
+/// container with `restartPolicy: Always` (Kubernetes 1.29+), so it starts
+/// before and stops after the app; otherwise as the first regular container.
+/// `ca_pem` is the CA the sidecar trusts for the push stream.
+pub(crate) fn decide(pod: &Pod, config: &InjectionConfig, ca_pem: &str, native: bool) -> Decision {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    if annotations.get(INJECT).map(String::as_str) == Some("false") {
+        return Decision::Skip("opted out by annotation");
+    }
+    let spec = match &pod.spec {
+        Some(spec) => spec,
+        None => return Decision::Skip("pod has no spec"),
+    };
+    let already = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| c.name == SIDECAR_NAME);
+    if already || annotations.contains_key(INJECTED) {
+        return Decision::Skip("already injected");
+    }
+    if spec.host_network == Some(true) {
+        // The sidecar's ports would collide across pods on the node.
+        return Decision::Skip("host network pod");
+    }
+    let overrides = match Overrides::from_annotations(&annotations, config) {
+        Ok(o) => o,
+        Err(e) => return Decision::Refuse(e),
+    };
+
+    let mut pod = pod.clone();
+    let mut spec = pod.spec.take().unwrap_or_default();
+    let mut sidecar = sidecar_container(config, &overrides, ca_pem);
+    if native {
+        sidecar.restart_policy = Some("Always".into());
+        spec.init_containers
+            .get_or_insert_with(Vec::new)
+            .insert(0, sidecar);
+    } else {
+        spec.containers.insert(0, sidecar);
+    }
+    if annotations.get(PROXY_ENV).map(String::as_str) != Some("false") {
+        let proxy = format!("http://127.0.0.1:{}", config.proxy_port);
+        for c in spec
+            .containers
+            .iter_mut()
+            .filter(|c| c.name != SIDECAR_NAME)
+        {
+            add_proxy_env(c, &proxy);
+        }
+    }
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    volumes.push(Volume {
+        name: TOKEN_VOLUME.into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    // The audience the controller's TokenReview asks for.
+                    audience: Some(reprise_crds::protocol::AUDIENCE.into()),
+                    expiration_seconds: Some(TOKEN_EXPIRATION_SECS),
+                    path: token_file().into(),
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    volumes.push(Volume {
+        name: STATE_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    });
+    pod.spec = Some(spec);
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            INJECTED.into(),
+            if native { "native" } else { "container" }.into(),
+        );
+    Decision::Inject(Box::new(pod))
+}
+
+/// Sends the app's plain-HTTP traffic through the sidecar, unless the app
+/// already chose a proxy. Loopback stays direct.
+fn add_proxy_env(c: &mut Container, proxy: &str) {
+    let env = c.env.get_or_insert_with(Vec::new);
+    let has = |env: &Vec<EnvVar>, n: &str| env.iter().any(|e| e.name.eq_ignore_ascii_case(n));
+    if has(env, "HTTP_PROXY") {
+        return;
+    }
+    for name in ["HTTP_PROXY", "http_proxy"] {
+        env.push(self::env(name, proxy));
+    }
+    if !has(env, "NO_PROXY") {
+        for name in ["NO_PROXY", "no_proxy"] {
+            env.push(self::env(name, "localhost,127.0.0.1,::1"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reprise_crds::sidecar_env;
+
+    use super::*;
+    use crate::inject::{CPU_LIMIT, CPU_REQUEST, LOG_LEVEL, MEMORY_LIMIT};
+
+    fn config() -> InjectionConfig {
+        InjectionConfig::from_yaml(
+            "image: reprise-sidecar:test\ncontrollerAddress: https://reprise-controller.reprise-system.svc:15010\n\
+             resources: {requests: {cpu: 50m, memory: 32Mi}}\n",
+        )
+        .expect("config")
+    }
+
+    fn pod(annotations: &[(&str, &str)]) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "app", "annotations": annotations.iter().cloned().collect::<BTreeMap<_, _>>()},
+            "spec": {"containers": [{"name": "app", "image": "app:1"}]}
+        }))
+        .expect("pod")
+    }
+
+    fn injected(d: Decision) -> Pod {
+        match d {
+            Decision::Inject(p) => *p,
+            other => panic!("expected injection, got {other:?}"),
+        }
+    }
+
+    fn env_of(c: &Container, name: &str) -> Option<String> {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    }
+
+    #[test]
+    fn native_sidecar_is_the_first_init_container_with_restart_always() {
+        let p = injected(decide(&pod(&[]), &config(), "CA", true));
+        let spec = p.spec.expect("spec");
+        let sidecar = &spec.init_containers.as_ref().expect("init")[0];
+        assert_eq!(sidecar.name, SIDECAR_NAME);
+        assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+        assert_eq!(env_of(sidecar, sidecar_env::CA_PEM).as_deref(), Some("CA"));
+        assert_eq!(spec.containers.len(), 1, "the app stays the only container");
+        let app = &spec.containers[0];
+        assert_eq!(
+            env_of(app, "HTTP_PROXY").as_deref(),
+            Some("http://127.0.0.1:15001")
+        );
+        let volumes: Vec<_> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(volumes, ["reprise-token", "reprise-state"]);
+        let audience = spec.volumes.as_ref().expect("volumes")[0]
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.as_ref())
+            .and_then(|s| s[0].service_account_token.as_ref())
+            .and_then(|t| t.audience.clone());
+        assert_eq!(audience.as_deref(), Some("reprise"));
+        assert_eq!(
+            p.metadata
+                .annotations
+                .expect("annotations")
+                .get(INJECTED)
+                .map(String::as_str),
+            Some("native")
+        );
+    }
+
+    #[test]
+    fn the_volumes_hold_the_files_the_sidecar_is_told_about() {
+        let p = injected(decide(&pod(&[]), &config(), "CA", true));
+        let spec = p.spec.expect("spec");
+        let sidecar = &spec.init_containers.as_ref().expect("init")[0];
+        let mount = |volume: &str| {
+            sidecar
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.name == volume)
+                .map(|m| m.mount_path.clone())
+                .unwrap_or_else(|| panic!("no mount of {volume}"))
+        };
+        let token = spec.volumes.as_ref().expect("volumes")[0]
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.as_ref())
+            .and_then(|s| s[0].service_account_token.as_ref())
+            .map(|t| t.path.clone())
+            .expect("token projection");
+        assert_eq!(
+            env_of(sidecar, sidecar_env::TOKEN_PATH),
+            Some(format!("{}/{token}", mount(TOKEN_VOLUME)))
+        );
+        assert_eq!(
+            env_of(sidecar, sidecar_env::TOKEN_PATH).as_deref(),
+            Some("/var/run/secrets/reprise/token")
+        );
+        let snapshot = env_of(sidecar, sidecar_env::SNAPSHOT_PATH).expect("snapshot path");
+        assert_eq!(snapshot, "/var/lib/reprise/snapshot.json");
+        assert!(snapshot.starts_with(&format!("{}/", mount(STATE_VOLUME))));
+    }
+
+    #[test]
+    fn without_native_sidecars_it_is_the_first_regular_container() {
+        let p = injected(decide(&pod(&[]), &config(), "CA", false));
+        let spec = p.spec.expect("spec");
+        assert!(spec.init_containers.is_none());
+        assert_eq!(spec.containers[0].name, SIDECAR_NAME);
+        assert!(spec.containers[0].restart_policy.is_none());
+    }
+
+    #[test]
+    fn injection_is_idempotent() {
+        let once = injected(decide(&pod(&[]), &config(), "CA", true));
+        assert!(matches!(
+            decide(&once, &config(), "CA", true),
+            Decision::Skip("already injected")
+        ));
+    }
+
+    #[test]
+    fn opt_outs_are_honoured() {
+        assert!(matches!(
+            decide(&pod(&[(INJECT, "false")]), &config(), "CA", true),
+            Decision::Skip(_)
+        ));
+        let p = injected(decide(&pod(&[(PROXY_ENV, "false")]), &config(), "CA", true));
+        assert_eq!(
+            env_of(&p.spec.expect("spec").containers[0], "HTTP_PROXY"),
+            None
+        );
+    }
+
+    #[test]
+    fn an_app_that_set_its_own_proxy_keeps_it() {
+        let mut p = pod(&[]);
+        p.spec.as_mut().expect("spec").containers[0].env =
+            Some(vec![env("http_proxy", "http://corp:3128")]);
+        let p = injected(decide(&p, &config(), "CA", true));
+        let app = &p.spec.expect("spec").containers[0];
+        assert_eq!(env_of(app, "HTTP_PROXY"), None);
+        assert_eq!(
+            env_of(app, "http_proxy").as_deref(),
+            Some("http://corp:3128")
+        );
+    }
+
+    #[test]
+    fn overrides_replace_resources_and_log_level() {
+        let p = injected(decide(
+            &pod(&[
+                (MEMORY_LIMIT, "256Mi"),
+                (CPU_REQUEST, "0.2"),
+                (LOG_LEVEL, "debug"),
+            ]),
+            &config(),
+            "CA",
+            true,
+        ));
+        let sidecar = p
+            .spec
+            .expect("spec")
+            .init_containers
+            .expect("init")
+            .remove(0);
+        let r = sidecar.resources.clone().expect("resources");
+        assert_eq!(r.limits.expect("limits")["memory"].0, "256Mi");
+        let requests = r.requests.expect("requests");
+        assert_eq!(requests["cpu"].0, "0.2");
+        assert_eq!(requests["memory"].0, "32Mi", "unrelated defaults are kept");
+        assert_eq!(env_of(&sidecar, sidecar_env::LOG).as_deref(), Some("debug"));
+    }
+
+    #[test]
+    fn a_bad_override_refuses_the_pod_naming_the_annotation() {
+        match decide(&pod(&[(CPU_LIMIT, "lots")]), &config(), "CA", true) {
+            Decision::Refuse(msg) => {
+                assert!(msg.contains(CPU_LIMIT) && msg.contains("quantity"), "{msg}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(matches!(
+            decide(&pod(&[(LOG_LEVEL, "loud")]), &config(), "CA", true),
+            Decision::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn otel_settings_become_standard_variables() {
+        let mut c = config();
+        c.otel.endpoint = "http://jaeger:4317".into();
+        c.otel.protocol = "grpc".into();
+        let p = injected(decide(&pod(&[]), &c, "CA", false));
+        let sidecar = &p.spec.expect("spec").containers[0];
+        assert_eq!(
+            env_of(sidecar, "OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(),
+            Some("http://jaeger:4317")
+        );
+        assert_eq!(
+            env_of(sidecar, "OTEL_EXPORTER_OTLP_PROTOCOL").as_deref(),
+            Some("grpc")
+        );
+        assert_eq!(env_of(sidecar, "OTEL_TRACES_SAMPLER"), None);
+    }
+}

@@ -1,0 +1,252 @@
+//! One sidecar's snapshot stream (README: "Push protocol"): the current
+//! snapshot first, then one per change (debounced), a heartbeat line when
+//! nothing changed. Upgraded to `reprise-push/1`, the same connection carries
+//! the ACK lines back; otherwise the snapshots are a streamed response body
+//! and ACKs come as `POST /v1/acks`. Either way the sidecar counts as
+//! connected exactly as long as its [`Registration`] lives, so a stream
+//! dropped at any point (closed, reset, its task aborted) leaves no count and
+//! no registry entry behind.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use reprise_crds::protocol::{Ack, HEARTBEAT_SECS, UPGRADE_PROTOCOL, VERSION_PARAM};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use super::auth::Identity;
+use super::server::{PushBody, PushServer, MAX_ACK_BYTES};
+use crate::metrics::Counter;
+
+/// Changes closer together than this are pushed once.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// ACK lines are short: a small read buffer keeps thousands of idle streams cheap.
+const ACK_READ_BUFFER: usize = 1024;
+
+/// A connected sidecar. While it lives, the sidecar is in the registry (and
+/// counted in `reprise_controller_connected_sidecars`); dropping it
+/// disconnects the sidecar, tells the reconciler which policies' sync counts
+/// changed, and ends a push span still awaiting its ACK.
+pub(super) struct Registration {
+    server: Arc<PushServer>,
+    namespace: String,
+    pod: String,
+    connection: u64,
+}
+
+impl Registration {
+    /// Registers `id` (replacing an older connection of the same pod).
+    fn new(server: &Arc<PushServer>, id: &Identity) -> Self {
+        let connection = server.next_connection();
+        server
+            .registry
+            .connect(&id.namespace, &id.pod, id.labels.clone(), connection);
+        Registration {
+            server: Arc::clone(server),
+            namespace: id.namespace.clone(),
+            pod: id.pod.clone(),
+            connection,
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let touched = self
+            .server
+            .registry
+            .disconnect(&self.namespace, &self.pod, self.connection);
+        self.server.notify(touched);
+        if let Some(span) = self.server.push_span(&self.namespace, &self.pod) {
+            span.dropped();
+        }
+        tracing::info!(namespace = %self.namespace, pod = %self.pod, "sidecar disconnected");
+    }
+}
+
+/// `GET /v1/snapshots` from the authenticated sidecar `id`: registers it and
+/// answers with the stream (`101 Switching Protocols` when it asked for the
+/// upgrade).
+pub(super) fn open(
+    server: Arc<PushServer>,
+    id: Identity,
+    mut req: Request<Incoming>,
+) -> Response<PushBody> {
+    let resume = req.uri().query().and_then(|q| {
+        q.split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == VERSION_PARAM)
+            .map(|(_, v)| v.to_string())
+    });
+    let registration = Registration::new(&server, &id);
+    tracing::info!(namespace = %id.namespace, pod = %id.pod, resume = ?resume, "sidecar connected");
+    let changes = server.source.changes();
+    // Resume: when the sidecar already runs the current version, it is in sync without a push.
+    let current = server.encoded(&id, *changes.borrow());
+    let mut last = None;
+    if resume.as_deref() == Some(current.version.as_str()) {
+        server.registry.sent(
+            &id.namespace,
+            &id.pod,
+            &current.version,
+            current.policies.clone(),
+        );
+        let touched = server
+            .registry
+            .ack(&id.namespace, &id.pod, &current.version)
+            .unwrap_or_default();
+        server.notify(touched);
+        last = Some(current.version.clone());
+    }
+    let state = StreamState {
+        server,
+        id,
+        last,
+        changes,
+        first: true,
+        _registration: registration,
+    };
+    let upgrade = req.headers().get(http::header::UPGRADE).is_some_and(|v| {
+        v.as_bytes()
+            .eq_ignore_ascii_case(UPGRADE_PROTOCOL.as_bytes())
+    });
+    if upgrade {
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            match on_upgrade.await {
+                Ok(io) => session(TokioIo::new(io), state).await,
+                Err(e) => tracing::debug!(error = %e, "push upgrade failed"),
+            }
+        });
+        let mut response = Response::new(BodyExt::boxed(Full::new(Bytes::new())));
+        *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let headers = response.headers_mut();
+        headers.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("upgrade"),
+        );
+        headers.insert(
+            http::header::UPGRADE,
+            http::HeaderValue::from_static(UPGRADE_PROTOCOL),
+        );
+        return response;
+    }
+    let frames = futures_util::stream::unfold(state, next_frame);
+    let mut response = Response::new(BodyExt::boxed(StreamBody::new(frames)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/x-ndjson"),
+    );
+    response
+}
+
+/// What one stream has sent and waits on.
+struct StreamState {
+    server: Arc<PushServer>,
+    id: Identity,
+    /// The version last sent (or resumed).
+    last: Option<String>,
+    changes: watch::Receiver<u64>,
+    /// The current snapshot is still to be sent.
+    first: bool,
+    _registration: Registration,
+}
+
+async fn next_frame(
+    mut st: StreamState,
+) -> Option<(Result<Frame<Bytes>, Infallible>, StreamState)> {
+    let line = st.next_line().await?;
+    Some((Ok(Frame::data(line)), st))
+}
+
+impl StreamState {
+    /// The next line to send: the snapshot when it changed, else a heartbeat.
+    /// `None` when the change source is gone.
+    async fn next_line(&mut self) -> Option<Bytes> {
+        loop {
+            if !self.first {
+                tokio::select! {
+                    changed = self.changes.changed() => {
+                        changed.ok()?;
+                        tokio::time::sleep(DEBOUNCE).await;
+                        self.changes.borrow_and_update();
+                    }
+                    () = tokio::time::sleep(Duration::from_secs(HEARTBEAT_SECS)) => {
+                        return Some(Bytes::from_static(b"\n"));
+                    }
+                }
+            }
+            self.first = false;
+            let generation = *self.changes.borrow();
+            let encoded = self.server.encoded(&self.id, generation);
+            if self.last.as_deref() == Some(encoded.version.as_str()) {
+                continue;
+            }
+            self.server.registry.sent(
+                &self.id.namespace,
+                &self.id.pod,
+                &encoded.version,
+                encoded.policies.clone(),
+            );
+            self.server.metrics.add(Counter::Pushes);
+            self.server.push_started(&self.id, &encoded.version);
+            self.last = Some(encoded.version.clone());
+            return Some(encoded.line.clone());
+        }
+    }
+}
+
+/// The upgraded, bidirectional stream: snapshots out, ACK lines in. The two
+/// directions run as whole loops raced against each other (not per line), so
+/// neither loses a wake-up; when either ends the connection is done.
+async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
+    let (read, mut write) = tokio::io::split(io);
+    let (server, id) = (Arc::clone(&st.server), st.id.clone());
+    let writer = async move {
+        while let Some(line) = st.next_line().await {
+            if write.write_all(&line).await.is_err() || write.flush().await.is_err() {
+                break;
+            }
+        }
+    };
+    let reader = async move {
+        let mut reader = tokio::io::BufReader::with_capacity(ACK_READ_BUFFER, read);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match (&mut reader)
+                .take(MAX_ACK_BYTES as u64)
+                .read_until(b'\n', &mut line)
+                .await
+            {
+                Ok(0) | Err(_) => break,
+                Ok(_) if !line.ends_with(b"\n") => {
+                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, "over-long or truncated ACK line; closing");
+                    break;
+                }
+                Ok(_) => {}
+            }
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match serde_json::from_slice::<Ack>(&line) {
+                Ok(ack) => server.record_ack(&id, &ack),
+                Err(e) => {
+                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, error = %e, "invalid ACK line; closing");
+                    break;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        () = writer => {}
+        () = reader => {}
+    }
+}
