@@ -222,6 +222,11 @@ fn warnings(policy: &RetryPolicy, endpoints: i32) -> Vec<String> {
     }
     if rule.retries.attempts == 0 {
         w.push("attempts is 0: nothing is retried".to_string());
+    } else if rule.retries.budget_percent >= 100.0 {
+        w.push(
+            "budgetPercent is 100: retries may be all of the upstream's traffic; only attempts limits them in an outage"
+                .to_string(),
+        );
     }
     w
 }
@@ -350,6 +355,16 @@ mod tests {
         );
         assert_eq!(cond(&e, ConditionType::InSync).reason, "Pending");
         assert_eq!(e.status.status_summary.as_deref(), Some("Gateway"));
+        assert!(!w.contains("budgetPercent"), "{w}");
+
+        let mut unbudgeted = RetryRule::default();
+        unbudgeted.retries.budget_percent = 100.0;
+        let e = evaluate(&policy(unbudgeted), &target(2), SyncCounts::default(), t(1));
+        let w = e.status.warnings.join("\n");
+        assert!(
+            w.contains("budgetPercent is 100: retries may be all"),
+            "{w}"
+        );
     }
 
     #[test]

@@ -339,7 +339,7 @@ const FAMILIES: &[Family] = &[
     family(
         "reprise_retry_budget_remaining",
         Kind::Gauge,
-        "Retries the upstream's budget still allows in the current window.",
+        "Retries the upstream's budget allows at least, in the current window.",
     ),
     family(
         "reprise_hedges_total",

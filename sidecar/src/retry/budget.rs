@@ -9,9 +9,13 @@ use tokio::time::Instant;
 const BUCKETS: usize = 10;
 
 /// A retry is allowed while `(retries + 1) * 100 <= percent * requests` over the
-/// rolling window (plus `min_retries_per_second * window` when configured).
-/// Shared by every in-flight request to one upstream; every operation is a few
-/// relaxed atomic loads and adds, never a lock.
+/// rolling window (plus `min_retries_per_second * window` when configured),
+/// where `requests` counts every request the upstream received, retries and
+/// hedges included: `percent` is the share of the upstream's traffic that may
+/// be retries, so 100 sets no limit and 10 bounds a full outage's
+/// amplification at 1 / (1 - 0.10) ≈ 1.11. Shared by every in-flight request
+/// to one upstream; every operation is a few relaxed atomic loads and adds,
+/// never a lock.
 #[derive(Debug)]
 pub struct RetryBudget {
     origin: Instant,
@@ -61,7 +65,8 @@ impl RetryBudget {
         );
     }
 
-    /// Counts one logical request (call once per request, not per attempt).
+    /// Counts one logical request's first attempt (retries are counted by
+    /// [`RetryBudget::try_withdraw`]).
     pub fn record_request(&self) {
         self.current().requests.fetch_add(1, Ordering::Relaxed);
     }
@@ -72,13 +77,15 @@ impl RetryBudget {
         self.allows(requests, retries + 1)
     }
 
-    /// Charges one retry if it is within budget; false (and nothing charged) if not.
-    /// Concurrent callers each see their own charge, so the budget is never overdrawn.
+    /// Charges one retry if it is within budget, counting it as a request to
+    /// the upstream too; false (and nothing charged) if not. Concurrent callers
+    /// each see their own charge, so the budget is never overdrawn.
     pub fn try_withdraw(&self) -> bool {
         let bucket = self.current();
         bucket.retries.fetch_add(1, Ordering::Relaxed);
         let (requests, retries) = self.totals();
         if self.allows(requests, retries) {
+            bucket.requests.fetch_add(1, Ordering::Relaxed);
             true
         } else {
             bucket.retries.fetch_sub(1, Ordering::Relaxed);
@@ -86,7 +93,8 @@ impl RetryBudget {
         }
     }
 
-    /// Retries still allowed in the current window (for metrics).
+    /// Retries allowed in the current window at least (for metrics): each one
+    /// granted also counts as a request, so more may follow.
     pub fn remaining(&self) -> u64 {
         let (requests, retries) = self.totals();
         let allowed = (self.percent() * requests as f64 / 100.0 + self.floor()).floor();
@@ -171,13 +179,15 @@ mod tests {
         b.record_request();
         assert!(b.has_room());
         assert!(b.try_withdraw());
-        // (1 + 1) * 100 <= 10 * 10 is false.
+        // The retry is a request too: (1 + 1) * 100 <= 10 * 11 is false.
+        assert_eq!(b.totals(), (11, 1));
         assert!(!b.try_withdraw());
-        for _ in 0..10 {
+        for _ in 0..9 {
             b.record_request();
         }
+        // (1 + 1) * 100 <= 10 * 20.
         assert!(b.try_withdraw());
-        assert_eq!(b.totals(), (20, 2));
+        assert_eq!(b.totals(), (21, 2));
     }
 
     #[tokio::test(start_paused = true)]
@@ -186,12 +196,13 @@ mod tests {
         for _ in 0..10 {
             b.record_request();
         }
-        for _ in 0..5 {
+        // (r + 1) * 100 <= 50 * (10 + r) holds up to r = 8: nine retries.
+        for _ in 0..9 {
             assert!(b.try_withdraw());
         }
         assert!(!b.try_withdraw());
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(b.totals(), (10, 5), "still inside the 10 s window");
+        assert_eq!(b.totals(), (19, 9), "still inside the 10 s window");
         tokio::time::advance(Duration::from_secs(6)).await;
         assert_eq!(b.totals(), (0, 0), "the window rolled past them");
         assert!(!b.try_withdraw(), "no requests, no retries");
@@ -204,8 +215,9 @@ mod tests {
     async fn floor_allows_retries_at_low_traffic() {
         let b = budget(10.0, 1);
         b.record_request();
-        // Floor: 1 retry/s over a 10 s window = 10 retries.
-        for _ in 0..10 {
+        // Floor: 1 retry/s over a 10 s window = 10 retries, and the 10% of
+        // the requests those retries make: eleven in all.
+        for _ in 0..11 {
             assert!(b.try_withdraw());
         }
         assert!(!b.try_withdraw());
@@ -224,7 +236,37 @@ mod tests {
             window: Duration::from_secs(10),
             min_retries_per_second: 0,
         });
-        assert_eq!(b.remaining(), 9);
+        assert_eq!(b.remaining(), 10);
         assert!(b.try_withdraw());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hundred_percent_sets_no_limit() {
+        let b = budget(100.0, 0);
+        b.record_request();
+        for _ in 0..1000 {
+            assert!(b.try_withdraw());
+        }
+        assert_eq!(b.totals(), (1001, 1000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ten_percent_bounds_a_full_outage_at_one_point_one_one() {
+        // Every request fails and asks for up to ten retries, one after another.
+        let b = budget(10.0, 0);
+        for _ in 0..10_000 {
+            b.record_request();
+            while b.try_withdraw() {}
+        }
+        let (requests, retries) = b.totals();
+        let amplification = requests as f64 / 10_000.0;
+        assert!(
+            retries * 100 <= 10 * requests,
+            "a tenth of the traffic at most"
+        );
+        assert!(
+            (1.10..=1.112).contains(&amplification),
+            "1 / (1 - 0.10) = 1.111: {amplification}"
+        );
     }
 }

@@ -452,8 +452,8 @@ mod tests {
         );
         assert_eq!(
             up.budget.totals(),
-            (1, 1),
-            "charged once the retry is certain"
+            (2, 1),
+            "charged once the retry is certain, as a retry and a request"
         );
     }
 }
