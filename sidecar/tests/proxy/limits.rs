@@ -168,3 +168,26 @@ async fn backoff_sleeps_at_most_the_nominal_delay() {
     }
     assert_eq!(a.count() + b.count(), 10);
 }
+
+#[tokio::test]
+async fn a_hundred_percent_budget_leaves_only_the_attempt_cap() {
+    // 20 requests, two retries each, three endpoints all answering 503: every
+    // retry is allowed, so the upstreams see 60 requests (40 when retries did
+    // not count as requests to them).
+    let up = [
+        Upstream::always(Action::Reply(503)).await,
+        Upstream::always(Action::Reply(503)).await,
+        Upstream::always(Action::Reply(503)).await,
+    ];
+    let retries = Retries::new()
+        .attempts(2)
+        .budget_percent(100.0)
+        .backoff_base_ms(0)
+        .backoff_cap_ms(0);
+    let sidecar = Sidecar::start(api(&[&up[0], &up[1], &up[2]]).retries(retries)).await;
+    for _ in 0..20 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 503);
+    }
+    assert_eq!(up.iter().map(Upstream::count).sum::<usize>(), 60);
+    assert_eq!(sidecar.stats("api").budget_refusals, 0);
+}
