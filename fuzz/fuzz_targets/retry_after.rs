@@ -1,16 +1,17 @@
 //! `Retry-After` from an upstream response: any header value bytes.
 //!
 //! Invariants: never panics; the result is `None` or at most
-//! `failure::RETRY_AFTER_MAX_SECS` (ten digits); and it agrees with a plain
-//! model of RFC 9110's delay-seconds (digits only, after trimming spaces and
-//! tabs). Nothing else (HTTP-dates, signs, fractions, empty) yields a delay.
+//! `RETRY_AFTER_MAX_SECS` (ten digits); and it agrees with a plain model of
+//! RFC 9110's `Retry-After`: delay-seconds (digits only, after trimming spaces
+//! and tabs), else an HTTP-date as the time from a fixed "now" until it (zero
+//! for the past). Nothing else (signs, fractions, empty) yields a delay.
 #![no_main]
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use libfuzzer_sys::fuzz_target;
-use reprise_sidecar::retry::{retry_after, RETRY_AFTER_MAX_SECS};
+use reprise_sidecar::retry::{retry_after_at, RETRY_AFTER_MAX_SECS};
 
 fuzz_target!(|data: &[u8]| {
     // Several values: the first one is the one that counts (`HeaderMap::get`).
@@ -20,7 +21,9 @@ fuzz_target!(|data: &[u8]| {
             headers.append(RETRY_AFTER, v);
         }
     }
-    let got = retry_after(&headers);
+    // 2026-12-01T00:00:00Z: a fixed clock, so the model can agree exactly.
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_083_200);
+    let got = retry_after_at(&headers, now);
     if let Some(d) = got {
         assert!(
             d <= Duration::from_secs(RETRY_AFTER_MAX_SECS),
@@ -39,7 +42,12 @@ fuzz_target!(|data: &[u8]| {
         let t = std::str::from_utf8(bytes)
             .ok()?
             .trim_matches(|c| c == ' ' || c == '\t');
-        if t.is_empty() || t.len() > 10 || !t.bytes().all(|b| b.is_ascii_digit()) {
+        if !t.bytes().all(|b| b.is_ascii_digit()) {
+            let date = httpdate::parse_http_date(t).ok()?;
+            let wait = date.duration_since(now).unwrap_or(Duration::ZERO);
+            return Some(wait.min(Duration::from_secs(RETRY_AFTER_MAX_SECS)));
+        }
+        if t.is_empty() || t.len() > 10 {
             return None;
         }
         Some(Duration::from_secs(t.parse::<u64>().ok()?))

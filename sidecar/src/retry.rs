@@ -35,7 +35,7 @@ use tokio::time::Instant;
 
 use self::attempt::RequestTemplate;
 pub use self::backoff::full_jitter;
-pub use self::failure::{retry_after, FailureKind, RETRY_AFTER_MAX_SECS};
+pub use self::failure::{retry_after, retry_after_at, FailureKind, RETRY_AFTER_MAX_SECS};
 use self::gate::{Decision, Trigger};
 use self::outcome::{ExhaustedBy, Outcome, SkipReason};
 use self::replay_body::{AttemptBody, ReplayBody};

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 
@@ -164,19 +164,31 @@ fn find_io<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a io::Error> {
 /// policy's `retry_after_max` (at most 600 s) and ends the retries on a longer one.
 pub const RETRY_AFTER_MAX_SECS: u64 = 9_999_999_999;
 
-/// A seconds-form `Retry-After` (RFC 9110 §10.2.3 delay-seconds). The HTTP-date
-/// form and garbage are ignored (the normal backoff applies). The result is at
-/// most [`RETRY_AFTER_MAX_SECS`].
+/// The delay a `Retry-After` asks for (RFC 9110 §10.2.3): delay-seconds (1 to
+/// 10 digits, spaces and tabs trimmed), or an HTTP-date in any of its three
+/// formats, as the time left until that date (none for a date in the past).
+/// Garbage is ignored (the normal backoff applies). The result is at most
+/// [`RETRY_AFTER_MAX_SECS`].
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    retry_after_at(headers, SystemTime::now())
+}
+
+/// [`retry_after`] with the clock's reading given.
+pub fn retry_after_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers
         .get(http::header::RETRY_AFTER)?
         .to_str()
         .ok()?
-        .trim();
-    if value.is_empty() || value.len() > 10 || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+        .trim_matches(|c| c == ' ' || c == '\t');
+    if value.bytes().all(|b| b.is_ascii_digit()) {
+        if value.is_empty() || value.len() > 10 {
+            return None;
+        }
+        return value.parse::<u64>().ok().map(Duration::from_secs);
     }
-    value.parse::<u64>().ok().map(Duration::from_secs)
+    let date = httpdate::parse_http_date(value).ok()?;
+    let wait = date.duration_since(now).unwrap_or(Duration::ZERO);
+    Some(wait.min(Duration::from_secs(RETRY_AFTER_MAX_SECS)))
 }
 
 #[cfg(test)]
@@ -193,7 +205,6 @@ mod tests {
     fn retry_after_takes_only_delay_seconds() {
         assert_eq!(retry_after(&headers("3")), Some(Duration::from_secs(3)));
         assert_eq!(retry_after(&headers(" 0 ")), Some(Duration::ZERO));
-        assert_eq!(retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")), None);
         assert_eq!(retry_after(&headers("-1")), None);
         assert_eq!(retry_after(&headers("1.5")), None);
         assert_eq!(retry_after(&headers("99999999999999999999")), None);
@@ -204,6 +215,36 @@ mod tests {
         assert_eq!(retry_after(&headers("10000000000")), None, "eleven digits");
         assert_eq!(retry_after(&headers("soon")), None);
         assert_eq!(retry_after(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn retry_after_takes_http_dates_in_all_three_formats() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").expect("date");
+        let at = |v: &str| retry_after_at(&headers(v), now);
+        for later in [
+            "Wed, 21 Oct 2015 07:28:30 GMT",     // IMF-fixdate
+            "Wednesday, 21-Oct-15 07:28:30 GMT", // RFC 850
+            "Wed Oct 21 07:28:30 2015",          // asctime
+        ] {
+            assert_eq!(at(later), Some(Duration::from_secs(30)), "{later}");
+        }
+        assert_eq!(
+            at("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO),
+            "now"
+        );
+        assert_eq!(
+            at("Tue, 20 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO),
+            "the past: no wait"
+        );
+        assert_eq!(
+            at("Fri, 31 Dec 9999 23:59:59 GMT"),
+            Some(Duration::from_secs(RETRY_AFTER_MAX_SECS)),
+            "clamped"
+        );
+        assert_eq!(at("Wed, 32 Oct 2015 07:28:00 GMT"), None, "no such day");
+        assert_eq!(at("21 Oct 2015"), None);
     }
 
     #[test]

@@ -150,6 +150,30 @@ async fn status_429_honours_a_seconds_retry_after() {
 }
 
 #[tokio::test]
+async fn status_503_honours_an_http_date_retry_after() {
+    // Two seconds from now, in IMF-fixdate (whole seconds): the wait is the
+    // time left until then, between one and two seconds.
+    let until = std::time::SystemTime::now() + Duration::from_secs(2);
+    let date = httpdate::fmt_http_date(until);
+    let limited = Upstream::always(retry_after(503, &date, "maintenance")).await;
+    let good = Upstream::start(|_| Action::Reply(200)).await;
+    let sidecar = Sidecar::start(retry2(&[&limited, &good])).await;
+    for _ in 0..20 {
+        let r = sidecar.send("GET", "api", "/", b"").await;
+        assert_eq!(r.status, 200);
+        if limited.count() == 1 {
+            assert!(
+                r.elapsed >= Duration::from_millis(900) && r.elapsed < Duration::from_millis(2500),
+                "waited {:?}, Retry-After said {date}",
+                r.elapsed
+            );
+            return;
+        }
+    }
+    panic!("the limited endpoint was never picked first in 20 requests");
+}
+
+#[tokio::test]
 async fn retry_after_longer_than_the_maximum_ends_retries_with_the_429() {
     let (limited, other) = pair(retry_after(429, "120", "later")).await;
     let sidecar = Sidecar::start(
