@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::cel_match::CelMatch;
 use crate::matching::RequestMatch;
 use crate::policy::{MethodSet, Protocol, RetryPolicy};
 
@@ -102,6 +103,9 @@ pub struct Rule {
     /// Path and header conditions.
     #[serde(rename = "match")]
     pub request_match: RequestMatch,
+    /// The compiled `match.cel`, run last, only when every other condition holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cel: Option<CelMatch>,
     /// The policy a matching request gets.
     pub policy: RetryPolicy,
 }
@@ -133,7 +137,8 @@ impl Config {
 }
 
 impl Rule {
-    /// True when this rule applies to `upstream`, `method`, `path` and headers.
+    /// True when this rule applies to `upstream`, `method`, `path` and headers,
+    /// by every condition but [`Rule::cel`], which the caller runs next.
     pub fn matches<'a>(
         &self,
         upstream: &str,

@@ -6,6 +6,7 @@
 //! controller accepts is exactly a policy the sidecar accepts.
 #![forbid(unsafe_code)]
 
+pub mod cel_match;
 pub mod config;
 pub mod file;
 pub mod matching;

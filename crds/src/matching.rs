@@ -1,4 +1,5 @@
-//! Request-only matchers for retry rules: method, path and headers.
+//! Request-only matchers for retry rules: method, path, headers, and a CEL
+//! expression (compiled and run by [`crate::cel_match`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +17,10 @@ pub struct RequestMatch {
     /// Every listed header must match.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<HeaderMatch>,
+    /// A CEL expression over the request that must yield true. Resolved
+    /// configurations hold it compiled, as [`crate::Rule::cel`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cel: Option<String>,
 }
 
 /// One header condition: present, or equal to a value.
@@ -31,7 +36,8 @@ pub struct HeaderMatch {
 }
 
 impl RequestMatch {
-    /// True when the request's path and headers satisfy every condition.
+    /// True when the request's path and headers satisfy every condition but
+    /// the CEL expression (which the resolved rule runs).
     /// `header` returns the value of a header by lower-case name.
     pub fn matches<'a>(&self, path: &str, header: impl Fn(&str) -> Option<&'a [u8]>) -> bool {
         if let Some(exact) = &self.path_exact {
@@ -73,6 +79,7 @@ mod tests {
                     value: None,
                 },
             ],
+            cel: None,
         };
         let both = |n: &str| match n {
             "x-tenant" => Some(&b"a"[..]),

@@ -127,6 +127,14 @@ pub struct Match {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "resource", schemars(length(max = 16)))]
     pub headers: Vec<HeaderCondition>,
+    /// A CEL expression over the request only (`request.method`,
+    /// `request.path`, `request.host`, `request.headers` with lower-case
+    /// names) that must be true, e.g.
+    /// `request.headers['x-tenant'] == 'a' && request.path.startsWith('/v1/')`.
+    /// An expression that fails at run time counts as no match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "resource", schemars(length(min = 1, max = 4096)))]
+    pub cel: Option<String>,
 }
 
 /// One header condition.

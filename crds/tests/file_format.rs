@@ -146,6 +146,8 @@ fn every_validation_rule_names_field_and_rule() {
         (rule_with("{ id: r, methods: [] }"), "rules[0].methods: must list at least one method"),
         (rule_with("{ id: r, statuses: [399], acknowledge_duplicate_risk: true }"), "rules[0].statuses[0]: must be a 4xx or 5xx status in 400..=599 (got 399)"),
         (rule_with("{ id: r, attempt_timeout_ms: 0 }"), "rules[0].attempt_timeout_ms: must be at least 1 (got 0)"),
+        (rule_with("{ id: r, match: { cel: \"request.path ==\" } }"), "rules[0].match.cel: line 1, column 16: Syntax error: mismatched input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}"),
+        (rule_with("{ id: r, match: { cel: \"req.path == '/'\" } }"), "rules[0].match.cel: unknown variable `req`: only `request` (method, path, host, headers) is defined"),
     ];
     for (yaml, want) in cases {
         assert_eq!(invalid(&yaml), want, "for:\n{yaml}");
@@ -173,4 +175,19 @@ fn unknown_and_mistyped_fields_are_refused_with_their_location() {
     assert!(msg.contains("unknown field `atempts`"), "{msg}");
     let err = parse(&upstream_with("{ attempts: many }"), "t.yaml").expect_err("type refused");
     assert!(err.to_string().contains("attempts"), "{err}");
+}
+
+#[test]
+fn a_cel_condition_is_compiled_when_the_file_loads() {
+    let cfg = parse(
+        &rule_with("{ id: tenant-a, match: { cel: \"request.headers['x-tenant'] == 'a'\" } }"),
+        "cel.yaml",
+    )
+    .expect("valid");
+    let rule = &cfg.rules[0];
+    assert_eq!(
+        rule.cel.as_ref().map(|c| c.source()),
+        Some("request.headers['x-tenant'] == 'a'")
+    );
+    assert_eq!(rule.request_match.cel, None, "held compiled, once");
 }

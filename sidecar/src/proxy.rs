@@ -35,7 +35,7 @@ use tokio::time::Instant;
 
 use self::body::ProxyBody;
 use self::local::{Local, ERROR_HEADER};
-use self::route::Routes;
+use self::route::{RequestFacts, Routes};
 use self::tunnel::Tunnels;
 use crate::balance::client::{passthrough_client, PassthroughClient};
 use crate::observe::access_log::AccessLog;
@@ -210,14 +210,13 @@ impl Proxy {
         let template = prepare::template(parts, &upstream, upgrade);
 
         // 2. Admit.
-        let admitted = admit::admit(
-            &routes,
-            &upstream,
-            &template.method,
-            template.path_and_query.path(),
-            &template.headers,
-            upgrade,
-        );
+        let facts = RequestFacts {
+            method: template.method.as_str(),
+            path: template.path_and_query.path(),
+            host: template.authority.as_ref().map_or("", |a| a.host()),
+            headers: &template.headers,
+        };
+        let admitted = admit::admit(&routes, &upstream, &facts, upgrade, &self.metrics);
 
         // 3. Prepare the body: buffered only when a retry is possible.
         let retry_policy = admitted

@@ -276,6 +276,12 @@ impl Rule {
         self.0.hedge = Some(HedgeSpec::Delay { delay_ms });
         self
     }
+
+    /// Sets `match.cel`.
+    pub fn cel(mut self, expression: &str) -> Rule {
+        self.0.request_match.cel = Some(expression.to_string());
+        self
+    }
 }
 
 /// The `proxy` block.

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
+use reprise_crds::cel_match::CelRequest;
 use reprise_crds::resource::RetryPolicy;
 use reprise_crds::{Config, FailureBoundary};
 
@@ -186,11 +187,42 @@ fn answer(config: &Config, q: &Question, out: &mut String) {
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_bytes())
     };
-    let Some(rule) = config
-        .rules
+    let lower: Vec<(String, &str)> = q
+        .headers
         .iter()
-        .find(|r| r.matches(&upstream.name, &q.method, path, header))
-    else {
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.as_str()))
+        .collect();
+    let cel_headers: Vec<(&str, &str)> = lower.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let facts = CelRequest {
+        method: &q.method,
+        path,
+        host,
+        headers: &cel_headers,
+    };
+    let Some(rule) = config.rules.iter().find(|r| {
+        if !r.matches(&upstream.name, &q.method, path, header) {
+            return false;
+        }
+        let Some(cel) = &r.cel else {
+            return true;
+        };
+        match cel.evaluate(&facts) {
+            Ok(matched) => {
+                let _ = writeln!(out, "policy {}: CEL {} is {matched}", r.id, cel.source());
+                matched
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    out,
+                    "policy {}: CEL {} failed ({}): no match",
+                    r.id,
+                    cel.source(),
+                    e.0
+                );
+                false
+            }
+        }
+    }) else {
         let _ = writeln!(out, "no policy matches {} {path}: a failure is returned as is (outcome skipped: retries_off)", q.method);
         return;
     };
@@ -266,6 +298,10 @@ mod tests {
     use super::*;
 
     fn config() -> Config {
+        config_with_cel(None)
+    }
+
+    fn config_with_cel(cel: Option<&str>) -> Config {
         let upstream = SnapshotUpstream {
             name: "api.shop".into(),
             hosts: vec!["api".into(), "api.shop".into()],
@@ -281,6 +317,7 @@ mod tests {
             methods: vec![HttpMethod::Get],
             request_match: Some(Match {
                 path_prefix: Some("/v1/".into()),
+                cel: cel.map(str::to_string),
                 ..Default::default()
             }),
             status_presets: vec![StatusPreset::Gateway],
@@ -301,17 +338,46 @@ mod tests {
     }
 
     fn ask(method: &str, url: &str) -> String {
+        ask_with(&config(), method, url, &[])
+    }
+
+    fn ask_with(config: &Config, method: &str, url: &str, headers: &[(&str, &str)]) -> String {
         let q = Question {
             namespace: "shop".into(),
             pod: None,
             labels: BTreeMap::new(),
             method: method.into(),
             url: url.into(),
-            headers: vec![],
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         let mut out = String::new();
-        answer(&config(), &q, &mut out);
+        answer(config, &q, &mut out);
         out
+    }
+
+    #[test]
+    fn explains_the_cel_condition_result() {
+        let config = config_with_cel(Some("request.headers['x-tenant'] == 'a'"));
+        let out = ask_with(&config, "GET", "http://api/v1/items", &[("X-Tenant", "a")]);
+        assert!(
+            out.contains("CEL request.headers['x-tenant'] == 'a' is true"),
+            "{out}"
+        );
+        assert!(
+            out.contains("policy shop/reads (priority 0) matches"),
+            "{out}"
+        );
+        let out = ask_with(&config, "GET", "http://api/v1/items", &[("x-tenant", "b")]);
+        assert!(out.contains("is false"), "{out}");
+        assert!(out.contains("no policy matches GET /v1/items"), "{out}");
+        let out = ask_with(&config, "GET", "http://api/v1/items", &[]);
+        assert!(
+            out.contains("failed (No such key: x-tenant): no match"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -185,3 +185,19 @@ pub(crate) fn methods(errs: &mut ValidationErrors, field: &str, names: &[String]
     }
     set
 }
+
+/// Compiles a rule's `match.cel`; a broken expression is reported at `field`
+/// with its position.
+pub(crate) fn cel(
+    errs: &mut ValidationErrors,
+    field: &str,
+    source: Option<&str>,
+) -> Option<crate::cel_match::CelMatch> {
+    match crate::cel_match::CelMatch::compile(source?) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            errs.push(field, e);
+            None
+        }
+    }
+}

@@ -151,7 +151,15 @@ impl RuleSpec {
                 .map(|u| u.to_ascii_lowercase())
                 .collect(),
             methods,
-            request_match: self.request_match.clone(),
+            request_match: RequestMatch {
+                cel: None,
+                ..self.request_match.clone()
+            },
+            cel: common::cel(
+                errs,
+                &format!("{p}.match.cel"),
+                self.request_match.cel.as_deref(),
+            ),
             policy: RetryPolicy {
                 max_retries: attempts.min(MAX_RETRIES),
                 methods,

@@ -166,8 +166,14 @@ impl RetryRule {
                         value: h.value.clone(),
                     })
                     .collect(),
+                cel: None,
             })
             .unwrap_or_default();
+        let cel = common::cel(
+            errs,
+            &format!("{p}.match.cel"),
+            self.request_match.as_ref().and_then(|m| m.cel.as_deref()),
+        );
         let rule = Rule {
             id: id.to_string(),
             priority: self.priority,
@@ -175,6 +181,7 @@ impl RetryRule {
             upstreams: vec![upstream.to_string()],
             methods,
             request_match,
+            cel,
             policy: RetryPolicy {
                 max_retries: attempts.min(MAX_RETRIES),
                 methods,
@@ -275,6 +282,23 @@ mod tests {
             "spec.retries.budgetMinRetriesPerSecond: must be at most 100000 (got 100001)"
         );
         assert_eq!(resolve_errors(&floor(20)), "");
+    }
+
+    #[test]
+    fn a_broken_cel_condition_is_refused_at_spec_match_cel() {
+        let rule = |cel: &str| RetryRule {
+            request_match: Some(crate::retry_rule::Match {
+                cel: Some(cel.to_string()),
+                ..Default::default()
+            }),
+            ..RetryRule::default()
+        };
+        assert_eq!(
+            resolve_errors(&rule("request.method = 'GET'")),
+            "spec.match.cel: line 1, column 16: Syntax error: token recognition error at: '= '; \
+             line 1, column 18: Syntax error: extraneous input ''GET'' expecting <EOF>"
+        );
+        assert_eq!(resolve_errors(&rule("request.method == 'GET'")), "");
     }
 
     #[test]

@@ -47,6 +47,21 @@ pub(crate) struct ProxyMetrics {
     pub(crate) reloads_refused: AtomicU64,
     /// Requests for a host that names no upstream.
     pub(crate) unknown_upstream: AtomicU64,
+    /// CEL conditions that failed to evaluate (each counted as no match), by rule.
+    cel_errors: Mutex<BTreeMap<String, u64>>,
+}
+
+impl ProxyMetrics {
+    /// Counts a CEL condition of rule `rule` that failed to evaluate.
+    pub(crate) fn record_cel_error(&self, rule: &str) {
+        let mut map = self.cel_errors.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get_mut(rule) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert(rule.to_string(), 1);
+            }
+        }
+    }
 }
 
 /// What one upstream has done so far, read at one moment.
@@ -289,6 +304,14 @@ pub(crate) fn render(proxy: &Proxy) -> String {
         &[],
         load(&m.unknown_upstream),
     );
+    for (rule, n) in m
+        .cel_errors
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        out.sample("reprise_rule_cel_errors_total", &[("rule", rule)], n);
+    }
     let spans = proxy.tracing().counters();
     out.sample(
         "reprise_trace_spans_exported_total",
@@ -395,6 +418,11 @@ const FAMILIES: &[Family] = &[
         "reprise_unknown_upstream_total",
         Kind::Counter,
         "Requests for a host that names no upstream.",
+    ),
+    family(
+        "reprise_rule_cel_errors_total",
+        Kind::Counter,
+        "Rule CEL conditions that failed to evaluate (each counted as no match), by rule id.",
     ),
     family(
         "reprise_trace_spans_exported_total",

@@ -4,10 +4,9 @@
 //! own `retries` block; upgrades and methods the policy does not retry are
 //! skipped up front.
 
-use http::Method;
-
-use super::route::{ChosenPolicy, Routes};
+use super::route::{ChosenPolicy, RequestFacts, Routes};
 use crate::balance::upstream::UpstreamState;
+use crate::observe::metrics::ProxyMetrics;
 use crate::retry::outcome::SkipReason;
 use crate::retry::Plan;
 
@@ -24,12 +23,12 @@ pub(crate) struct Admission<'a> {
 pub(crate) fn admit<'a>(
     routes: &'a Routes,
     upstream: &'a UpstreamState,
-    method: &Method,
-    path: &str,
-    headers: &http::HeaderMap,
+    request: &RequestFacts<'_>,
     upgrade: bool,
+    metrics: &ProxyMetrics,
 ) -> Admission<'a> {
-    let chosen = routes.policy_for(upstream, method.as_str(), path, headers);
+    let method = request.method;
+    let chosen = routes.policy_for(upstream, request, |rule| metrics.record_cel_error(rule));
     let policy = chosen.map(|c| c.policy);
     let skip = if upgrade {
         Some(SkipReason::Upgrade)
@@ -37,7 +36,7 @@ pub(crate) fn admit<'a>(
         match policy {
             None => Some(SkipReason::RetriesOff),
             Some(p) if !p.enabled() => Some(SkipReason::RetriesOff),
-            Some(p) if !p.methods.contains(method.as_str()) => Some(SkipReason::Method),
+            Some(p) if !p.methods.contains(method) => Some(SkipReason::Method),
             Some(_) => None,
         }
     };

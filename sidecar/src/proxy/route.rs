@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use http::header::HOST;
 use http::{HeaderMap, Request};
+use reprise_crds::cel_match::CelRequest;
 use reprise_crds::{Config, RetryPolicy};
 
 use crate::balance::upstream::UpstreamState;
@@ -18,6 +19,19 @@ pub struct Routes {
     pub config: Arc<Config>,
     /// Upstreams by lower-case name and by each alias.
     pub upstreams: HashMap<String, Arc<UpstreamState>>,
+}
+
+/// What rules match on: the request as the route phase sees it.
+#[derive(Debug)]
+pub struct RequestFacts<'a> {
+    /// The method.
+    pub method: &'a str,
+    /// The path, without the query.
+    pub path: &'a str,
+    /// The host the request addressed, without a port.
+    pub host: &'a str,
+    /// Its end-to-end headers.
+    pub headers: &'a HeaderMap,
 }
 
 /// The policy chosen for one request and where it came from.
@@ -72,21 +86,47 @@ impl Routes {
     }
 
     /// The first enabled rule matching the request, else the upstream's own
-    /// retries block when it has attempts, else none.
+    /// retries block when it has attempts, else none. A rule's CEL condition
+    /// runs only once its other conditions hold; one that fails to evaluate
+    /// is no match, and `cel_error` hears of it.
     pub fn policy_for<'a>(
         &'a self,
         upstream: &'a UpstreamState,
-        method: &str,
-        path: &str,
-        headers: &HeaderMap,
+        request: &RequestFacts<'_>,
+        cel_error: impl Fn(&str),
     ) -> Option<ChosenPolicy<'a>> {
-        let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
-        if let Some(rule) = self
-            .config
-            .rules
-            .iter()
-            .find(|r| r.matches(&upstream.config.name, method, path, header))
-        {
+        let header = |name: &str| request.headers.get(name).map(|v| v.as_bytes());
+        let mut cel_headers: Option<Vec<(&str, &str)>> = None;
+        let found = self.config.rules.iter().find(|r| {
+            if !r.matches(&upstream.config.name, request.method, request.path, header) {
+                return false;
+            }
+            let Some(cel) = &r.cel else {
+                return true;
+            };
+            let headers = cel_headers.get_or_insert_with(|| {
+                request
+                    .headers
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
+                    .collect()
+            });
+            let facts = CelRequest {
+                method: request.method,
+                path: request.path,
+                host: request.host,
+                headers,
+            };
+            match cel.evaluate(&facts) {
+                Ok(matched) => matched,
+                Err(e) => {
+                    tracing::debug!(rule = %r.id, error = %e.0, "CEL condition failed; no match");
+                    cel_error(&r.id);
+                    false
+                }
+            }
+        });
+        if let Some(rule) = found {
             return Some(ChosenPolicy {
                 source: PolicySource::Rule(&rule.id),
                 policy: &rule.policy,

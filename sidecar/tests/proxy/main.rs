@@ -11,6 +11,7 @@ mod drain;
 mod gauges;
 mod hedging;
 mod limits;
+mod matching;
 mod methods;
 mod routing;
 mod tracing;
