@@ -9,6 +9,7 @@
 pub mod cel_match;
 pub mod config;
 pub mod file;
+pub mod grpc;
 pub mod matching;
 pub mod policy;
 pub mod protocol;

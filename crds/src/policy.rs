@@ -63,6 +63,9 @@ pub struct RetryPolicy {
     pub failure_boundary: FailureBoundary,
     /// Upstream statuses that trigger a retry.
     pub retry_statuses: StatusSet,
+    /// gRPC statuses that trigger a retry of a gRPC request (in a
+    /// Trailers-Only response, or trailers before any message).
+    pub grpc_statuses: crate::grpc::GrpcStatusSet,
     /// Whether transport errors and per-attempt timeouts are retried at all.
     pub retry_transport: bool,
     /// Backoff base: nominal delay before retry n is `min(base * 2^(n-1), cap)`.

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 #[cfg_attr(
     feature = "resource",
     x_kube(validation = Rule::new(
-        "(has(self.acknowledgeDuplicateRisk) && self.acknowledgeDuplicateRisk) || ((!has(self.failureBoundary) || self.failureBoundary == 'Connect') && (!has(self.statuses) || size(self.statuses) == 0) && (!has(self.statusPresets) || size(self.statusPresets) == 0) && (!has(self.methods) || self.methods.all(m, m in ['GET', 'HEAD', 'OPTIONS'])))"
-    ).message("acknowledgeDuplicateRisk must be true for methods other than GET, HEAD and OPTIONS, for failureBoundary BeforeHeaders and for status retries: a retry may duplicate an upstream operation").field_path(".acknowledgeDuplicateRisk"))
+        "(has(self.acknowledgeDuplicateRisk) && self.acknowledgeDuplicateRisk) || ((!has(self.failureBoundary) || self.failureBoundary == 'Connect') && (!has(self.statuses) || size(self.statuses) == 0) && (!has(self.statusPresets) || size(self.statusPresets) == 0) && (!has(self.grpcStatuses) || size(self.grpcStatuses) == 0) && (!has(self.methods) || self.methods.all(m, m in ['GET', 'HEAD', 'OPTIONS'])))"
+    ).message("acknowledgeDuplicateRisk must be true for methods other than GET, HEAD and OPTIONS, for failureBoundary BeforeHeaders and for status and gRPC status retries: a retry may duplicate an upstream operation").field_path(".acknowledgeDuplicateRisk"))
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RetryRule {
@@ -44,6 +44,12 @@ pub struct RetryRule {
         schemars(length(max = 200), inner(range(min = 400, max = 599)))
     )]
     pub statuses: Vec<i32>,
+    /// gRPC statuses that trigger a retry of a gRPC request: names in lower
+    /// case with dashes (`unavailable`, `resource-exhausted`, `deadline-exceeded`,
+    /// ...) or numbers 1-16. Needs the acknowledgement.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "resource", schemars(schema_with = "int_or_string_list"))]
+    pub grpc_statuses: Vec<crate::grpc::GrpcStatusEntry>,
     /// Status presets: `Gateway` (502, 503, 504), `Transient` (408, 425, 429, 500, 502, 503, 504).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "resource", schemars(length(max = 2)))]
@@ -244,6 +250,7 @@ impl Default for RetryRule {
             request_match: None,
             failure_boundary: Boundary::Connect,
             statuses: Vec::new(),
+            grpc_statuses: Vec::new(),
             status_presets: Vec::new(),
             replay_limit_bytes: 0,
             acknowledge_duplicate_risk: false,
@@ -283,4 +290,15 @@ impl HttpMethod {
             HttpMethod::Any => "*",
         }
     }
+}
+
+/// The schema of `grpcStatuses`: at most 16 items, each an integer or a
+/// string (names and numbers are checked by the shared validation).
+#[cfg(feature = "resource")]
+fn int_or_string_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 16,
+        "items": { "x-kubernetes-int-or-string": true }
+    })
 }

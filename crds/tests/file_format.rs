@@ -38,6 +38,7 @@ fn gateway_example_loads_unchanged_with_documented_defaults() {
     assert_eq!(r.backoff_base, Duration::from_millis(25));
     assert_eq!(r.backoff_cap, Duration::from_millis(250));
     assert_eq!(r.retry_statuses.statuses(), vec![429, 502, 503, 504]);
+    assert_eq!(r.grpc_statuses.codes(), vec![14], "unavailable by default");
     assert!(r.retry_transport);
     assert_eq!(r.failure_boundary, FailureBoundary::BeforeHeaders);
     assert!(
@@ -146,6 +147,9 @@ fn every_validation_rule_names_field_and_rule() {
         (rule_with("{ id: r, methods: [] }"), "rules[0].methods: must list at least one method"),
         (rule_with("{ id: r, statuses: [399], acknowledge_duplicate_risk: true }"), "rules[0].statuses[0]: must be a 4xx or 5xx status in 400..=599 (got 399)"),
         (rule_with("{ id: r, attempt_timeout_ms: 0 }"), "rules[0].attempt_timeout_ms: must be at least 1 (got 0)"),
+        (rule_with("{ id: r, grpc_statuses: [unavailable] }"), "rules[0].acknowledge_duplicate_risk: must be true for gRPC status retries (a retry may duplicate an upstream operation)"),
+        (upstream_with("{ grpc_statuses: [busy] }"), "upstreams[0].retries.grpc_statuses[0]: must be a gRPC status name (cancelled, unknown, invalid-argument, deadline-exceeded, not-found, already-exists, permission-denied, resource-exhausted, failed-precondition, aborted, out-of-range, unimplemented, internal, unavailable, data-loss, unauthenticated) or a number in 1..=16 (got \"busy\")"),
+        (upstream_with("{ grpc_statuses: [17] }"), "upstreams[0].retries.grpc_statuses[0]: must be a gRPC status name (cancelled, unknown, invalid-argument, deadline-exceeded, not-found, already-exists, permission-denied, resource-exhausted, failed-precondition, aborted, out-of-range, unimplemented, internal, unavailable, data-loss, unauthenticated) or a number in 1..=16 (got 17)"),
         (rule_with("{ id: r, match: { cel: \"request.path ==\" } }"), "rules[0].match.cel: line 1, column 16: Syntax error: mismatched input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}"),
         (rule_with("{ id: r, match: { cel: \"req.path == '/'\" } }"), "rules[0].match.cel: unknown variable `req`: only `request` (method, path, host, headers) is defined"),
     ];

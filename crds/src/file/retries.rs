@@ -1,6 +1,7 @@
 //! An upstream's `retries` block, with Reprise's extensions (README:
 //! "`upstreams[].retries`").
 
+use crate::grpc::{GrpcStatusEntry, GrpcStatusSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,10 @@ pub struct RetriesSpec {
     /// Statuses that trigger a retry (default 502, 503, 504); empty disables status retries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_statuses: Option<Vec<StatusEntry>>,
+    /// gRPC statuses that trigger a retry of a gRPC request, names or 1-16
+    /// (default `[unavailable]`); `[]` disables gRPC status retries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_statuses: Option<Vec<GrpcStatusEntry>>,
     /// Retry transport errors and per-attempt read timeouts (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_transport: Option<bool>,
@@ -180,6 +185,10 @@ impl RetriesSpec {
                 .failure_boundary
                 .unwrap_or(FailureBoundary::BeforeHeaders),
             retry_statuses: statuses,
+            grpc_statuses: match &self.grpc_statuses {
+                None => GrpcStatusSet::only(crate::grpc::UNAVAILABLE),
+                Some(list) => GrpcStatusSet::parse(errs, &format!("{p}.grpc_statuses"), list),
+            },
             retry_transport: self.retry_transport.unwrap_or(true),
             backoff_base,
             backoff_cap,

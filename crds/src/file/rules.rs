@@ -1,6 +1,7 @@
 //! Retry rules (`rules:` in the file): match conditions and a policy,
 //! evaluated by priority then id (README: "`rules[]`").
 
+use crate::grpc::{GrpcStatusEntry, GrpcStatusSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -43,6 +44,10 @@ pub struct RuleSpec {
     /// Status retries need the acknowledgement.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub statuses: Vec<StatusEntry>,
+    /// gRPC statuses (names or 1-16) that trigger a retry of a gRPC request;
+    /// default none. gRPC status retries need the acknowledgement.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grpc_statuses: Vec<GrpcStatusEntry>,
     /// Bodies up to this size are buffered and replayed (default 0, at most 4 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_limit_bytes: Option<u64>,
@@ -98,6 +103,8 @@ impl RuleSpec {
             errs.push(format!("{p}.methods"), "must list at least one method");
         }
         let statuses = common::statuses(errs, &format!("{p}.statuses"), &self.statuses);
+        let grpc_statuses =
+            GrpcStatusSet::parse(errs, &format!("{p}.grpc_statuses"), &self.grpc_statuses);
         let boundary = self.failure_boundary.unwrap_or(FailureBoundary::Connect);
         let acknowledged = self.acknowledge_duplicate_risk.unwrap_or(false);
         if !acknowledged {
@@ -110,6 +117,9 @@ impl RuleSpec {
             }
             if !statuses.is_empty() {
                 needs.push("status retries");
+            }
+            if !grpc_statuses.is_empty() {
+                needs.push("gRPC status retries");
             }
             if !needs.is_empty() {
                 errs.push(
@@ -165,6 +175,7 @@ impl RuleSpec {
                 methods,
                 failure_boundary: boundary,
                 retry_statuses: statuses,
+                grpc_statuses,
                 retry_transport: self.retry_transport.unwrap_or(true),
                 backoff_base,
                 backoff_cap,

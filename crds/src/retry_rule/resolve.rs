@@ -59,6 +59,11 @@ impl RetryRule {
             };
             list.iter().for_each(|s| statuses.insert(*s));
         }
+        let grpc_statuses = crate::grpc::GrpcStatusSet::parse(
+            errs,
+            &format!("{p}.grpcStatuses"),
+            &self.grpc_statuses,
+        );
         let boundary = match self.failure_boundary {
             Boundary::Connect => FailureBoundary::Connect,
             Boundary::BeforeHeaders => FailureBoundary::BeforeHeaders,
@@ -73,6 +78,9 @@ impl RetryRule {
             }
             if !statuses.is_empty() {
                 needs.push("status retries");
+            }
+            if !grpc_statuses.is_empty() {
+                needs.push("gRPC status retries");
             }
             if !needs.is_empty() {
                 errs.push(
@@ -187,6 +195,7 @@ impl RetryRule {
                 methods,
                 failure_boundary: boundary,
                 retry_statuses: statuses,
+                grpc_statuses,
                 retry_transport: r.retry_transport,
                 backoff_base,
                 backoff_cap,
