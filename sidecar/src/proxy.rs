@@ -175,7 +175,11 @@ impl Proxy {
             .headers()
             .get(ERROR_HEADER)
             .and_then(|v| v.to_str().ok());
-        span.end(response.status(), local_error);
+        span.end(
+            response.status(),
+            local_error,
+            body::grpc_code(response.headers()),
+        );
         Ok(response)
     }
 
@@ -185,10 +189,12 @@ impl Proxy {
         span: &mut RequestSpan,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
+        // A gRPC client gets its local answers as gRPC statuses.
+        let grpc = prepare::is_grpc(req.headers());
         // 1. Route.
         let routes = self.routes.load_full();
         let Some(host) = route::request_host(&req) else {
-            return Local::MissingHost.into_response();
+            return Local::MissingHost.answer(grpc);
         };
         let Some(upstream) = routes.upstream(host).cloned() else {
             self.metrics
@@ -197,7 +203,7 @@ impl Proxy {
             if routes.config.proxy.forward_unknown_hosts {
                 return forward::forward(&self.passthrough, req, span).await;
             }
-            return Local::UnknownUpstream(host).into_response();
+            return Local::UnknownUpstream(host).answer(grpc);
         };
         upstream.budget.record_request();
         span.routed(&upstream.config.name);
@@ -207,7 +213,7 @@ impl Proxy {
         let upgrade = hop_by_hop::is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
-        let template = prepare::template(parts, &upstream, upgrade);
+        let mut template = prepare::template(parts, &upstream, upgrade);
 
         // 2. Admit.
         let facts = RequestFacts {
@@ -235,8 +241,14 @@ impl Proxy {
         .await
         {
             Ok(b) => b,
-            Err(local) => return local.into_response(),
+            Err(local) => return local.answer(grpc),
         };
+        // With retries possible, the client's gRPC deadline bounds them: past
+        // it the client has given up.
+        if grpc && retry_policy.is_some_and(|p| p.enabled()) {
+            template.grpc_deadline =
+                retry::attempt::parse_grpc_timeout(&template.headers).map(|d| started + d);
+        }
         let method = template.method.clone();
         let path = template.path_and_query.clone();
 
@@ -252,7 +264,8 @@ impl Proxy {
         );
 
         // 5. Respond.
-        let response = respond::respond(fin, &report, client_upgrade, &upstream, &self.tunnels);
+        let response =
+            respond::respond(fin, &report, client_upgrade, &upstream, &self.tunnels, grpc);
         // The filter is checked first: with `reprise::request=off` the entry's
         // strings (endpoint list, rule, trace id) are not built at all.
         if routes.config.proxy.access_log && AccessLog::enabled() {
@@ -264,6 +277,7 @@ impl Proxy {
                 admitted.max_retries(),
                 &report,
                 response.status(),
+                grpc.then(|| body::grpc_code(response.headers())).flatten(),
                 started,
                 span.trace_id(),
             );

@@ -24,7 +24,7 @@ mod gate;
 mod hedge;
 pub(crate) mod outcome;
 pub(crate) mod replay_body;
-mod verdict;
+pub(crate) mod verdict;
 
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use hyper::body::Incoming;
 use reprise_crds::RetryPolicy;
 use tokio::time::Instant;
 
-use self::attempt::RequestTemplate;
+use self::attempt::{RequestTemplate, UpstreamBody};
 pub use self::backoff::full_jitter;
 pub use self::failure::{retry_after, retry_after_at, FailureKind, RETRY_AFTER_MAX_SECS};
 use self::gate::{Decision, Trigger};
@@ -70,7 +70,7 @@ pub(crate) enum Final {
     /// An upstream response to pass on, from endpoint `endpoint`.
     Upstream {
         /// The response.
-        response: Response<Incoming>,
+        response: Response<UpstreamBody>,
         /// Index of the endpoint that sent it.
         endpoint: usize,
     },
@@ -108,6 +108,11 @@ pub(crate) struct RetryState<'a> {
     attempt_limit: Option<Duration>,
     /// Retries and hedges sent so far.
     retries: u32,
+    /// A gRPC request: its `grpc-status` can be a failure.
+    grpc: bool,
+    /// Await each response's first frame: a gRPC request whose policy
+    /// retries gRPC statuses.
+    first_frame: bool,
     report: Report,
 }
 
@@ -123,6 +128,7 @@ pub(crate) async fn run(
     random: &mut dyn Random,
 ) -> (Final, Report) {
     let mut state = RetryState::new(up, plan, Instant::now());
+    state.for_grpc(template.grpc, template.grpc_deadline);
     let Some(mut endpoint) = picker::pick(&up.endpoints, &state.report.tried, false, random) else {
         state.report.outcome = Outcome::Exhausted(ExhaustedBy::NoAlternate);
         return (Final::NoEndpoint, state.report);
@@ -151,7 +157,7 @@ pub(crate) async fn run(
             None => {
                 let (request, span) =
                     template.request(up, endpoint, body.next(), single, trace, false);
-                attempt::send(up, endpoint, request, span, timeout).await
+                attempt::send(up, endpoint, request, span, timeout, state.first_frame).await
             }
         };
         let from = attempted.endpoint;
@@ -210,6 +216,8 @@ impl<'a> RetryState<'a> {
                 .and_then(|p| p.attempt_timeout)
                 .or(up.config.read_timeout),
             retries: 0,
+            grpc: false,
+            first_frame: false,
             report: Report {
                 outcome: Outcome::Ok,
                 attempts: 0,
@@ -218,6 +226,20 @@ impl<'a> RetryState<'a> {
                 backoffs: Vec::new(),
                 hedged: false,
             },
+        }
+    }
+
+    /// A gRPC request: its statuses may be retried, and the client's
+    /// `grpc-timeout` (`deadline`) bounds the retries like a total deadline.
+    fn for_grpc(&mut self, grpc: bool, deadline: Option<Instant>) {
+        self.grpc = grpc;
+        self.first_frame = grpc
+            && self.plan.skip.is_none()
+            && self
+                .enabled_policy()
+                .is_some_and(|p| !p.grpc_statuses.is_empty());
+        if let Some(d) = deadline {
+            self.deadline = Some(self.deadline.map_or(d, |own| own.min(d)));
         }
     }
 

@@ -59,6 +59,9 @@ pub struct Entry<'a> {
     pub hedged: bool,
     /// The status sent to the client.
     pub status: u16,
+    /// The gRPC status name when the response's headers carry one (a
+    /// Trailers-Only response or a local gRPC answer), else empty.
+    pub grpc_status: &'a str,
     /// Time from the request's arrival to its response head, in ms.
     pub duration_ms: f64,
     /// The trace id, or empty when the request is not traced.
@@ -92,6 +95,7 @@ impl AccessLog {
                 first_error = entry.first_error,
                 hedged = entry.hedged,
                 status = entry.status,
+                grpc_status = entry.grpc_status,
                 duration_ms = entry.duration_ms,
                 trace_id = entry.trace_id,
                 "request"
@@ -114,6 +118,7 @@ impl AccessLog {
         max_retries: u32,
         report: &Report,
         status: StatusCode,
+        grpc_status: Option<u8>,
         started: Instant,
         trace_id: Option<String>,
     ) {
@@ -147,6 +152,8 @@ impl AccessLog {
                 .map_or(std::borrow::Cow::Borrowed(""), |k| k.name()),
             hedged: report.hedged,
             status: status.as_u16(),
+            grpc_status: &grpc_status
+                .map_or(std::borrow::Cow::Borrowed(""), reprise_crds::grpc::name_of),
             duration_ms: started.elapsed().as_secs_f64() * 1000.0,
             trace_id: trace_id.as_deref().unwrap_or(""),
         });
@@ -183,6 +190,7 @@ impl Entry<'_> {
             b",\"hedged\":false"
         });
         push_number(&mut line, "status", self.status);
+        push_strings(&mut line, &[("grpc_status", self.grpc_status)]);
         line.extend_from_slice(b",\"duration_ms\":");
         // serde_json writes f64 as tracing-subscriber's formatter does (it uses serde_json).
         let _ = serde_json::to_writer(&mut line, &self.duration_ms);
@@ -295,6 +303,7 @@ mod tests {
             first_error: "upstream_status_503",
             hedged: false,
             status: 200,
+            grpc_status: "",
             duration_ms: 12.5,
             trace_id: "",
         }
@@ -316,6 +325,7 @@ mod tests {
         assert_eq!(v["max_attempts"], 3);
         assert_eq!(v["hedged"], false);
         assert_eq!(v["status"], 200);
+        assert_eq!(v["grpc_status"], "");
         assert_eq!(v["duration_ms"], 12.5);
         assert_eq!(v["first_error"], "upstream_status_503");
         assert_eq!(v["trace_id"], "");

@@ -32,6 +32,7 @@ pub(crate) struct UpstreamMetrics {
     budget_refusals: AtomicU64,
     hedges: AtomicU64,
     response_body_errors: AtomicU64,
+    grpc_statuses: Mutex<BTreeMap<u8, u64>>,
     attempt_latency: Histogram<14>,
 }
 
@@ -83,6 +84,8 @@ pub struct UpstreamStats {
     pub hedges: u64,
     /// Response bodies that failed after their headers went to the client.
     pub response_body_errors: u64,
+    /// gRPC responses passed to clients, by `grpc-status` code.
+    pub grpc_statuses: BTreeMap<u8, u64>,
     /// Each endpoint, in configuration order.
     pub endpoints: Vec<EndpointStats>,
 }
@@ -114,6 +117,7 @@ impl Default for UpstreamMetrics {
             budget_refusals: AtomicU64::new(0),
             hedges: AtomicU64::new(0),
             response_body_errors: AtomicU64::new(0),
+            grpc_statuses: Mutex::default(),
             attempt_latency: Histogram::new(LATENCY_BUCKETS),
         }
     }
@@ -162,6 +166,13 @@ impl UpstreamMetrics {
         self.response_body_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a gRPC response that reached the client with `code` (in its
+    /// headers or its trailers).
+    pub(crate) fn record_grpc_status(&self, code: u8) {
+        let mut map = self.grpc_statuses.lock().unwrap_or_else(|e| e.into_inner());
+        *map.entry(code).or_default() += 1;
+    }
+
     /// Records one attempt's time to response headers (or failure).
     pub(crate) fn record_attempt(&self, elapsed: Duration) {
         self.attempt_latency.observe(elapsed);
@@ -186,6 +197,11 @@ impl UpstreamStats {
             budget_refusals: load(&m.budget_refusals),
             hedges: load(&m.hedges),
             response_body_errors: load(&m.response_body_errors),
+            grpc_statuses: m
+                .grpc_statuses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
             endpoints: up
                 .endpoints
                 .iter()
@@ -254,6 +270,14 @@ pub(crate) fn render(proxy: &Proxy) -> String {
             &upstream,
             stats.response_body_errors,
         );
+        for (code, n) in &stats.grpc_statuses {
+            let status = reprise_crds::grpc::name_of(*code);
+            out.sample(
+                "reprise_grpc_responses_total",
+                &[("upstream", name.as_str()), ("grpc_status", &status)],
+                n,
+            );
+        }
         up.metrics.attempt_latency.render(
             &mut out,
             "reprise_upstream_attempt_duration_seconds",
@@ -373,6 +397,11 @@ const FAMILIES: &[Family] = &[
         "reprise_response_body_errors_total",
         Kind::Counter,
         "Response bodies that failed mid-stream (never retried).",
+    ),
+    family(
+        "reprise_grpc_responses_total",
+        Kind::Counter,
+        "gRPC responses passed to clients, by upstream and grpc-status name.",
     ),
     family(
         "reprise_upstream_attempt_duration_seconds",

@@ -15,6 +15,13 @@ use opentelemetry_semantic_conventions::attribute::{
     HTTP_RESPONSE_STATUS_CODE, NETWORK_PROTOCOL_VERSION, SERVER_ADDRESS, SERVER_PORT, URL_FULL,
     URL_PATH, URL_SCHEME,
 };
+
+/// OpenTelemetry's RPC conventions (spelled here: the semantic-conventions
+/// crate keeps some of them behind its unstable feature).
+const RPC_SYSTEM: &str = "rpc.system";
+const RPC_SERVICE: &str = "rpc.service";
+const RPC_METHOD: &str = "rpc.method";
+const RPC_GRPC_STATUS_CODE: &str = "rpc.grpc.status_code";
 use reprise_crds::Endpoint;
 
 use crate::proxy::route::PolicySource;
@@ -61,6 +68,8 @@ struct Inner {
     name: Cow<'static, str>,
     /// False when the sampler dropped the trace: attributes are not built.
     recording: bool,
+    /// For a gRPC request, `rpc.service` and `rpc.method` from its path.
+    rpc: Option<(String, String)>,
 }
 
 /// The CLIENT span of one attempt. Ends when the attempt's outcome is known;
@@ -93,6 +102,8 @@ impl RequestSpan {
             NETWORK_PROTOCOL_VERSION,
             protocol_version(req.version()),
         ));
+        let rpc = grpc_service_method(req);
+        rpc_attributes(rpc.as_ref(), &mut attributes);
         let span = tracer
             .span_builder(name.clone())
             .with_kind(SpanKind::Server)
@@ -104,6 +115,7 @@ impl RequestSpan {
             tracer: tracer.clone(),
             name,
             recording,
+            rpc,
         }))
     }
 
@@ -195,6 +207,7 @@ impl RequestSpan {
                 URL_FULL,
                 format!("http://{authority}{}", request.uri().path()),
             ));
+            rpc_attributes(inner.rpc.as_ref(), &mut attributes);
             more(&mut attributes);
             builder = builder.with_attributes(attributes);
         }
@@ -265,7 +278,9 @@ impl RequestSpan {
 
     /// Ends the span with the status sent to the application. `local_error` is
     /// the failure kind when the sidecar answered itself (`x-reprise-error`).
-    pub fn end(self, status: StatusCode, local_error: Option<&str>) {
+    /// `grpc_status` is the response's `grpc-status` when its headers carry one
+    /// (a Trailers-Only response or a local gRPC answer).
+    pub fn end(self, status: StatusCode, local_error: Option<&str>, grpc_status: Option<u8>) {
         let Some(inner) = self.0 else {
             return;
         };
@@ -275,6 +290,13 @@ impl RequestSpan {
                 HTTP_RESPONSE_STATUS_CODE,
                 i64::from(status.as_u16()),
             ));
+            if let Some(code) = grpc_status.filter(|_| inner.rpc.is_some()) {
+                span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+                if let Some(kind) = local_error.filter(|_| code != 0) {
+                    span.set_attribute(KeyValue::new(ERROR_TYPE, kind.to_string()));
+                    span.set_status(Status::error(kind.to_string()));
+                }
+            }
             // Semantic conventions: a SERVER span is an error for 5xx only.
             if status.is_server_error() {
                 let kind = local_error.map_or_else(|| status.as_str().to_string(), str::to_string);
@@ -293,10 +315,14 @@ impl RequestSpan {
 }
 
 impl AttemptSpan {
-    /// The endpoint answered with a status the policy does not retry.
-    pub fn responded(mut self, status: u16) {
+    /// The endpoint answered with a status the policy does not retry;
+    /// `grpc_status` when a gRPC response's status is already known.
+    pub fn responded(mut self, status: u16, grpc_status: Option<u8>) {
         if let Some(mut span) = self.0.take() {
             span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
+            if let Some(code) = grpc_status {
+                span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+            }
             // Semantic conventions: a CLIENT span is an error from 400 on.
             if status >= 400 {
                 span.set_attribute(KeyValue::new(ERROR_TYPE, status.to_string()));
@@ -312,6 +338,9 @@ impl AttemptSpan {
             if let Some(status) = status {
                 span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
             }
+            if let FailureKind::GrpcStatus(code) = kind {
+                span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+            }
             let name = kind.name();
             span.set_attribute(KeyValue::new(ERROR_TYPE, name.clone()));
             span.set_status(Status::error(name));
@@ -326,6 +355,29 @@ impl Drop for AttemptSpan {
             span.set_attribute(KeyValue::new(CANCELLED, true));
             span.end();
         }
+    }
+}
+
+/// For a gRPC request (`content-type: application/grpc...`), the service and
+/// method its path `/package.Service/Method` names.
+fn grpc_service_method<B>(req: &Request<B>) -> Option<(String, String)> {
+    let grpc = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if !grpc {
+        return None;
+    }
+    let (service, method) = req.uri().path().strip_prefix('/')?.split_once('/')?;
+    Some((service.to_string(), method.to_string()))
+}
+
+/// The OpenTelemetry RPC attributes of a gRPC call.
+fn rpc_attributes(rpc: Option<&(String, String)>, out: &mut Vec<KeyValue>) {
+    if let Some((service, method)) = rpc {
+        out.push(KeyValue::new(RPC_SYSTEM, "grpc"));
+        out.push(KeyValue::new(RPC_SERVICE, service.clone()));
+        out.push(KeyValue::new(RPC_METHOD, method.clone()));
     }
 }
 

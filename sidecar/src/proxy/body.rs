@@ -1,5 +1,6 @@
 //! Bodies the sidecar sends to its client: an upstream's response body,
-//! watched for mid-stream failure, or a short local answer.
+//! watched for mid-stream failure (and, for gRPC, for the `grpc-status` in
+//! its trailers), or a short local answer.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::balance::upstream::UpstreamState;
+use crate::retry::attempt::UpstreamBody;
 
 /// A response body towards the client.
 #[derive(Debug)]
@@ -18,11 +20,13 @@ pub enum ProxyBody {
     /// already sent); it counts against the endpoint's passive health.
     Upstream {
         /// The endpoint's body.
-        inner: Incoming,
+        inner: UpstreamBody,
         /// Its upstream.
         upstream: Arc<UpstreamState>,
         /// Index of the endpoint.
         endpoint: usize,
+        /// A gRPC response: its trailers' `grpc-status` is counted.
+        grpc: bool,
     },
     /// A body the sidecar wrote itself.
     Local(Option<Bytes>),
@@ -52,9 +56,14 @@ impl Body for ProxyBody {
                 inner,
                 upstream,
                 endpoint,
+                grpc,
             } => {
                 let polled = Pin::new(inner).poll_frame(cx);
-                if let Poll::Ready(Some(Err(e))) = &polled {
+                if let Poll::Ready(Some(Ok(frame))) = &polled {
+                    if let Some(code) = frame.trailers_ref().and_then(grpc_code).filter(|_| *grpc) {
+                        upstream.metrics.record_grpc_status(code);
+                    }
+                } else if let Poll::Ready(Some(Err(e))) = &polled {
                     upstream.metrics.record_response_body_error();
                     let state = &upstream.endpoints[*endpoint];
                     state.record_outcome(true);
@@ -69,16 +78,27 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Local(d) => d.is_none(),
-            ProxyBody::Passthrough(inner) | ProxyBody::Upstream { inner, .. } => {
-                inner.is_end_stream()
-            }
+            ProxyBody::Passthrough(inner) => inner.is_end_stream(),
+            ProxyBody::Upstream { inner, .. } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ProxyBody::Local(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
-            ProxyBody::Passthrough(inner) | ProxyBody::Upstream { inner, .. } => inner.size_hint(),
+            ProxyBody::Passthrough(inner) => inner.size_hint(),
+            ProxyBody::Upstream { inner, .. } => inner.size_hint(),
         }
     }
+}
+
+/// The `grpc-status` in `fields`, if any.
+pub(crate) fn grpc_code(fields: &http::HeaderMap) -> Option<u8> {
+    fields
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }

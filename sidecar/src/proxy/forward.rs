@@ -53,7 +53,7 @@ pub(crate) async fn forward(
     let attempt = span.forwarded(&authority, &mut request);
     match client.request(request).await {
         Ok(response) => {
-            attempt.responded(response.status().as_u16());
+            attempt.responded(response.status().as_u16(), None);
             let (mut parts, body) = response.into_parts();
             hop_by_hop::strip(&mut parts.headers, false);
             Response::from_parts(parts, ProxyBody::Passthrough(body))

@@ -1,11 +1,17 @@
 //! The answers the sidecar gives itself, when no upstream response can be
 //! passed on: one type, so every local answer carries its status, its error
-//! kind in `x-reprise-error` and a one-line explanation the same way.
+//! kind in `x-reprise-error` and a one-line explanation the same way. A gRPC
+//! client gets them the gRPC way: HTTP 200, Trailers-Only, a `grpc-status`
+//! (UNAVAILABLE, or DEADLINE_EXCEEDED for timeouts) and the failure kind in
+//! `grpc-message`; never an HTTP 5xx, which gRPC libraries turn into opaque
+//! errors.
 
 use std::borrow::Cow;
 
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
+
+use reprise_crds::grpc;
 
 use super::body::ProxyBody;
 use crate::retry::FailureKind;
@@ -104,6 +110,44 @@ impl Local<'_> {
                 kind.name()
             ),
         }
+    }
+
+    /// The gRPC status this answer stands for.
+    fn grpc_status(&self) -> u8 {
+        match self.status() {
+            StatusCode::GATEWAY_TIMEOUT => grpc::DEADLINE_EXCEEDED,
+            StatusCode::BAD_REQUEST => grpc::INTERNAL,
+            StatusCode::METHOD_NOT_ALLOWED => grpc::UNIMPLEMENTED,
+            _ => grpc::UNAVAILABLE,
+        }
+    }
+
+    /// The response for a client that speaks gRPC when `grpc`, else HTTP.
+    pub(crate) fn answer(self, grpc: bool) -> Response<ProxyBody> {
+        if grpc {
+            self.into_grpc_response()
+        } else {
+            self.into_response()
+        }
+    }
+
+    /// A Trailers-Only gRPC response: HTTP 200, `grpc-status`, the failure
+    /// kind in `grpc-message` and `x-reprise-error`, no body.
+    pub(crate) fn into_grpc_response(self) -> Response<ProxyBody> {
+        let mut response = Response::new(ProxyBody::Local(None));
+        let kind = self.kind();
+        let h = response.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert(
+            "grpc-status",
+            HeaderValue::from(u16::from(self.grpc_status())),
+        );
+        // Kinds are lower-case words and underscores: nothing to percent-encode.
+        if let Ok(v) = HeaderValue::from_str(&kind) {
+            h.insert("grpc-message", v.clone());
+            h.insert(ERROR_HEADER, v);
+        }
+        response
     }
 
     /// The response: status, `x-reprise-error`, a plain-text explanation.

@@ -3,7 +3,7 @@
 //! `Host` on HTTP/1, `:authority` on HTTP/2), and the body is buffered for
 //! replay when the policy allows and it fits, or left to stream.
 
-use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TE};
 use http::request::Parts;
 use http::uri::{Authority, PathAndQuery};
 use http::Version;
@@ -16,6 +16,13 @@ use crate::balance::upstream::UpstreamState;
 use crate::retry::attempt::RequestTemplate;
 use crate::retry::replay_body::{ReplayBody, ReplayReservation};
 use crate::retry::BodySource;
+
+/// True for a gRPC request (`content-type: application/grpc`, `+proto`, ...).
+pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
 
 /// The request head, ready to be repeated for each attempt.
 pub(crate) fn template(
@@ -35,6 +42,17 @@ pub(crate) fn template(
             }
         }
     }
+    // gRPC servers refuse a stream without `te: trailers`, the one TE value
+    // HTTP/2 allows (RFC 9113 §8.2.2): it is kept towards h2c endpoints.
+    let h2c = upstream.config.protocol == Protocol::H2c;
+    let te_trailers = h2c
+        && parts.headers.get_all(TE).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            })
+        });
+    let grpc = is_grpc(&parts.headers);
     hop_by_hop::strip(&mut parts.headers, upgrade);
     // The host the client addressed travels as HTTP/2's :authority or HTTP/1's
     // Host; an HTTP/2 request must not also carry a different Host (RFC 9113 §8.3.1).
@@ -47,6 +65,11 @@ pub(crate) fn template(
         Protocol::Http1 => Version::HTTP_11,
         Protocol::H2c => {
             parts.headers.remove(HOST);
+            if te_trailers {
+                parts
+                    .headers
+                    .insert(TE, HeaderValue::from_static("trailers"));
+            }
             Version::HTTP_2
         }
     };
@@ -56,6 +79,8 @@ pub(crate) fn template(
         version,
         headers: parts.headers,
         attempts_sent: 0,
+        grpc,
+        grpc_deadline: None,
         authority,
     }
 }

@@ -13,15 +13,17 @@ use super::hop_by_hop;
 use super::local::Local;
 use super::tunnel::{self, Tunnels};
 use crate::balance::upstream::UpstreamState;
-use crate::retry::{Final, Report};
+use crate::retry::{verdict, Final, Report};
 
-/// The response to the client for `fin`.
+/// The response to the client for `fin`; `grpc` for a gRPC request (its
+/// local answers are gRPC statuses, and its response's status is counted).
 pub(crate) fn respond(
     fin: Final,
     report: &Report,
     client_upgrade: Option<OnUpgrade>,
     upstream: &Arc<UpstreamState>,
     tunnels: &Tunnels,
+    grpc: bool,
 ) -> Response<ProxyBody> {
     match fin {
         Final::Upstream {
@@ -35,6 +37,15 @@ pub(crate) fn respond(
                 Response::from_parts(parts, ProxyBody::Local(None))
             }
             _ => {
+                if grpc {
+                    if let Some((code, _)) = verdict::grpc_status(&response) {
+                        if response.body().early_trailers().is_none() {
+                            // Trailers-Only: the status is in the headers. A
+                            // status in trailers is counted as they pass.
+                            upstream.metrics.record_grpc_status(code);
+                        }
+                    }
+                }
                 let (mut parts, inner) = response.into_parts();
                 hop_by_hop::strip(&mut parts.headers, false);
                 Response::from_parts(
@@ -43,6 +54,7 @@ pub(crate) fn respond(
                         inner,
                         upstream: Arc::clone(upstream),
                         endpoint,
+                        grpc,
                     },
                 )
             }
@@ -52,7 +64,7 @@ pub(crate) fn respond(
             kind,
             attempts: report.attempts,
         }
-        .into_response(),
-        Final::NoEndpoint => Local::NoEndpoint(&upstream.config.name).into_response(),
+        .answer(grpc),
+        Final::NoEndpoint => Local::NoEndpoint(&upstream.config.name).answer(grpc),
     }
 }

@@ -1,11 +1,20 @@
 //! One attempt: the request built from the client's (each attempt a fresh
-//! copy carrying its own attempt number and trace context), sent to one
-//! endpoint, awaited up to its timeout.
+//! copy carrying its own attempt number and trace context, and for gRPC
+//! `grpc-previous-rpc-attempts` and the time left in `grpc-timeout`), sent to
+//! one endpoint, awaited up to its timeout. For a gRPC request whose policy
+//! retries gRPC statuses, the response's first frame is awaited too (within
+//! what is left of that timeout): trailers before any message are a status
+//! the gates may retry; a message commits the response.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
@@ -17,6 +26,73 @@ use crate::observe::spans::{AttemptSpan, RequestSpan};
 /// Request header carrying the attempt number (1 for the first) on retryable
 /// requests, like Envoy's `x-envoy-attempt-count`.
 pub const ATTEMPT_HEADER: http::HeaderName = http::HeaderName::from_static("x-reprise-attempt");
+
+/// gRFC A6: how many attempts preceded this one, on every gRPC retry and hedge.
+const PREVIOUS_ATTEMPTS: http::HeaderName =
+    http::HeaderName::from_static("grpc-previous-rpc-attempts");
+
+/// The client's gRPC deadline (`grpc-timeout`), rewritten on each attempt to
+/// the time left.
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+
+/// An upstream response's body, with its first frame when it was awaited
+/// before the response was judged.
+#[derive(Debug)]
+pub(crate) struct UpstreamBody {
+    /// Boxed: only gRPC responses have one, and a response moves through
+    /// several futures on every request.
+    first: Option<Box<Frame<Bytes>>>,
+    rest: Incoming,
+}
+
+impl UpstreamBody {
+    fn new(rest: Incoming) -> Self {
+        Self { first: None, rest }
+    }
+
+    /// The trailers, when they came first (no message before them).
+    pub(crate) fn early_trailers(&self) -> Option<&HeaderMap> {
+        self.first.as_deref().and_then(Frame::trailers_ref)
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.first.take() {
+            return Poll::Ready(Some(Ok(*frame)));
+        }
+        Pin::new(&mut this.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let first = self
+            .first
+            .as_deref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |d| d.len() as u64);
+        if first == 0 {
+            return self.rest.size_hint();
+        }
+        let rest = self.rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(first + rest.lower());
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(first + upper);
+        }
+        hint
+    }
+}
 
 /// The parts of the client's request every attempt repeats.
 #[derive(Debug)]
@@ -34,6 +110,10 @@ pub(crate) struct RequestTemplate {
     /// The host the client addressed: HTTP/2's `:authority` towards the endpoint
     /// (the connector dials the endpoint whatever it says). `None` uses the endpoint's address.
     pub(crate) authority: Option<http::uri::Authority>,
+    /// A gRPC request (`content-type: application/grpc...`).
+    pub(crate) grpc: bool,
+    /// When the client's `grpc-timeout` runs out, if it sent one.
+    pub(crate) grpc_deadline: Option<Instant>,
 }
 
 /// One finished attempt, before it is classified.
@@ -42,7 +122,7 @@ pub(crate) struct Attempted {
     /// The endpoint it went to.
     pub(crate) endpoint: usize,
     /// Response headers, or how it failed and how far it got.
-    pub(crate) result: Result<Response<Incoming>, (FailureKind, Stage)>,
+    pub(crate) result: Result<Response<UpstreamBody>, (FailureKind, Stage)>,
     /// Its CLIENT span, still open.
     pub(crate) span: AttemptSpan,
     /// Time from sending to response headers or failure.
@@ -50,13 +130,16 @@ pub(crate) struct Attempted {
 }
 
 /// Sends `request` to `endpoint` and waits for its response headers, at most
-/// `timeout` (which names the failure it becomes).
+/// `timeout` (which names the failure it becomes); with `first_frame`, also
+/// for the body's first frame in what is left of it (past that the response
+/// is passed on as it is: a long poll is not a failure).
 pub(crate) async fn send(
     up: &UpstreamState,
     endpoint: usize,
     request: Request<AttemptBody>,
     span: AttemptSpan,
     timeout: Option<(Duration, FailureKind)>,
+    first_frame: bool,
 ) -> Attempted {
     let state = &up.endpoints[endpoint];
     let _in_flight = state.start();
@@ -69,12 +152,50 @@ pub(crate) async fn send(
         },
         None => response.await.map_err(|e| classify_client_error(&e)),
     };
+    let result = match result {
+        Ok(response) if first_frame => {
+            let left = timeout.map(|(limit, _)| limit.saturating_sub(started.elapsed()));
+            await_first_frame(response, left).await
+        }
+        Ok(response) => Ok(response.map(UpstreamBody::new)),
+        Err(e) => Err(e),
+    };
     Attempted {
         endpoint,
         result,
         span,
         elapsed: started.elapsed(),
     }
+}
+
+/// The response with its first frame read, unless its headers already end
+/// it or `within` runs out first.
+async fn await_first_frame(
+    response: Response<Incoming>,
+    within: Option<Duration>,
+) -> Result<Response<UpstreamBody>, (FailureKind, Stage)> {
+    let (parts, mut rest) = response.into_parts();
+    if rest.is_end_stream() {
+        return Ok(Response::from_parts(parts, UpstreamBody::new(rest)));
+    }
+    let frame = match within {
+        Some(limit) => tokio::time::timeout(limit, rest.frame()).await.ok(),
+        None => Some(rest.frame().await),
+    };
+    let first = match frame {
+        Some(Some(Ok(frame))) => Some(Box::new(frame)),
+        // The body failed before any of it reached the client: an attempt
+        // failure like a reset before headers, not a mid-stream error.
+        Some(Some(Err(e))) => {
+            return Err(if e.is_incomplete_message() {
+                (FailureKind::ConnectionClosed, Stage::AfterWrite)
+            } else {
+                (FailureKind::StreamReset, Stage::AfterWrite)
+            })
+        }
+        Some(None) | None => None,
+    };
+    Ok(Response::from_parts(parts, UpstreamBody { first, rest }))
 }
 
 impl RequestTemplate {
@@ -116,9 +237,18 @@ impl RequestTemplate {
             let mut headers = self.headers.clone();
             if self.attempts_sent > 1 {
                 headers.insert(ATTEMPT_HEADER, attempt_number(self.attempts_sent));
+                if self.grpc {
+                    headers.insert(PREVIOUS_ATTEMPTS, attempt_number(self.attempts_sent - 1));
+                }
             }
             headers
         };
+        if let Some(deadline) = self.grpc_deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Ok(v) = http::HeaderValue::try_from(grpc_timeout_value(left)) {
+                request.headers_mut().insert(GRPC_TIMEOUT, v);
+            }
+        }
         let span = trace.attempt(
             &up.endpoints[endpoint].endpoint,
             &mut request,
@@ -127,6 +257,37 @@ impl RequestTemplate {
         );
         (request, span)
     }
+}
+
+/// `grpc-timeout` for `left`: milliseconds (8 digits at most, as the spec
+/// allows), else seconds.
+fn grpc_timeout_value(left: Duration) -> String {
+    let ms = left.as_millis();
+    if ms < 100_000_000 {
+        format!("{ms}m")
+    } else {
+        format!("{}S", left.as_secs().min(99_999_999))
+    }
+}
+
+/// A client's `grpc-timeout` (gRPC over HTTP/2: 1-8 digits and a unit of
+/// H, M, S, m, u or n); `None` when absent or malformed.
+pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(GRPC_TIMEOUT)?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// The attempt header's value; the usual numbers without an allocation.
@@ -140,6 +301,28 @@ fn attempt_number(n: u32) -> http::HeaderValue {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_in_every_unit_and_garbage_is_ignored() {
+        let t = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(GRPC_TIMEOUT, v.parse().expect("value"));
+            parse_grpc_timeout(&h)
+        };
+        assert_eq!(t("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(t("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(t("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(t("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(t("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(t("5n"), Some(Duration::from_nanos(5)));
+        for bad in ["", "m", "123456789m", "10x", "-1S", "1.5S"] {
+            assert_eq!(t(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout_value(Duration::from_millis(1500)), "1500m");
+        assert_eq!(grpc_timeout_value(Duration::from_secs(200_000)), "200000S");
+    }
+
     #[test]
     fn attempt_numbers_read_as_decimal_from_zero_to_past_the_table() {
         for n in [0, 1, 2, 9, 10, 11, 4_000_000_000] {

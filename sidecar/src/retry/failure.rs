@@ -33,6 +33,15 @@ pub enum FailureKind {
     RequestBodyError,
     /// The endpoint answered with a status configured as retryable.
     UpstreamStatus(u16),
+    /// The endpoint answered a gRPC request with a `grpc-status` configured as
+    /// retryable, before any response message.
+    GrpcStatus(u8),
+    /// The endpoint reset the HTTP/2 stream before response headers
+    /// (REFUSED_STREAM: it did not process the request, RFC 9113 §8.7).
+    StreamRefused,
+    /// The endpoint reset the HTTP/2 stream before response headers, for
+    /// another reason (it may have processed the request).
+    StreamReset,
     /// Any other failure.
     Other,
 }
@@ -57,8 +66,20 @@ pub struct Failure<B> {
     pub stage: Stage,
     /// The response, for a status failure (discarded if retried).
     pub response: Option<http::Response<B>>,
-    /// A seconds-form `Retry-After` from that response.
-    pub retry_after: Option<Duration>,
+    /// What the response asked about a retry's timing.
+    pub wait: Wait,
+}
+
+/// What a failed response asked about a retry: `Retry-After` (seconds or an
+/// HTTP-date) or gRPC's `grpc-retry-pushback-ms` (gRFC A6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Nothing: the backoff applies.
+    Backoff,
+    /// Wait this long before the retry.
+    For(Duration),
+    /// Do not retry (a negative or malformed pushback).
+    Refused,
 }
 
 impl FailureKind {
@@ -75,7 +96,15 @@ impl FailureKind {
             FailureKind::DeadlineExceeded => "deadline_exceeded",
             FailureKind::RequestBodyError => "request_body_error",
             FailureKind::Other => "other",
+            FailureKind::StreamRefused => "stream_refused",
+            FailureKind::StreamReset => "stream_reset",
             FailureKind::UpstreamStatus(s) => return Cow::Owned(format!("upstream_status_{s}")),
+            FailureKind::GrpcStatus(c) => {
+                return Cow::Owned(format!(
+                    "grpc_status_{}",
+                    reprise_crds::grpc::name_of(*c).replace('-', "_")
+                ))
+            }
         })
     }
 
@@ -84,6 +113,7 @@ impl FailureKind {
         !matches!(
             self,
             FailureKind::UpstreamStatus(_)
+                | FailureKind::GrpcStatus(_)
                 | FailureKind::RequestBodyError
                 | FailureKind::DeadlineExceeded
         )
@@ -143,9 +173,39 @@ pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (Failur
                 Stage::AfterWrite,
             );
         }
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            if h2.is_reset() || h2.is_go_away() {
+                // REFUSED_STREAM promises the request was not processed, so
+                // it is safe to retry even at the connect boundary.
+                return if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                    (FailureKind::StreamRefused, Stage::Connect)
+                } else {
+                    (FailureKind::StreamReset, Stage::AfterWrite)
+                };
+            }
+        }
         source = e.source();
     }
     (FailureKind::Other, Stage::AfterWrite)
+}
+
+/// `grpc-retry-pushback-ms` (gRFC A6): a non-negative number of
+/// milliseconds is the delay before the retry; a negative or malformed value
+/// asks for no retry; absent, the backoff applies.
+pub fn grpc_pushback(headers: &HeaderMap) -> Wait {
+    let Some(value) = headers.get("grpc-retry-pushback-ms") else {
+        return Wait::Backoff;
+    };
+    match value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 10 && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        Some(ms) => Wait::For(Duration::from_millis(ms)),
+        None => Wait::Refused,
+    }
 }
 
 fn find_io<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a io::Error> {
@@ -248,6 +308,23 @@ mod tests {
     }
 
     #[test]
+    fn grpc_pushback_is_a_delay_or_a_refusal() {
+        let h = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-retry-pushback-ms", v.parse().expect("value"));
+            h
+        };
+        assert_eq!(
+            grpc_pushback(&h("250")),
+            Wait::For(Duration::from_millis(250))
+        );
+        assert_eq!(grpc_pushback(&h("0")), Wait::For(Duration::ZERO));
+        assert_eq!(grpc_pushback(&h("-1")), Wait::Refused);
+        assert_eq!(grpc_pushback(&h("soon")), Wait::Refused);
+        assert_eq!(grpc_pushback(&HeaderMap::new()), Wait::Backoff);
+    }
+
+    #[test]
     fn names_are_stable() {
         assert_eq!(
             FailureKind::UpstreamStatus(503).name(),
@@ -256,6 +333,17 @@ mod tests {
         assert_eq!(FailureKind::ConnectRefused.name(), "connect_refused");
         assert_eq!(FailureKind::ReadTimeout.name(), "read_timeout");
         assert!(!FailureKind::UpstreamStatus(503).is_transport());
+        assert_eq!(
+            FailureKind::GrpcStatus(14).name(),
+            "grpc_status_unavailable"
+        );
+        assert_eq!(
+            FailureKind::GrpcStatus(8).name(),
+            "grpc_status_resource_exhausted"
+        );
+        assert!(!FailureKind::GrpcStatus(14).is_transport());
+        assert_eq!(FailureKind::StreamRefused.name(), "stream_refused");
+        assert_eq!(FailureKind::StreamReset.name(), "stream_reset");
         assert!(FailureKind::ConnectionReset.is_transport());
     }
 }

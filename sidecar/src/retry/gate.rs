@@ -13,12 +13,12 @@
 
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use reprise_crds::FailureBoundary;
 use tokio::time::Instant;
 
+use super::attempt::UpstreamBody;
 use super::backoff::full_jitter;
-use super::failure::{Failure, FailureKind, Stage};
+use super::failure::{Failure, FailureKind, Stage, Wait};
 use super::outcome::{ExhaustedBy, Outcome, SkipReason};
 use super::{BodySource, RetryState};
 use crate::balance::picker;
@@ -28,7 +28,7 @@ use crate::random::Random;
 #[derive(Debug)]
 pub(crate) enum Trigger<'f> {
     /// An attempt failed.
-    Failed(&'f Failure<Incoming>),
+    Failed(&'f Failure<UpstreamBody>),
     /// An attempt has waited the hedge delay without response headers.
     Slow,
 }
@@ -99,13 +99,14 @@ pub(crate) fn decide(
     if !up.budget.has_room() {
         return Stop(Outcome::Exhausted(ExhaustedBy::Budget));
     }
-    let delay = match failure.map(|f| f.retry_after) {
+    let delay = match failure.map(|f| f.wait) {
         None => Duration::ZERO,
-        Some(Some(wait)) if wait > p.retry_after_max => {
+        Some(Wait::Refused) => return Stop(Outcome::Skipped(SkipReason::Pushback)),
+        Some(Wait::For(wait)) if wait > p.retry_after_max => {
             return Stop(Outcome::Exhausted(ExhaustedBy::RetryAfterTooLong))
         }
-        Some(Some(wait)) => wait,
-        Some(None) => full_jitter(p.nominal_backoff(state.retries + 1), random),
+        Some(Wait::For(wait)) => wait,
+        Some(Wait::Backoff) => full_jitter(p.nominal_backoff(state.retries + 1), random),
     };
     if let Some(deadline) = state.deadline {
         // An attempt that would start at or after the deadline is not made, and not charged.
@@ -130,12 +131,12 @@ mod tests {
     use crate::retry::testing::upstream;
     use crate::retry::{Plan, RetryState};
 
-    fn failure(kind: FailureKind, stage: Stage, retry_after: Option<u64>) -> Failure<Incoming> {
+    fn failure(kind: FailureKind, stage: Stage, retry_after: Option<u64>) -> Failure<UpstreamBody> {
         Failure {
             kind,
             stage,
             response: None,
-            retry_after: retry_after.map(Duration::from_millis),
+            wait: retry_after.map_or(Wait::Backoff, |ms| Wait::For(Duration::from_millis(ms))),
         }
     }
 

@@ -31,7 +31,14 @@ pub(crate) async fn race(
     };
     let up = state.up;
     let (request, span) = template.request(up, endpoint, replay.for_attempt(), false, trace, false);
-    let first = attempt::send(up, endpoint, request, span, state.attempt_timeout());
+    let first = attempt::send(
+        up,
+        endpoint,
+        request,
+        span,
+        state.attempt_timeout(),
+        state.first_frame,
+    );
     tokio::pin!(first);
     tokio::select! {
         done = &mut first => return done,
@@ -53,13 +60,20 @@ pub(crate) async fn race(
         trace,
         true,
     );
-    let second = attempt::send(up, second_endpoint, request, span, state.attempt_timeout());
+    let second = attempt::send(
+        up,
+        second_endpoint,
+        request,
+        span,
+        state.attempt_timeout(),
+        state.first_frame,
+    );
     tokio::pin!(second);
     let (done, first_won) = tokio::select! {
         a = &mut first => (a, true),
         b = &mut second => (b, false),
     };
-    if verdict::is_final(&done, state.plan.policy) {
+    if verdict::is_final(&done, state.plan.policy, state.grpc) {
         return done;
     }
     // The first to answer failed: it counts, and the other decides.

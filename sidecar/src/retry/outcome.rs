@@ -49,6 +49,9 @@ pub enum SkipReason {
     TransportOff,
     /// The failure is never retried (e.g. the client's own body failed).
     NotRetryable,
+    /// The gRPC server asked for no retry (a negative or malformed
+    /// `grpc-retry-pushback-ms`).
+    Pushback,
 }
 
 impl Outcome {
@@ -82,6 +85,7 @@ impl Outcome {
                 SkipReason::FailureBoundary => "failure_boundary",
                 SkipReason::TransportOff => "transport_off",
                 SkipReason::NotRetryable => "not_retryable",
+                SkipReason::Pushback => "pushback",
             },
         }
     }

@@ -1,17 +1,19 @@
 //! What one attempt's result means, and the one place it is observed.
 //!
-//! [`classify`] is pure: a response whose status the policy retries, or a
-//! transport error, is a failure; any other response is final. [`observe`]
+//! [`classify`] is pure: a response whose status the policy retries, a gRPC
+//! response whose `grpc-status` (in a Trailers-Only response, or in trailers
+//! before any message) the policy retries, or a transport error, is a
+//! failure; any other response is final. [`observe`]
 //! then applies every side effect of the attempt in one step: passive health
 //! (transport failures only: a status proves the transport works), the
 //! endpoint's failure estimate (retryable statuses and transport failures
 //! both weigh it), the attempt's span, the latency histogram and the report.
 
-use hyper::body::Incoming;
+use http::HeaderMap;
 use reprise_crds::RetryPolicy;
 
-use super::attempt::Attempted;
-use super::failure::{self, Failure, Stage};
+use super::attempt::{Attempted, UpstreamBody};
+use super::failure::{self, Failure, FailureKind, Stage, Wait};
 use super::{Report, RetryState};
 use crate::balance::upstream::UpstreamState;
 use crate::observe::spans::AttemptSpan;
@@ -20,44 +22,82 @@ use crate::observe::spans::AttemptSpan;
 #[derive(Debug)]
 pub(crate) enum Verdict {
     /// A response to pass on.
-    Final(http::Response<Incoming>),
+    Final(http::Response<UpstreamBody>),
     /// A failure for the gates to judge.
-    Failed(Failure<Incoming>),
+    Failed(Failure<UpstreamBody>),
 }
 
-/// Classifies `result` under `policy`, touching nothing.
-pub(crate) fn classify(
-    result: Result<http::Response<Incoming>, (failure::FailureKind, Stage)>,
+/// The `grpc-status` a gRPC response has already given (in its headers, a
+/// Trailers-Only response, or in trailers that came before any message),
+/// with the fields it came in.
+pub(crate) fn grpc_status(response: &http::Response<UpstreamBody>) -> Option<(u8, &HeaderMap)> {
+    let code = |h: &HeaderMap| {
+        h.get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u8>().ok())
+    };
+    if let Some(c) = code(response.headers()) {
+        return Some((c, response.headers()));
+    }
+    let trailers = response.body().early_trailers()?;
+    code(trailers).map(|c| (c, trailers))
+}
+
+/// Why `response` is a failure under `policy`, if it is.
+fn retryable(
+    response: &http::Response<UpstreamBody>,
     policy: Option<&RetryPolicy>,
+    grpc: bool,
+) -> Option<(FailureKind, Wait)> {
+    let p = policy?;
+    let status = response.status().as_u16();
+    if p.retry_statuses.contains(status) {
+        let wait = failure::retry_after(response.headers()).map_or(Wait::Backoff, Wait::For);
+        return Some((FailureKind::UpstreamStatus(status), wait));
+    }
+    if grpc && !p.grpc_statuses.is_empty() {
+        let (code, fields) = grpc_status(response)?;
+        if p.grpc_statuses.contains(code) {
+            return Some((
+                FailureKind::GrpcStatus(code),
+                failure::grpc_pushback(fields),
+            ));
+        }
+    }
+    None
+}
+
+/// Classifies `result` under `policy` (for a gRPC request when `grpc`),
+/// touching nothing.
+pub(crate) fn classify(
+    result: Result<http::Response<UpstreamBody>, (FailureKind, Stage)>,
+    policy: Option<&RetryPolicy>,
+    grpc: bool,
 ) -> Verdict {
     match result {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            if policy.is_some_and(|p| p.retry_statuses.contains(status)) {
-                Verdict::Failed(Failure {
-                    kind: failure::FailureKind::UpstreamStatus(status),
-                    stage: Stage::Response,
-                    retry_after: failure::retry_after(response.headers()),
-                    response: Some(response),
-                })
-            } else {
-                Verdict::Final(response)
-            }
-        }
+        Ok(response) => match retryable(&response, policy, grpc) {
+            Some((kind, wait)) => Verdict::Failed(Failure {
+                kind,
+                stage: Stage::Response,
+                wait,
+                response: Some(response),
+            }),
+            None => Verdict::Final(response),
+        },
         Err((kind, stage)) => Verdict::Failed(Failure {
             kind,
             stage,
             response: None,
-            retry_after: None,
+            wait: Wait::Backoff,
         }),
     }
 }
 
 /// True when `attempted` would be final under `policy` (the hedge race asks
 /// before deciding which attempt to keep).
-pub(crate) fn is_final(attempted: &Attempted, policy: Option<&RetryPolicy>) -> bool {
+pub(crate) fn is_final(attempted: &Attempted, policy: Option<&RetryPolicy>, grpc: bool) -> bool {
     match &attempted.result {
-        Ok(r) => !policy.is_some_and(|p| p.retry_statuses.contains(r.status().as_u16())),
+        Ok(r) => retryable(r, policy, grpc).is_none(),
         Err(_) => false,
     }
 }
@@ -75,7 +115,10 @@ pub(crate) fn observe(
         Verdict::Final(response) => {
             state.record_success();
             state.record_outcome(false);
-            span.responded(response.status().as_u16());
+            span.responded(
+                response.status().as_u16(),
+                grpc_status(response).map(|(c, _)| c),
+            );
         }
         Verdict::Failed(f) => {
             match &f.response {
@@ -103,7 +146,7 @@ pub(crate) fn observe(
 pub(crate) fn settle(state: &mut RetryState<'_>, attempted: Attempted) -> Verdict {
     let up = state.up;
     up.metrics.record_attempt(attempted.elapsed);
-    let verdict = classify(attempted.result, state.plan.policy);
+    let verdict = classify(attempted.result, state.plan.policy, state.grpc);
     observe(
         up,
         attempted.endpoint,
