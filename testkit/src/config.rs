@@ -214,6 +214,17 @@ impl Retries {
         self
     }
 
+    /// Sets `grpc_statuses` (names such as `unavailable`).
+    pub fn grpc_statuses<'a>(mut self, names: impl IntoIterator<Item = &'a str>) -> Retries {
+        self.0.grpc_statuses = Some(
+            names
+                .into_iter()
+                .map(|n| reprise_crds::grpc::GrpcStatusEntry::Name(n.to_string()))
+                .collect(),
+        );
+        self
+    }
+
     /// Sets `retry_statuses`.
     pub fn retry_statuses<S: IntoStatus>(
         mut self,

@@ -7,6 +7,7 @@
 //! - [`config`]: typed builders over the configuration file's types, rendered
 //!   as YAML.
 //! - [`prometheus`]: a parser for the Prometheus text format.
+//! - [`grpc`]: a tonic gRPC server with fault modes, and a client.
 //! - [`client`]: one-shot HTTP clients (hyper, and raw bytes on a socket).
 //! - [`http1`]: HTTP/1.1 message framing (heads, Content-Length, chunked),
 //!   which the upstream and the raw client share.
@@ -32,6 +33,7 @@ macro_rules! field_setters {
 
 pub mod client;
 pub mod config;
+pub mod grpc;
 pub mod http1;
 pub mod prometheus;
 pub mod sidecar;

@@ -9,6 +9,7 @@ mod classification;
 mod cli;
 mod drain;
 mod gauges;
+mod grpc;
 mod hedging;
 mod limits;
 mod matching;
