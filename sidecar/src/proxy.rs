@@ -38,6 +38,7 @@ use self::local::{Local, ERROR_HEADER};
 use self::route::{RequestFacts, Routes};
 use self::tunnel::Tunnels;
 use crate::balance::client::{passthrough_client, PassthroughClient};
+use crate::balance::upstream::UpstreamState;
 use crate::observe::access_log::AccessLog;
 use crate::observe::metrics::{ProxyMetrics, UpstreamStats};
 use crate::observe::spans::RequestSpan;
@@ -168,9 +169,19 @@ impl Proxy {
         self: Arc<Self>,
         req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, Infallible> {
+        self.handle_routed(req, None).await
+    }
+
+    /// Handles one request that came through a CONNECT tunnel to `tunnel`:
+    /// routed by its own host, else to the tunnel's upstream.
+    pub(crate) async fn handle_routed(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        tunnel: Option<Arc<UpstreamState>>,
+    ) -> Result<Response<ProxyBody>, Infallible> {
         let _in_flight = self.metrics.in_flight.enter();
         let mut span = RequestSpan::start(&self.tracing, &req);
-        let response = self.serve(req, &mut span).await;
+        let response = self.serve(req, &mut span, tunnel).await;
         let local_error = response
             .headers()
             .get(ERROR_HEADER)
@@ -184,19 +195,21 @@ impl Proxy {
     }
 
     async fn serve(
-        &self,
+        self: &Arc<Self>,
         mut req: Request<Incoming>,
         span: &mut RequestSpan,
+        tunnel: Option<Arc<UpstreamState>>,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         // A gRPC client gets its local answers as gRPC statuses.
         let grpc = prepare::is_grpc(req.headers());
         // 1. Route.
         let routes = self.routes.load_full();
-        let Some(host) = route::request_host(&req) else {
-            return Local::MissingHost.answer(grpc);
-        };
-        let Some(upstream) = routes.upstream(host).cloned() else {
+        let host = route::request_host(&req);
+        let Some(upstream) = host.and_then(|h| routes.upstream(h)).cloned().or(tunnel) else {
+            let Some(host) = host else {
+                return Local::MissingHost.answer(grpc);
+            };
             self.metrics
                 .unknown_upstream
                 .fetch_add(1, Ordering::Relaxed);
@@ -205,11 +218,11 @@ impl Proxy {
             }
             return Local::UnknownUpstream(host).answer(grpc);
         };
-        upstream.budget.record_request();
         span.routed(&upstream.config.name);
         if req.method() == Method::CONNECT {
-            return tunnel::connect(req, &upstream, &self.tunnels).await;
+            return tunnel::connect(req, upstream, Arc::clone(self));
         }
+        upstream.budget.record_request();
         let upgrade = hop_by_hop::is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();

@@ -40,10 +40,6 @@ pub(crate) enum Local<'a> {
     },
     /// The upstream has no endpoints.
     NoEndpoint(&'a str),
-    /// A CONNECT tunnel's connection to the endpoint failed.
-    TunnelConnect(std::io::Error),
-    /// A CONNECT tunnel's connection to the endpoint timed out.
-    TunnelTimeout,
     /// Forwarding to a host outside every upstream failed.
     Forward {
         authority: &'a str,
@@ -56,11 +52,10 @@ impl Local<'_> {
     pub(crate) fn status(&self) -> StatusCode {
         match self {
             Local::MissingHost | Local::BadUri | Local::RequestBody => StatusCode::BAD_REQUEST,
-            Local::UnknownUpstream(_) | Local::TunnelConnect(_) => StatusCode::BAD_GATEWAY,
+            Local::UnknownUpstream(_) => StatusCode::BAD_GATEWAY,
             Local::ConnectOutside => StatusCode::METHOD_NOT_ALLOWED,
             Local::Failed { kind, .. } | Local::Forward { kind, .. } => kind.status(),
             Local::NoEndpoint(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Local::TunnelTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -74,8 +69,6 @@ impl Local<'_> {
             Local::ConnectOutside => "connect_unsupported",
             Local::Failed { kind, .. } | Local::Forward { kind, .. } => return kind.name(),
             Local::NoEndpoint(_) => "no_endpoint",
-            Local::TunnelConnect(_) => "connect_error",
-            Local::TunnelTimeout => "connect_timeout",
         })
     }
 
@@ -103,8 +96,6 @@ impl Local<'_> {
             Local::NoEndpoint(upstream) => {
                 format!("reprise: upstream \"{upstream}\" has no endpoints\n")
             }
-            Local::TunnelConnect(e) => format!("reprise: tunnel connect failed: {e}\n"),
-            Local::TunnelTimeout => "reprise: tunnel connect timed out\n".into(),
             Local::Forward { authority, kind } => format!(
                 "reprise: forwarding to {authority} failed: {}\n",
                 kind.name()

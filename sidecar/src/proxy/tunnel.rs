@@ -1,23 +1,33 @@
-//! Connections the proxy hands over to raw bytes: CONNECT tunnels (never
-//! retried: their bytes are opaque) and protocol upgrades such as WebSocket
-//! (forwarded once). Each open tunnel holds a [`Tunnels`] guard, so the
+//! Connections the proxy hands over to raw bytes: CONNECT tunnels and
+//! protocol upgrades such as WebSocket (forwarded once). A tunnel to a known
+//! upstream that carries HTTP is unwrapped and its requests retried like any
+//! other; one that carries TLS (or anything else) stays opaque and is never
+//! retried. Each open tunnel holds a [`Tunnels`] guard, so the
 //! drain counts it as in flight and waits for it, up to the drain timeout.
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
 use super::body::ProxyBody;
 use super::local::Local;
+use super::Proxy;
 use crate::balance::picker::{self, Tried};
 use crate::balance::upstream::UpstreamState;
 use crate::random::ThreadRandom;
 use crate::retry::outcome::{Outcome, SkipReason};
+use crate::server::HEADER_READ_TIMEOUT;
 
 /// Tunnels open now.
 #[derive(Debug, Default)]
@@ -60,51 +70,153 @@ impl Drop for TunnelGuard {
     }
 }
 
-/// CONNECT: a TCP tunnel to one endpoint of `upstream`.
-pub(crate) async fn connect(
+/// How long a CONNECT tunnel's first bytes are awaited to tell what it
+/// carries; a client that does not speak first (a server-first protocol)
+/// gets an opaque tunnel after it.
+const SNIFF_WAIT: Duration = Duration::from_millis(500);
+
+/// The first byte of a TLS record carrying a handshake (RFC 8446 §5.1).
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// CONNECT to a host `upstream` answers to: `200`, then the tunnel's bytes
+/// decide. HTTP/1.x or the h2c preface is served here as a new client
+/// connection, its requests routed to `upstream` with its retries (what a
+/// gRPC or HTTP client that honours `http_proxy` sends); a TLS handshake, or
+/// silence, is an opaque TCP tunnel to one endpoint, never retried.
+pub(crate) fn connect(
     req: Request<Incoming>,
-    upstream: &UpstreamState,
-    tunnels: &Tunnels,
+    upstream: Arc<UpstreamState>,
+    proxy: Arc<Proxy>,
 ) -> Response<ProxyBody> {
+    if upstream.endpoints.is_empty() {
+        return Local::NoEndpoint(&upstream.config.name).into_response();
+    }
+    let guard = proxy.tunnels().open();
+    tokio::spawn(async move {
+        let _open = guard;
+        let Ok(upgraded) = hyper::upgrade::on(req).await else {
+            return;
+        };
+        let mut io = TokioIo::new(upgraded);
+        let mut first = vec![0u8; 4096];
+        let n = match tokio::time::timeout(SNIFF_WAIT, io.read(&mut first)).await {
+            Ok(Ok(0) | Err(_)) => return,
+            Ok(Ok(n)) => n,
+            Err(_) => 0,
+        };
+        first.truncate(n);
+        let opaque = first.first().is_none_or(|b| *b == TLS_HANDSHAKE);
+        let io = Prefixed::new(Bytes::from(first), io);
+        if opaque {
+            relay(io, &upstream).await;
+        } else {
+            serve_inside(io, proxy, upstream).await;
+        }
+    });
+    Response::new(ProxyBody::Local(None))
+}
+
+/// Serves the tunnel's bytes as a client connection whose requests go to
+/// `upstream` (unless their own host names another).
+async fn serve_inside<T>(io: T, proxy: Arc<Proxy>, upstream: Arc<UpstreamState>)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        Arc::clone(&proxy).handle_routed(req, Some(Arc::clone(&upstream)))
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    if let Err(e) = builder
+        .serve_connection_with_upgrades(TokioIo::new(io), service)
+        .await
+    {
+        tracing::debug!(error = %e, "connection inside a CONNECT tunnel ended with an error");
+    }
+}
+
+/// An opaque tunnel: the bytes relayed to one endpoint of `upstream`.
+async fn relay<T>(mut io: T, upstream: &UpstreamState)
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
     let Some(i) = picker::pick(
         &upstream.endpoints,
         &Tried::default(),
         false,
         &mut ThreadRandom,
     ) else {
-        return Local::NoEndpoint(&upstream.config.name).into_response();
+        return;
     };
-    let addr = upstream.endpoints[i].endpoint.addr;
+    let endpoint = &upstream.endpoints[i];
     let connect = tokio::time::timeout(
         upstream.config.connect_timeout,
-        tokio::net::TcpStream::connect(addr),
+        tokio::net::TcpStream::connect(endpoint.endpoint.addr),
     )
     .await;
-    let failed = |local: Local<'_>| {
-        upstream
-            .metrics
-            .record_outcome(Outcome::Skipped(SkipReason::Tunnel));
-        local.into_response()
-    };
-    let stream = match connect {
+    let mut stream = match connect {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            upstream.endpoints[i].record_failure(&upstream.config.passive_health);
-            return failed(Local::TunnelConnect(e));
+        failed => {
+            if matches!(failed, Ok(Err(_))) {
+                endpoint.record_failure(&upstream.config.passive_health);
+            }
+            upstream
+                .metrics
+                .record_outcome(Outcome::Skipped(SkipReason::Tunnel));
+            return;
         }
-        Err(_) => return failed(Local::TunnelTimeout),
     };
     upstream.metrics.record_outcome(Outcome::Ok);
-    let guard = tunnels.open();
-    tokio::spawn(async move {
-        let _open = guard;
-        if let Ok(upgraded) = hyper::upgrade::on(req).await {
-            let mut client = TokioIo::new(upgraded);
-            let mut stream = stream;
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut stream).await;
+    let _ = tokio::io::copy_bidirectional(&mut io, &mut stream).await;
+}
+
+/// An I/O stream with bytes already read from it put back in front.
+struct Prefixed<T> {
+    prefix: Bytes,
+    inner: T,
+}
+
+impl<T> Prefixed<T> {
+    fn new(prefix: Bytes, inner: T) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
         }
-    });
-    Response::new(ProxyBody::Local(None))
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// Joins the client's upgraded connection to the endpoint's, once both sides

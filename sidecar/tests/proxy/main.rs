@@ -16,3 +16,4 @@ mod matching;
 mod methods;
 mod routing;
 mod tracing;
+mod tunnel;

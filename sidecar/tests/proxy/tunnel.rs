@@ -1,0 +1,86 @@
+//! CONNECT: a tunnel to a host an upstream answers to carries HTTP (what a
+//! client that honours `http_proxy` opens): its requests are served by the
+//! sidecar and retried like any other. A tunnel whose first byte is a TLS
+//! record stays an opaque TCP tunnel to one endpoint, byte for byte.
+
+use std::time::Duration;
+
+use reprise_testkit::http1::Wire;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::{api, Action, Retries, Sidecar, Upstream, UpstreamConfig};
+
+/// Opens `CONNECT api:80` on `sidecar` and reads the `200`.
+async fn tunnel(sidecar: &Sidecar) -> Wire<TcpStream> {
+    let mut stream = TcpStream::connect(sidecar.addr).await.expect("connect");
+    stream
+        .write_all(b"CONNECT api:80 HTTP/1.1\r\nHost: api:80\r\n\r\n")
+        .await
+        .expect("CONNECT");
+    let mut wire = Wire::new(stream);
+    let opened = wire.read_response_head().await.expect("the CONNECT answer");
+    assert_eq!(opened.status, 200, "{opened:?}");
+    wire
+}
+
+#[tokio::test]
+async fn http_inside_a_tunnel_to_an_upstream_is_retried() {
+    // One endpoint: 503 the first time, 200 after; a retry may go back to it.
+    let up = Upstream::start(|r| {
+        if r.seq == 0 {
+            Action::Reply(503)
+        } else {
+            Action::Reply(200)
+        }
+    })
+    .await;
+    let retries = Retries::new()
+        .attempts(1)
+        .reuse_endpoints(true)
+        .budget_min_retries_per_second(1000);
+    let sidecar = Sidecar::start(api(&[&up]).retries(retries)).await;
+    let mut wire = tunnel(&sidecar).await;
+    for _ in 0..3 {
+        wire.get_mut()
+            .write_all(b"GET /items HTTP/1.1\r\nHost: api\r\n\r\n")
+            .await
+            .expect("a request in the tunnel");
+        let r = wire.read_response("GET").await.expect("its answer");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let got = up.received();
+    assert_eq!(got.len(), 4, "the 503 was retried, the other two went once");
+    assert_eq!(got[1].attempt, Some(2), "the retry came from the sidecar");
+    assert_eq!(sidecar.outcomes("api", "recovered"), 1);
+}
+
+#[tokio::test]
+async fn a_tls_tunnel_stays_opaque() {
+    // An endpoint that echoes whatever it receives.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let sidecar = Sidecar::start(UpstreamConfig::new("api").endpoint(addr)).await;
+    let mut wire = tunnel(&sidecar).await;
+    // A TLS ClientHello's record header, then arbitrary bytes.
+    let hello = [0x16, 0x03, 0x01, 0x00, 0x05, b'h', b'e', b'l', b'l', b'o'];
+    wire.get_mut().write_all(&hello).await.expect("write");
+    let mut back = [0u8; 10];
+    tokio::time::timeout(Duration::from_secs(3), wire.get_mut().read_exact(&mut back))
+        .await
+        .expect("echoed in time")
+        .expect("echoed");
+    assert_eq!(back, hello, "byte for byte");
+}
