@@ -20,6 +20,9 @@ if [ "${REPRISE_FUZZ_SECONDS:-15}" != 0 ]; then
   CARGO_TARGET_DIR="${REPRISE_FUZZ_TARGET_DIR:-$HOME/.cache/reprise-fuzz-target}" \
     bash fuzz/run.sh "${REPRISE_FUZZ_SECONDS:-15}"
 fi
+echo "== grpcio for the gRPC interoperability tests"
+REPRISE_GRPC_PYTHON="$(bash e2e/python-grpc.sh)"
+export REPRISE_GRPC_PYTHON
 echo "== cargo test"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -10,6 +10,7 @@ mod cli;
 mod drain;
 mod gauges;
 mod grpc;
+mod grpc_interop;
 mod hedging;
 mod limits;
 mod matching;
