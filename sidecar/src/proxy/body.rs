@@ -94,11 +94,6 @@ impl Body for ProxyBody {
 
 /// The `grpc-status` in `fields`, if any.
 pub(crate) fn grpc_code(fields: &http::HeaderMap) -> Option<u8> {
-    fields
-        .get("grpc-status")?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+    fields.get(&GRPC_STATUS)?.to_str().ok()?.trim().parse().ok()
 }

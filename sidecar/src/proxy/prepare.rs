@@ -20,7 +20,7 @@ use crate::retry::BodySource;
 /// True for a gRPC request (`content-type: application/grpc`, `+proto`, ...).
 pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
     headers
-        .get(http::header::CONTENT_TYPE)
+        .get(&http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
@@ -29,6 +29,7 @@ pub(crate) fn template(
     mut parts: Parts,
     upstream: &UpstreamState,
     upgrade: bool,
+    grpc: bool,
 ) -> RequestTemplate {
     let path = parts
         .uri
@@ -52,7 +53,6 @@ pub(crate) fn template(
                     .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
             })
         });
-    let grpc = is_grpc(&parts.headers);
     hop_by_hop::strip(&mut parts.headers, upgrade);
     // The host the client addressed travels as HTTP/2's :authority or HTTP/1's
     // Host; an HTTP/2 request must not also carry a different Host (RFC 9113 §8.3.1).

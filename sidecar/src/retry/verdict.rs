@@ -31,11 +31,7 @@ pub(crate) enum Verdict {
 /// Trailers-Only response, or in trailers that came before any message),
 /// with the fields it came in.
 pub(crate) fn grpc_status(response: &http::Response<UpstreamBody>) -> Option<(u8, &HeaderMap)> {
-    let code = |h: &HeaderMap| {
-        h.get("grpc-status")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u8>().ok())
-    };
+    let code = crate::proxy::body::grpc_code;
     if let Some(c) = code(response.headers()) {
         return Some((c, response.headers()));
     }
@@ -109,6 +105,7 @@ pub(crate) fn observe(
     verdict: &Verdict,
     span: AttemptSpan,
     report: &mut Report,
+    grpc: bool,
 ) {
     let state = &up.endpoints[endpoint];
     match verdict {
@@ -117,7 +114,8 @@ pub(crate) fn observe(
             state.record_outcome(false);
             span.responded(
                 response.status().as_u16(),
-                grpc_status(response).map(|(c, _)| c),
+                grpc.then(|| grpc_status(response).map(|(c, _)| c))
+                    .flatten(),
             );
         }
         Verdict::Failed(f) => {
@@ -153,6 +151,7 @@ pub(crate) fn settle(state: &mut RetryState<'_>, attempted: Attempted) -> Verdic
         &verdict,
         attempted.span,
         &mut state.report,
+        state.grpc,
     );
     verdict
 }
