@@ -42,6 +42,7 @@ fn snapshot(round: u16) -> Snapshot {
         name: "api.bench".into(),
         hosts: vec!["api".into()],
         protocol: Default::default(),
+        addresses: vec![],
         endpoints: (0..3)
             .map(|i| SnapshotEndpoint {
                 address: format!("127.0.0.{}", 10 + i),

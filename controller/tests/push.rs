@@ -53,6 +53,7 @@ fn snapshot(ports: &[u16], attempts: i32) -> Snapshot {
         name: "api.shop".into(),
         hosts: vec!["api".into()],
         protocol: Default::default(),
+        addresses: vec![],
         endpoints: ports
             .iter()
             .map(|p| SnapshotEndpoint {

@@ -32,6 +32,10 @@ pub struct Upstream {
     pub aliases: Vec<String>,
     /// Interchangeable endpoints; a retry goes to one not yet tried.
     pub endpoints: Vec<Endpoint>,
+    /// Virtual addresses (a Service's ClusterIP and port) whose connections,
+    /// captured transparently, go to this upstream.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<SocketAddr>,
     /// Protocol to the endpoints.
     pub protocol: Protocol,
     /// Time allowed to establish a connection.

@@ -48,6 +48,10 @@ pub struct UpstreamSpec {
     /// Other host names that route to this upstream.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
+    /// Virtual addresses (`IP:PORT`, e.g. a Service's ClusterIP) whose
+    /// transparently captured connections go to this upstream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
     /// `http1` (default) or `h2c`.
     #[serde(default)]
     pub protocol: Protocol,
@@ -167,6 +171,16 @@ impl ConfigFile {
                 );
             }
             upstreams.push(u.resolve(&p, &mut errs));
+        }
+        for (i, u) in upstreams.iter().enumerate() {
+            for (k, a) in u.addresses.iter().enumerate() {
+                if let Some(j) = upstreams[..i].iter().position(|o| o.addresses.contains(a)) {
+                    errs.push(
+                        format!("upstreams[{i}].addresses[{k}]"),
+                        format!("must be unique ({a} is also an address of upstreams[{j}])"),
+                    );
+                }
+            }
         }
         let mut rules = Vec::with_capacity(self.rules.len());
         for (i, r) in self.rules.iter().enumerate() {
@@ -289,6 +303,7 @@ impl UpstreamSpec {
         Upstream {
             name: self.name.to_ascii_lowercase(),
             aliases: self.aliases.clone(),
+            addresses: common::addresses(errs, &format!("{p}.addresses"), &self.addresses),
             endpoints,
             protocol: self.protocol,
             connect_timeout: Duration::from_millis(connect_ms),

@@ -38,6 +38,10 @@ pub struct SnapshotUpstream {
     pub protocol: Protocol,
     /// Ready endpoints.
     pub endpoints: Vec<SnapshotEndpoint>,
+    /// The Service's virtual addresses (`ClusterIP:port`, one per cluster
+    /// IP) for transparently captured connections; none for a headless Service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
 }
 
 /// A ready pod endpoint.
@@ -160,6 +164,11 @@ impl Snapshot {
             upstreams.push(Upstream {
                 name: u.name.clone(),
                 aliases: u.hosts.clone(),
+                addresses: crate::file::common::addresses(
+                    &mut errs,
+                    &format!("upstreams[{i}].addresses"),
+                    &u.addresses,
+                ),
                 endpoints,
                 protocol: u.protocol,
                 connect_timeout: Duration::from_millis(DEFAULT_CONNECT_MS),

@@ -10,6 +10,7 @@ fn upstream(name: &str, ports: &[u16]) -> SnapshotUpstream {
         name: name.into(),
         hosts: vec![name.split('.').next().unwrap_or(name).into()],
         protocol: Default::default(),
+        addresses: vec![],
         endpoints: ports
             .iter()
             .map(|p| SnapshotEndpoint {

@@ -312,6 +312,7 @@ mod tests {
                 pod: Some("api-1".into()),
                 zone: None,
             }],
+            addresses: vec![],
         };
         let rule = RetryRule {
             methods: vec![HttpMethod::Get],

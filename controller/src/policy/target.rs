@@ -36,6 +36,24 @@ fn hosts(service: &str, namespace: &str, client_namespace: &str) -> Vec<String> 
     hosts
 }
 
+/// The Service's cluster IPs with the chosen port (`10.96.0.10:80`,
+/// `[fd00::10]:80`): the destinations a transparently captured connection to
+/// this Service carries. A headless Service (`None`) has none; its clients
+/// dial pod IPs, which the sidecar matches by endpoint address instead.
+fn virtual_addresses(service: &Service, port: i32) -> Vec<String> {
+    let Some(spec) = service.spec.as_ref() else {
+        return Vec::new();
+    };
+    let ips: Vec<&String> = match spec.cluster_ips.as_ref() {
+        Some(ips) if !ips.is_empty() => ips.iter().collect(),
+        _ => spec.cluster_ip.iter().collect(),
+    };
+    ips.into_iter()
+        .filter_map(|ip| ip.parse::<std::net::IpAddr>().ok())
+        .map(|ip| std::net::SocketAddr::new(ip, u16::try_from(port).unwrap_or(0)).to_string())
+        .collect()
+}
+
 /// Resolves the Service port clients call and the upstream it leads to;
 /// `slices` are the Service's EndpointSlices.
 pub(crate) fn resolve<'a>(
@@ -119,6 +137,7 @@ pub(crate) fn resolve<'a>(
         hosts: hosts(&name, &namespace, client_namespace),
         protocol,
         endpoints,
+        addresses: virtual_addresses(service, chosen.port),
     })
 }
 
@@ -191,5 +210,22 @@ mod tests {
             other_ns.hosts[0], "api.shop",
             "the short name only works in the same namespace"
         );
+    }
+
+    #[test]
+    fn virtual_addresses_are_the_cluster_ips_with_the_service_port() {
+        let mut svc =
+            service(serde_json::json!([{ "name": "http", "port": 80, "targetPort": 8080 }]));
+        let spec = svc.spec.as_mut().expect("spec");
+        spec.cluster_ip = Some("10.96.0.10".into());
+        spec.cluster_ips = Some(vec!["10.96.0.10".into(), "fd00::10".into()]);
+        let up = resolve(Some(&svc), [], None, "shop").expect("resolved");
+        assert_eq!(up.addresses, vec!["10.96.0.10:80", "[fd00::10]:80"]);
+
+        let spec = svc.spec.as_mut().expect("spec");
+        spec.cluster_ip = Some("None".into());
+        spec.cluster_ips = Some(vec!["None".into()]);
+        let headless = resolve(Some(&svc), [], None, "shop").expect("resolved");
+        assert!(headless.addresses.is_empty(), "{:?}", headless.addresses);
     }
 }

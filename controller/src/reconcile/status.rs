@@ -255,6 +255,7 @@ mod tests {
             name: "api.shop".into(),
             hosts: vec![],
             protocol: Default::default(),
+            addresses: vec![],
             endpoints: (0..n)
                 .map(|i| SnapshotEndpoint {
                     address: format!("127.0.0.{}", i + 1),

@@ -201,3 +201,31 @@ pub(crate) fn cel(
         }
     }
 }
+
+/// Virtual addresses as written (`IP:PORT`, `[IPv6]:PORT`): each must parse,
+/// have a port, and appear once.
+pub(crate) fn addresses(
+    errs: &mut ValidationErrors,
+    field: &str,
+    written: &[String],
+) -> Vec<std::net::SocketAddr> {
+    let mut out = Vec::with_capacity(written.len());
+    for (i, a) in written.iter().enumerate() {
+        match a.parse::<std::net::SocketAddr>() {
+            Ok(addr) if addr.port() == 0 => errs.push(
+                format!("{field}[{i}]"),
+                format!("must have a port in 1..=65535 (got \"{a}\")"),
+            ),
+            Ok(addr) if out.contains(&addr) => errs.push(
+                format!("{field}[{i}]"),
+                format!("must be unique (got \"{a}\" twice)"),
+            ),
+            Ok(addr) => out.push(addr),
+            Err(_) => errs.push(
+                format!("{field}[{i}]"),
+                format!("must be IP:PORT, e.g. 10.96.0.10:80 or [fd00::10]:80 (got \"{a}\")"),
+            ),
+        }
+    }
+    out
+}
