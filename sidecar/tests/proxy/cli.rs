@@ -277,12 +277,13 @@ async fn admin_endpoints_and_one_log_event_per_request() {
         Some(404)
     );
     // The health listener (on the pod IP in Kubernetes) answers probes and
-    // exposes nothing else.
+    // Prometheus, and exposes nothing else.
     for (path, status) in [
         ("/live", 200),
         ("/ready", 200),
+        ("/metrics", 200),
         ("/config", 404),
-        ("/metrics", 404),
+        ("/log-level", 404),
     ] {
         assert_eq!(
             sidecar.get(sidecar.health, path).await.map(|r| r.0),
