@@ -74,8 +74,9 @@
 # (cgroup v1 or v2); it sets six kernel sysctls (vm.overcommit_memory,
 # vm.panic_on_oom, kernel.panic, kernel.panic_on_oops, kernel.keys.root_max*)
 # that `down` puts back. containerd 1.6 keeps its shim sockets in
-# /run/containerd/s and the CRI its network namespaces in /run/netns; `down`
-# removes the pods first, which removes both.
+# /run/containerd/s and the CRI its network namespaces in /run/netns, and the
+# kubelet links container logs from /var/log/containers; `down` removes the
+# pods first, which removes the first two, then the links.
 #
 # Alongside the node, `up` creates Node `local`, a stand-in for the API-only
 # tests (pods as objects, containers as local processes on 127.1.x.y): status
@@ -608,8 +609,7 @@ version = 2
 root = "$CTRD_DIR/root"
 state = "$CTRD_DIR/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
 
 [grpc]
   address = "$CTRD_SOCK"
@@ -1046,6 +1046,12 @@ remove_pods() {
     done
   fi
   unmount_under "$DIR"
+  # The kubelet's links to container logs (it keeps them in a fixed place).
+  local l
+  for l in /var/log/containers/*.log; do
+    [[ -L "$l" && "$(readlink "$l")" == "$NODE_DIR/"* ]] && rm -f "$l"
+  done
+  return 0
 }
 
 # unmount_under DIR: unmounts every mount point below DIR, deepest first.
@@ -1363,21 +1369,21 @@ cmd_status() {
   fi
   export PATH="$PATH:/usr/sbin:/sbin"
   [[ "$MODE" != node ]] || find_kubectl
-  local c pid all=0
+  local c pid rc=0
   for c in $(components); do
     if pid="$(recorded_pid "$c")"; then
       if command -v curl >/dev/null 2>&1 && "check_$c"; then
         printf '%-24s up (pid %s)\n' "$c" "$pid"
       else
         printf '%-24s running but not healthy (pid %s; see %s)\n' "$c" "$pid" "$LOGS/$c.log"
-        all=3
+        rc=3
       fi
     else
       printf '%-24s down\n' "$c"
-      all=3
+      rc=3
     fi
   done
-  return "$all"
+  return "$rc"
 }
 
 cmd_import() {
@@ -1388,9 +1394,9 @@ cmd_import() {
   local a out
   for a in "${ARCHIVES[@]}"; do
     [[ -f "$a" ]] || die "import: $a is not a file"
-    # Like `kind load image-archive`: all platforms, named also by digest,
+    # Like `kind load image-archive`: all platforms,
     # unpacked for the CRI's snapshotter.
-    out="$(ctr --address "$CTRD_SOCK" -n k8s.io images import --all-platforms --digests \
+    out="$(ctr --address "$CTRD_SOCK" -n k8s.io images import --all-platforms \
       --snapshotter overlayfs "$a" 2>&1)" || die "import $a: $out"
     log "imported $a: $(grep -v '^unpacking\|@sha256' <<<"$out" | grep -oE '[^ ]+:[^ ]+' | grep -v '^sha256' | sort -u | tr '\n' ' ')"
   done

@@ -90,6 +90,12 @@ OUT="$DIR/images"
 command -v python3 >/dev/null || die "python3 is required"
 command -v cargo >/dev/null || die "cargo is required"
 
+# is_static FILE: ldd names no library and no dynamic loader (static and
+# static-pie binaries: "statically linked" / "not a dynamic executable").
+is_static() {
+  ! ldd "$1" 2>&1 | grep -qE '=>|ld-linux'
+}
+
 # --- Binaries ----------------------------------------------------------------------
 # Static glibc binaries (+crt-static): no libraries needed in the image. With
 # --target, RUSTFLAGS apply to the binaries only, not to build scripts and
@@ -104,16 +110,14 @@ RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
 log "binaries built in $((SECONDS - t0))s"
 for b in reprise-controller reprise-sidecar reprise-e2e-app reprise-pause; do
   [[ -x "$BIN_DIR/$b" ]] || die "$BIN_DIR/$b missing after the build"
-  if ldd "$BIN_DIR/$b" >/dev/null 2>&1; then
-    die "$BIN_DIR/$b is dynamically linked ($(ldd "$BIN_DIR/$b" | tr '\n' ' '))"
-  fi
+  is_static "$BIN_DIR/$b" || die "$BIN_DIR/$b is dynamically linked: $(ldd "$BIN_DIR/$b" 2>&1 | tr '\n' ' ')"
 done
 
 envfile="$("$E2E_DIR/build-tools.sh" --env-file --api-only)" || die "e2e/build-tools.sh failed"
 # shellcheck disable=SC1090
 source "$envfile"
 [[ -x "${JAEGER:-}" ]] || die "no Jaeger binary from e2e/build-tools.sh"
-ldd "$JAEGER" >/dev/null 2>&1 && die "$JAEGER is dynamically linked"
+is_static "$JAEGER" || die "$JAEGER is dynamically linked"
 
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 [[ -s "$CA_BUNDLE" ]] || die "$CA_BUNDLE missing (apt-get install ca-certificates)"

@@ -114,7 +114,12 @@ fn parse_trace(t: &serde_json::Value) -> Trace {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|s| (s, tag_map(&t["processes"][s["processID"].as_str().unwrap_or_default()]["tags"])))
+        .map(|s| {
+            (
+                s,
+                tag_map(&t["processes"][s["processID"].as_str().unwrap_or_default()]["tags"]),
+            )
+        })
         .map(|(s, process)| Span {
             id: s["spanID"].as_str().unwrap_or_default().to_string(),
             parent: s["references"]

@@ -19,17 +19,21 @@ struct Runtime {
 
 fn runtime_stage(dockerfile: &Path) -> Runtime {
     let text = std::fs::read_to_string(dockerfile).expect("Dockerfile");
-    let last_from = text
-        .lines()
+    let lines: Vec<&str> = text.lines().collect();
+    let last_from = lines
+        .iter()
         .rposition(|l| l.trim_start().starts_with("FROM "))
         .expect("a FROM line");
     let mut r = Runtime::default();
     let json_list = |rest: &str| -> Vec<String> {
         serde_json::from_str(rest.trim()).unwrap_or_else(|e| {
-            panic!("{}: exec form expected, got {rest:?}: {e}", dockerfile.display())
+            panic!(
+                "{}: exec form expected, got {rest:?}: {e}",
+                dockerfile.display()
+            )
         })
     };
-    for line in text.lines().skip(last_from + 1) {
+    for line in lines.iter().skip(last_from + 1) {
         let line = line.trim();
         let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
         match word {
@@ -40,9 +44,10 @@ fn runtime_stage(dockerfile: &Path) -> Runtime {
             "USER" => r.user = rest.trim().to_string(),
             "ENTRYPOINT" => r.entrypoint = json_list(rest),
             "CMD" => r.cmd = json_list(rest),
-            "EXPOSE" => r
-                .ports
-                .extend(rest.split_whitespace().filter_map(|p| p.parse::<u64>().ok())),
+            "EXPOSE" => r.ports.extend(
+                rest.split_whitespace()
+                    .filter_map(|p| p.parse::<u64>().ok()),
+            ),
             _ => {}
         }
     }

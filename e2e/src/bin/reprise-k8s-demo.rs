@@ -49,7 +49,8 @@ fn wait(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> anyhow::Re
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let node = node_name().context("REPRISE_E2E_NODE: the demo needs the node (run e2e/demo.sh)")?;
+    let node =
+        node_name().context("REPRISE_E2E_NODE: the demo needs the node (run e2e/demo.sh)")?;
     let c = Cluster::bare("demo");
     let release = Release::new(&c.kubeconfig, "reprise-system", "reprise");
 
@@ -57,10 +58,7 @@ async fn main() -> anyhow::Result<()> {
     println!("     --set image.controller.tag=dev --set image.sidecar.tag=dev --set jaeger.enabled=true --wait");
     let start = Instant::now();
     let out = release
-        .install_on_node(
-            &["jaeger.enabled=true", "otel.sampler=always_on"],
-            "240s",
-        )
+        .install_on_node(&["jaeger.enabled=true", "otel.sampler=always_on"], "240s")
         .map_err(anyhow::Error::msg)?;
     let status = out
         .lines()
@@ -104,8 +102,14 @@ async fn main() -> anyhow::Result<()> {
         c.kubectl(&["-n", &c.ns, "get", "pods", "-o", "wide"])
             .map_err(anyhow::Error::msg)?
     );
-    let web_name = web["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    let web_ip = web["status"]["podIP"].as_str().unwrap_or_default().to_string();
+    let web_name = web["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let web_ip = web["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let init = &web["spec"]["initContainers"][0];
     println!(
         "   {web_name}: init container {} with restartPolicy {} (starts before the app), image {}",
@@ -126,7 +130,9 @@ async fn main() -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?
     );
 
-    println!("== {REQUESTS} requests from {web_name}: GET http://api/ through its sidecar (HTTP_PROXY)");
+    println!(
+        "== {REQUESTS} requests from {web_name}: GET http://api/ through its sidecar (HTTP_PROXY)"
+    );
     let app: SocketAddr = format!("{web_ip}:8080").parse()?;
     let r = drive(app, "http://api/", REQUESTS, 0).await?;
     let (_, m) = get(format!("{web_ip}:15021").parse()?, "metrics", "/metrics")
@@ -151,7 +157,10 @@ async fn main() -> anyhow::Result<()> {
     let log = c
         .kubectl(&["-n", &c.ns, "logs", &web_name, "-c", "reprise-sidecar"])
         .map_err(anyhow::Error::msg)?;
-    if let Some(line) = log.lines().find(|l| l.contains("\"outcome\":\"recovered\"")) {
+    if let Some(line) = log
+        .lines()
+        .find(|l| l.contains("\"outcome\":\"recovered\""))
+    {
         println!("\n== one recovered request in the sidecar's log (kubectl logs {web_name} -c reprise-sidecar)\n{line}");
     }
 

@@ -32,7 +32,9 @@ fn json(c: &Cluster, ns: &str, args: &[&str]) -> Value {
     let mut a = vec!["-n", ns];
     a.extend_from_slice(args);
     a.extend_from_slice(&["-o", "json"]);
-    let out = c.kubectl(&a).unwrap_or_else(|e| panic!("kubectl {a:?}: {e}"));
+    let out = c
+        .kubectl(&a)
+        .unwrap_or_else(|e| panic!("kubectl {a:?}: {e}"));
     serde_json::from_str(&out).expect("kubectl json")
 }
 
@@ -53,7 +55,10 @@ fn ready(pod: &Value) -> bool {
 }
 
 fn ip(pod: &Value) -> String {
-    pod["status"]["podIP"].as_str().unwrap_or_default().to_string()
+    pod["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn name(pod: &Value) -> String {
@@ -164,7 +169,11 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
     let controllers = pods(&c, &release.ns, "app.kubernetes.io/component=controller");
     assert_eq!(controllers.len(), 2, "two controller replicas");
     for p in &controllers {
-        assert_eq!(p["spec"]["nodeName"], node.as_str(), "scheduled on the node");
+        assert_eq!(
+            p["spec"]["nodeName"],
+            node.as_str(),
+            "scheduled on the node"
+        );
         assert_eq!(p["status"]["phase"], "Running");
         assert!(ready(p), "Ready by its readiness probe: {}", p["status"]);
         let cs = &p["status"]["containerStatuses"][0];
@@ -204,7 +213,11 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
     c.apply(&node_app_yaml("api-0", 50)).expect("app");
     c.apply(NODE_POLICY).expect("policy");
     c.until("three Ready api pods", Duration::from_secs(120), || {
-        pods(&c, &c.ns, "app=api").iter().filter(|p| ready(p)).count() == 3
+        pods(&c, &c.ns, "app=api")
+            .iter()
+            .filter(|p| ready(p))
+            .count()
+            == 3
     });
     let web = web_pod(&c);
     let web_name = name(&web);
@@ -253,10 +266,14 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         !sidecar_first.is_empty() && sidecar_first < app_first,
         "the sidecar logs before the app starts: {sidecar_first} vs {app_first}"
     );
-    c.until("In-Sync 1/1 with 3 endpoints", Duration::from_secs(60), || {
-        c.policy_field("reads", "{.status.inSync}") == "1/1"
-            && c.policy_field("reads", "{.status.endpoints}") == "3"
-    });
+    c.until(
+        "In-Sync 1/1 with 3 endpoints",
+        Duration::from_secs(60),
+        || {
+            c.policy_field("reads", "{.status.inSync}") == "1/1"
+                && c.policy_field("reads", "{.status.endpoints}") == "3"
+        },
+    );
     let web_app = addr(&ip(&web), 8080);
     let web_health = addr(&ip(&web), 15021);
     let r = drive(web_app, "http://api/", 300, 0).await.expect("drive");
@@ -285,9 +302,10 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         let label = format!("endpoint=\"{}:8080\"", ip(p));
         let pod = format!("pod=\"{}\"", name(p));
         assert!(
-            m.lines().any(|l| l.starts_with("reprise_endpoint_in_flight")
-                && l.contains(&label)
-                && l.contains(&pod)),
+            m.lines()
+                .any(|l| l.starts_with("reprise_endpoint_in_flight")
+                    && l.contains(&label)
+                    && l.contains(&pod)),
             "endpoint {} ({label}) in the sidecar's metrics:\n{m}",
             name(p)
         );
@@ -300,7 +318,10 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|l| l["outcome"] == "recovered")
         .collect();
-    assert!(!recovered_lines.is_empty(), "recovered requests logged:\n{log}");
+    assert!(
+        !recovered_lines.is_empty(),
+        "recovered requests logged:\n{log}"
+    );
     for l in &recovered_lines {
         let tried: Vec<&str> = l["endpoints"].as_str().unwrap_or("").split(',').collect();
         assert!(
@@ -489,11 +510,9 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
             new_names.len() == 2
         },
     );
-    c.until(
-        "a new pod holds the lease",
-        Duration::from_secs(90),
-        || new_names.contains(&lease_holder(&c, &release.ns)),
-    );
+    c.until("a new pod holds the lease", Duration::from_secs(90), || {
+        new_names.contains(&lease_holder(&c, &release.ns))
+    });
     // The sidecar resubscribed to one of the new replicas...
     c.until(
         "the sidecar connected to a new replica",
@@ -524,12 +543,7 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
     //    restarts it and it serves from its saved snapshot.
     step("4. sidecar killed while no controller runs");
     release
-        .kubectl(&[
-            "scale",
-            "deployment",
-            "reprise-controller",
-            "--replicas=0",
-        ])
+        .kubectl(&["scale", "deployment", "reprise-controller", "--replicas=0"])
         .expect("scale to 0");
     c.until("no controller pod", Duration::from_secs(90), || {
         pods(&c, &release.ns, "app.kubernetes.io/component=controller").is_empty()
@@ -544,7 +558,16 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         .to_string();
     let ctr = std::env::var("CONTAINERD_ADDRESS").expect("CONTAINERD_ADDRESS (run e2e/test.sh)");
     let kill = std::process::Command::new("ctr")
-        .args(["--address", &ctr, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL"])
+        .args([
+            "--address",
+            &ctr,
+            "-n",
+            "k8s.io",
+            "tasks",
+            "kill",
+            "-s",
+            "SIGKILL",
+        ])
         .arg(&container_id)
         .output()
         .expect("ctr");
@@ -596,12 +619,7 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         restarted["restartCount"]
     ));
     release
-        .kubectl(&[
-            "scale",
-            "deployment",
-            "reprise-controller",
-            "--replicas=2",
-        ])
+        .kubectl(&["scale", "deployment", "reprise-controller", "--replicas=2"])
         .expect("scale back");
     c.until(
         "In-Sync 1/1 once the controller is back",
