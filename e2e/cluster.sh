@@ -632,7 +632,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
-  restrict_oom_score_adj = false
+  # Never ask for an oom_score_adj below containerd's own: lowering it needs
+  # CAP_SYS_RESOURCE, which sandboxed CI machines may not grant even to root
+  # (runc then fails with "can't get final child's PID from pipe").
+  restrict_oom_score_adj = true
   max_container_log_line_size = 16384
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -1398,7 +1401,7 @@ cmd_import() {
     # unpacked for the CRI's snapshotter.
     out="$(ctr --address "$CTRD_SOCK" -n k8s.io images import --all-platforms \
       --snapshotter overlayfs "$a" 2>&1)" || die "import $a: $out"
-    log "imported $a: $(grep -v '^unpacking\|@sha256' <<<"$out" | grep -oE '[^ ]+:[^ ]+' | grep -v '^sha256' | sort -u | tr '\n' ' ')"
+    log "imported $a: $(sed -n 's/^unpacking \([^ ]*\) (.*/\1/p' <<<"$out" | tr '\n' ' ')"
   done
 }
 
