@@ -225,6 +225,13 @@ manifest = {
 }
 manifest_b = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
 ref = spec["reference"]
+# The CRI looks images up by their normalized name: a reference without a
+# registry host is a Docker Hub one (jaegertracing/jaeger -> docker.io/...).
+first = ref.split("/", 1)[0]
+if "/" not in ref:
+    ref = "docker.io/library/" + ref
+elif "." not in first and ":" not in first and first != "localhost":
+    ref = "docker.io/" + ref
 index = {
     "schemaVersion": 2,
     "mediaType": "application/vnd.oci.image.index.v1+json",
