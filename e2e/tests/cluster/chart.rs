@@ -68,7 +68,7 @@ fn chart_dir() -> PathBuf {
 
 #[test]
 #[ignore = "needs the e2e cluster: run e2e/test.sh"]
-fn helm_install_gives_rbac_the_webhook_injection_and_a_passing_helm_test() {
+fn helm_install_gives_rbac_and_the_webhooks_injection_decisions() {
     let c = Cluster::bare("chart");
     let release = Release {
         c: &c,
