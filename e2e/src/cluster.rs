@@ -562,5 +562,7 @@ pub fn metric_sum(text: &str, name: &str, needles: &[&str]) -> f64 {
         })
         .filter(|l| needles.iter().all(|n| l.contains(n)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .sum::<f64>()
+        // An empty sum is -0.0; print it as 0.
+        + 0.0
 }
