@@ -23,6 +23,8 @@
 #                                (DIR: as e2e/cluster.sh, default
 #                                ${REPRISE_E2E_DIR:-/tmp/reprise-e2e})
 #   e2e/images.sh --spec         print the image definitions as JSON, build nothing
+#   e2e/images.sh --binaries     only build the static binaries (e2e/test.sh does
+#                                it in the background while the Rust tests run)
 #
 # The archives are OCI image layouts (oci-layout, index.json, blobs/) that
 # also carry a Docker `manifest.json`, so `docker load`, `podman load`,
@@ -71,10 +73,15 @@ for line in sys.stdin:
 print(json.dumps(out, indent=2))'
 }
 
+BINARIES_ONLY=0
 case "${1:-}" in
   --spec)
     spec_json
     exit 0
+    ;;
+  --binaries)
+    BINARIES_ONLY=1
+    shift
     ;;
   -h | --help)
     usage
@@ -83,10 +90,6 @@ case "${1:-}" in
   -*) die "unknown option $1" ;;
 esac
 (($# <= 1)) || die "too many arguments: $*"
-DIR="${1:-${REPRISE_E2E_DIR:-/tmp/reprise-e2e}}"
-mkdir -p "$DIR/images"
-DIR="$(cd "$DIR" && pwd)"
-OUT="$DIR/images"
 command -v python3 >/dev/null || die "python3 is required"
 command -v cargo >/dev/null || die "cargo is required"
 
@@ -112,6 +115,11 @@ for b in reprise-controller reprise-sidecar reprise-e2e-app reprise-pause; do
   [[ -x "$BIN_DIR/$b" ]] || die "$BIN_DIR/$b missing after the build"
   is_static "$BIN_DIR/$b" || die "$BIN_DIR/$b is dynamically linked: $(ldd "$BIN_DIR/$b" 2>&1 | tr '\n' ' ')"
 done
+((BINARIES_ONLY == 0)) || exit 0
+DIR="${1:-${REPRISE_E2E_DIR:-/tmp/reprise-e2e}}"
+mkdir -p "$DIR/images"
+DIR="$(cd "$DIR" && pwd)"
+OUT="$DIR/images"
 
 envfile="$("$E2E_DIR/build-tools.sh" --env-file --api-only)" || die "e2e/build-tools.sh failed"
 # shellcheck disable=SC1090

@@ -8,6 +8,23 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+t_start=$SECONDS
+# The node's Go tools and the images' static release binaries build in the
+# background, at the lowest priority, while the Rust checks and tests run:
+# on 2 cores those leave a core idle much of the time (test runs, linking,
+# the single-process fuzz smoke), and the cold Go builds are the longest part
+# of a run on a bare machine. Its own process group, so that an early exit
+# stops it.
+prebuild_pid=""
+prebuild_log="$(mktemp)"
+stop_prebuild() { if [ -n "$prebuild_pid" ]; then kill -TERM -- "-$prebuild_pid" 2>/dev/null || true; fi; }
+trap 'stop_prebuild; rm -f "$prebuild_log"' EXIT
+if [ "${REPRISE_E2E_API_ONLY:-0}" != 1 ]; then
+  setsid bash -c 'nice -n 19 bash e2e/build-tools.sh >/dev/null && nice -n 19 bash e2e/images.sh --binaries' \
+    >"$prebuild_log" 2>&1 </dev/null &
+  prebuild_pid=$!
+  echo "== background: e2e/build-tools.sh and e2e/images.sh --binaries (pid $prebuild_pid, nice 19)"
+fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
@@ -22,7 +39,7 @@ if [ "${REPRISE_FUZZ_SECONDS:-15}" != 0 ]; then
 fi
 echo "== cargo test"
 log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+trap 'stop_prebuild; rm -f "$log" "$prebuild_log"' EXIT
 
 cargo test --workspace --locked 2>&1 | tee "$log"
 
@@ -44,8 +61,25 @@ if [ "${REPRISE_E2E_API_ONLY:-0}" = 1 ]; then
   skip=(--skip node::)
 fi
 e2e_dir="$(mktemp -d /tmp/reprise-e2e-test.XXXXXX)"
-cleanup() { bash e2e/cluster.sh down "$e2e_dir" >/dev/null 2>&1 || true; rm -f "$log"; }
+cleanup() {
+  stop_prebuild
+  bash e2e/cluster.sh down "$e2e_dir" >/dev/null 2>&1 || true
+  rm -f "$log" "$prebuild_log"
+}
 trap cleanup EXIT
+if [ -n "$prebuild_pid" ]; then
+  echo "== e2e: waiting for the background builds ($((SECONDS - t_start)) s into the run)"
+  t_wait=$SECONDS
+  if ! wait "$prebuild_pid"; then
+    prebuild_pid=""
+    tail -n 40 "$prebuild_log" >&2
+    echo "background build of the tools or the image binaries failed (log above)" >&2
+    exit 1
+  fi
+  prebuild_pid=""
+  grep -E 'built in|all tools cached|binaries built' "$prebuild_log" | sed 's/^/   /' || true
+  echo "   waited $((SECONDS - t_wait)) s"
+fi
 echo "== e2e: local cluster (${up_args[*]})"
 t_up=$SECONDS
 bash e2e/cluster.sh up "${up_args[@]}" "$e2e_dir" >"$e2e_dir.env"
@@ -71,6 +105,7 @@ echo "== chart: lint, render every documented combination, schema refusals"
 bash charts/test.sh
 REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test -p reprise-e2e --test cluster --locked -- --ignored --test-threads=1 "${skip[@]}" 2>&1 | tee -a "$log"
 
+echo "== e2e done, $((SECONDS - t_start)) s since the start of the run"
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      END { printf "total: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
