@@ -1245,8 +1245,8 @@ EOF
   # the scheduler away from it.
   local taints='[]'
   [[ "$MODE" != node ]] || taints='[{"key":"reprise.dev/fake-node","value":"true","effect":"NoSchedule"}]'
-  kc patch node local --type=json -p "[{\"op\":\"replace\",\"path\":\"/spec/taints\",\"value\":$taints}]" >/dev/null 2>&1 ||
-    true
+  kc patch node local --type=merge -p "{\"spec\":{\"taints\":$taints}}" >/dev/null ||
+    die "could not set the taints of Node local"
   local now
   now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   kc patch node local --subresource=status --type=merge -p "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\",\"reason\":\"RepriseE2E\",\"message\":\"fake node: no kubelet runs\",\"lastHeartbeatTime\":\"$now\",\"lastTransitionTime\":\"$now\"}]}}" \
