@@ -9,15 +9,25 @@
 #   etcd                                     e2e/tools/etcd/go.mod   (go.etcd.io/etcd/server/v3)
 #   jaeger (v2, cmd/jaeger)                  e2e/tools/jaeger/go.mod (github.com/jaegertracing/jaeger)
 #   helm                                     e2e/tools/helm/go.mod   (helm.sh/helm/v3)
+# and, for the node (skipped with --api-only):
+#   kubelet, kube-proxy, kube-scheduler      e2e/tools/go.mod        (k8s.io/kubernetes)
+#   coredns (kubernetes, cache, ... only)    e2e/tools/coredns/      (github.com/coredns/coredns)
+#   prometheus (Kubernetes SD only)          e2e/tools/prometheus/   (github.com/prometheus/prometheus)
+#   crictl                                   e2e/tools/cri-tools/    (sigs.k8s.io/cri-tools)
 #
 # A binary already in the cache is not rebuilt, so running this again is cheap.
 # Progress goes to stderr. stdout gets one NAME=/abs/path line per tool
-# (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM) and a last
-# line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file that exports them.
+# (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM, and KUBELET,
+# KUBE_PROXY, KUBE_SCHEDULER, COREDNS, PROMETHEUS, CRICTL unless --api-only) and a
+# last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file that exports
+# them.
 #
 # Usage:
-#   e2e/build-tools.sh                 # build what is missing, print NAME=path lines
-#   source "$(e2e/build-tools.sh --env-file)"   # build, then export the variables
+#   e2e/build-tools.sh [--api-only]    # build what is missing, print NAME=path lines
+#   source "$(e2e/build-tools.sh --env-file [--api-only])"   # build, then export the variables
+#
+# Cold builds on 2 cores (empty Go caches) take about 20 minutes for the
+# control plane and helm, plus the node's tools (figures in e2e/tools/README.md).
 #
 # To bump Kubernetes: e2e/tools/gen-kube-gomod.sh v1.32.N (rewrites go.mod/go.sum).
 # To bump the others: cd e2e/tools/<tool> && go get <module>@<version> && go mod tidy
@@ -27,13 +37,16 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; }
 
-PRINT_ENV_FILE=0
-case "${1:-}" in
-  "") ;;
-  --env-file) PRINT_ENV_FILE=1 ;;
-  -h | --help) usage; exit 0 ;;
-  *) usage; exit 2 ;;
-esac
+PRINT_ENV_FILE=0 API_ONLY=0
+while (($#)); do
+  case "$1" in
+    --env-file) PRINT_ENV_FILE=1 ;;
+    --api-only) API_ONLY=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage; exit 2 ;;
+  esac
+  shift
+done
 
 E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TOOLS_DIR="$E2E_DIR/tools"
@@ -90,9 +103,11 @@ BUILT=()
 declare -A PATHS=()
 
 # build_tool VAR NAME VERSION MODULE_DIR PACKAGE LDFLAGS VERSION_ARGS...
+# (BUILD_TAGS, if set, is passed as -tags.)
 build_tool() {
   local var="$1" name="$2" version="$3" moddir="$4" pkg="$5" ldflags="$6"
   shift 6
+  local tags="${BUILD_TAGS:-}"
   local dir="$CACHE_DIR/$name-$version"
   local bin="$dir/$name"
   PATHS[$var]="$bin"
@@ -114,7 +129,7 @@ build_tool() {
 
   local rc=0
   (cd "$moddir" &&
-    nice -n 19 go build -trimpath -ldflags="-s -w $ldflags" -o "$TMP_OUT" "$pkg") || rc=$?
+    nice -n 19 go build -trimpath ${tags:+-tags="$tags"} -ldflags="-s -w $ldflags" -o "$TMP_OUT" "$pkg") || rc=$?
   kill "$HEARTBEAT_PID" 2>/dev/null || true
   wait "$HEARTBEAT_PID" 2>/dev/null || true
   HEARTBEAT_PID=""
@@ -149,15 +164,19 @@ kube_ldflags() {
   done
   printf '%s' "$f"
 }
+KUBE_BINS=(kube-apiserver kube-controller-manager)
+((API_ONLY)) || KUBE_BINS+=(kubelet kube-proxy kube-scheduler)
 KUBE_LDFLAGS=""
-if [[ ! -x "$CACHE_DIR/kube-apiserver-$KUBE_VERSION/kube-apiserver" ||
-  ! -x "$CACHE_DIR/kube-controller-manager-$KUBE_VERSION/kube-controller-manager" ]]; then
-  KUBE_LDFLAGS="$(kube_ldflags)"
-fi
-build_tool KUBE_APISERVER kube-apiserver "$KUBE_VERSION" "$TOOLS_DIR" \
-  k8s.io/kubernetes/cmd/kube-apiserver "$KUBE_LDFLAGS" --version
-build_tool KUBE_CONTROLLER_MANAGER kube-controller-manager "$KUBE_VERSION" "$TOOLS_DIR" \
-  k8s.io/kubernetes/cmd/kube-controller-manager "$KUBE_LDFLAGS" --version
+for b in "${KUBE_BINS[@]}"; do
+  if [[ ! -x "$CACHE_DIR/$b-$KUBE_VERSION/$b" ]]; then
+    KUBE_LDFLAGS="$(kube_ldflags)"
+    break
+  fi
+done
+for b in "${KUBE_BINS[@]}"; do
+  var="$(tr 'a-z-' 'A-Z_' <<<"$b")"
+  build_tool "$var" "$b" "$KUBE_VERSION" "$TOOLS_DIR" "k8s.io/kubernetes/cmd/$b" "$KUBE_LDFLAGS" --version
+done
 
 # --- etcd (its version string is compiled in) ---------------------------------
 ETCD_VERSION="$(module_version "$TOOLS_DIR/etcd" go.etcd.io/etcd/server/v3)"
@@ -186,8 +205,32 @@ build_tool HELM helm "$HELM_VERSION" "$TOOLS_DIR/helm" helm.sh/helm/v3/cmd/helm 
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
   version --short
 
+if ((API_ONLY == 0)); then
+  # --- CoreDNS: a main of our own with only the plugins the node uses ---------
+  COREDNS_VERSION="$(module_version "$TOOLS_DIR/coredns" github.com/coredns/coredns)"
+  build_tool COREDNS coredns "$COREDNS_VERSION" "$TOOLS_DIR/coredns" . "" -version
+
+  # --- Prometheus, Kubernetes service discovery only ---------------------------
+  PROMETHEUS_VERSION="$(module_version "$TOOLS_DIR/prometheus" github.com/prometheus/prometheus)"
+  # Module v0.X.Y is Prometheus 3.X.Y (its own version scheme for Go).
+  PROMETHEUS_RELEASE="$PROMETHEUS_VERSION"
+  if [[ "$PROMETHEUS_VERSION" =~ ^v0\.([0-9]+)\.([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 300)); then
+    PROMETHEUS_RELEASE="v3.$((BASH_REMATCH[1] - 300)).${BASH_REMATCH[2]}"
+  fi
+  BUILD_TAGS=remove_all_sd,enable_kubernetes_sd build_tool PROMETHEUS prometheus "$PROMETHEUS_RELEASE" \
+    "$TOOLS_DIR/prometheus" github.com/prometheus/prometheus/cmd/prometheus \
+    "-X github.com/prometheus/common/version.Version=${PROMETHEUS_RELEASE#v} -X github.com/prometheus/common/version.Branch=release" \
+    --version
+
+  # --- crictl: the node's CRI client (sandbox teardown on `down`) -------------
+  CRICTL_VERSION="$(module_version "$TOOLS_DIR/cri-tools" sigs.k8s.io/cri-tools)"
+  build_tool CRICTL crictl "$CRICTL_VERSION" "$TOOLS_DIR/cri-tools" sigs.k8s.io/cri-tools/cmd/crictl \
+    "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" --version
+fi
+
 # --- Output -------------------------------------------------------------------
 VARS=(KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD JAEGER HELM)
+((API_ONLY)) || VARS+=(KUBELET KUBE_PROXY KUBE_SCHEDULER COREDNS PROMETHEUS CRICTL)
 lines=""
 for v in "${VARS[@]}"; do
   lines+="$v=${PATHS[$v]}"$'\n'

@@ -214,14 +214,22 @@ pub(crate) async fn serve(
             (Arc::clone(&metrics), Arc::clone(&registry), traces.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let body = match req.uri().path() {
-                    "/metrics" => metrics.render(registry.connected(), traces.counters()),
-                    "/healthz" | "/readyz" => "ok\n".to_string(),
-                    _ => String::new(),
+                // Prometheus 3 refuses a scrape without a Content-Type.
+                let (body, content_type) = match req.uri().path() {
+                    "/metrics" => (
+                        metrics.render(registry.connected(), traces.counters()),
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    ),
+                    "/healthz" | "/readyz" => ("ok\n".to_string(), "text/plain"),
+                    _ => (String::new(), "text/plain"),
                 };
                 let status = if body.is_empty() { 404 } else { 200 };
                 let mut resp = http::Response::new(Full::new(bytes::Bytes::from(body)));
                 *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(content_type),
+                );
                 async move { Ok::<_, std::convert::Infallible>(resp) }
             });
             let _ = hyper::server::conn::http1::Builder::new()

@@ -20,7 +20,8 @@ pub struct Span {
     pub start_us: u64,
     /// Duration, microseconds.
     pub duration_us: u64,
-    /// Attributes, stringified.
+    /// Attributes, stringified, with the process's (resource) attributes
+    /// added where the span has no attribute of that name.
     pub tags: BTreeMap<String, String>,
     /// Events: offset from the trace start (µs), name, attributes.
     pub events: Vec<(u64, String, BTreeMap<String, String>)>,
@@ -113,7 +114,13 @@ fn parse_trace(t: &serde_json::Value) -> Trace {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|s| Span {
+        .map(|s| {
+            (
+                s,
+                tag_map(&t["processes"][s["processID"].as_str().unwrap_or_default()]["tags"]),
+            )
+        })
+        .map(|(s, process)| Span {
             id: s["spanID"].as_str().unwrap_or_default().to_string(),
             parent: s["references"]
                 .as_array()
@@ -125,7 +132,15 @@ fn parse_trace(t: &serde_json::Value) -> Trace {
             name: s["operationName"].as_str().unwrap_or_default().to_string(),
             start_us: s["startTime"].as_u64().unwrap_or(0),
             duration_us: s["duration"].as_u64().unwrap_or(0),
-            tags: tag_map(&s["tags"]),
+            // The span's own tags, then its process's (the OTel resource:
+            // service.name aside, e.g. k8s.pod.name) where the span has none.
+            tags: {
+                let mut tags = tag_map(&s["tags"]);
+                for (k, v) in process {
+                    tags.entry(k).or_insert(v);
+                }
+                tags
+            },
             events: s["logs"]
                 .as_array()
                 .into_iter()

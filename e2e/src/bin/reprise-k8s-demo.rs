@@ -1,82 +1,128 @@
-//! The Kubernetes demo (run by `e2e/demo.sh` once the local control plane is
-//! up): a Service `api` with three pods, one failing half its requests with
-//! 503; a client pod `web-1` with its sidecar; the controller; a RetryPolicy
-//! applied with kubectl. Sends traffic through the sidecar, prints what the
-//! retries did, and draws one recovered request's trace from Jaeger.
+//! The Kubernetes demo (run by `e2e/demo.sh` once the local cluster and its
+//! node are up and `e2e/images.sh` has loaded the images): `helm install` of
+//! the chart with a Jaeger pod; a namespace opted into injection with a
+//! StatefulSet `api` of three pods, `api-0` failing half its requests with
+//! 503, and a Deployment `web` whose pod gets the sidecar; a RetryPolicy
+//! applied with kubectl. `web` sends traffic to `http://api/` through its
+//! sidecar; the demo prints what the retries did, a recovered request's log
+//! line, and draws its trace read back from the Jaeger pod.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use reprise_e2e::cluster::{free, get, Cluster};
-use reprise_e2e::{jaeger, upstream_server};
+use reprise_e2e::cluster::{
+    drive, get, metric_sum, node_app_yaml, node_name, Cluster, Release, NODE_POLICY,
+};
+use reprise_e2e::jaeger;
+use serde_json::Value;
 
-const REQUESTS: usize = 300;
-/// Linkerd's budget defaults (20% plus 10 retries a second): with the
-/// percentage alone, a cold upstream has no budget for its first few requests,
-/// and the flaky pod's first 503 may come right then.
-const POLICY: &str = "apiVersion: reprise.dev/v1alpha1
-kind: RetryPolicy
-metadata: { name: reads }
-spec:
-  targetRef: { name: api }
-  podSelector: { matchLabels: { app: web } }
-  methods: [GET]
-  statusPresets: [Gateway]
-  acknowledgeDuplicateRisk: true
-  retries: { attempts: 2, backoffBaseMs: 5, backoffCapMs: 50, budgetPercent: 20, budgetMinRetriesPerSecond: 10, totalDeadlineMs: 5000 }
-";
+const REQUESTS: u32 = 300;
+
+fn pod_json(c: &Cluster, ns: &str, selector: &str) -> anyhow::Result<Vec<Value>> {
+    let out = c
+        .kubectl(&["-n", ns, "get", "pods", "-l", selector, "-o", "json"])
+        .map_err(anyhow::Error::msg)?;
+    let v: Value = serde_json::from_str(&out)?;
+    Ok(v["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn is_ready(p: &Value) -> bool {
+    p["metadata"]["deletionTimestamp"].is_null()
+        && p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+fn wait(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > limit {
+            bail!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    Ok(())
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let jaeger_query = std::env::var("JAEGER_QUERY").context("JAEGER_QUERY (run e2e/demo.sh)")?;
-    let otlp = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .context("OTEL_EXPORTER_OTLP_ENDPOINT (run e2e/demo.sh)")?;
-    let c = Cluster::new("demo");
-    let o = c.octet;
-    println!("== namespace {} on the local kube-apiserver", c.ns);
+    let node =
+        node_name().context("REPRISE_E2E_NODE: the demo needs the node (run e2e/demo.sh)")?;
+    let c = Cluster::bare("demo");
+    let release = Release::new(&c.kubeconfig, "reprise-system", "reprise");
 
-    let mut servers = Vec::new();
-    for (i, fail) in [(0u8, 50u32), (1, 0), (2, 0)] {
-        let addr: SocketAddr = format!("127.1.{o}.{}:8080", 21 + i).parse()?;
-        let name: &'static str = ["api-0", "api-1", "api-2"][usize::from(i)];
-        servers.push(upstream_server::start(addr, name, fail).await?);
-        c.pod(name, "app: api", Some(&format!("10.244.{o}.{}", 21 + i)));
-    }
-    c.apply("apiVersion: v1\nkind: Service\nmetadata: { name: api }\nspec:\n  selector: { app: api }\n  ports: [{ name: http, port: 80, targetPort: 8080 }]\n")
-        .map_err(anyhow::Error::msg)?;
-    println!("   Service api: pods api-0 (503 to half its requests), api-1, api-2");
-
-    c.pod("web-1", "app: web", None);
-    let (push, metrics, listen, admin) = (free(), free(), free(), free());
-    let _controller = c.controller(push, metrics);
-    let _sidecar = c.sidecar_with(
-        "web-1",
-        push,
-        listen,
-        admin,
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-            ("OTEL_SERVICE_NAME", "reprise-sidecar"),
-            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-        ],
-    );
-    println!("   client pod web-1 with its sidecar on {listen}; controller pushing on {push}");
-
-    println!("\n== kubectl apply -f reads.yaml\n{POLICY}");
-    let out = c.apply(POLICY).map_err(anyhow::Error::msg)?;
-    print!("{out}");
+    println!("== helm install reprise charts/reprise -n reprise-system --create-namespace \\");
+    println!("     --set image.controller.tag=dev --set image.sidecar.tag=dev --set jaeger.enabled=true --wait");
     let start = Instant::now();
-    while c.policy_field("reads", "{.status.inSync}") != "1/1"
-        || c.policy_field("reads", "{.status.endpoints}") != "3"
-    {
-        if start.elapsed() > Duration::from_secs(60) {
-            bail!("the policy never got In-Sync 1/1 with 3 endpoints");
+    let out = release
+        .install_on_node(&["jaeger.enabled=true", "otel.sampler=always_on"], "240s")
+        .map_err(anyhow::Error::msg)?;
+    let status = out
+        .lines()
+        .find(|l| l.starts_with("STATUS:"))
+        .unwrap_or("STATUS: ?");
+    println!(
+        "   {status} in {:.0} s (images built by e2e/images.sh, imported into the node's containerd)",
+        start.elapsed().as_secs_f64()
+    );
+    println!(
+        "\n== kubectl -n reprise-system get pods -o wide   (node {node})\n{}",
+        release
+            .kubectl(&["get", "pods", "-o", "wide"])
+            .map_err(anyhow::Error::msg)?
+    );
+
+    println!(
+        "== namespace {} labelled reprise.dev/inject=enabled: StatefulSet api (api-0 answers 503 to half its requests), Deployment web",
+        c.ns
+    );
+    c.kubectl(&["label", "namespace", &c.ns, "reprise.dev/inject=enabled"])
+        .map_err(anyhow::Error::msg)?;
+    c.apply(&node_app_yaml("api-0", 50))
+        .map_err(anyhow::Error::msg)?;
+    let mut web = Value::Null;
+    wait("the app's pods", Duration::from_secs(180), || {
+        let api = pod_json(&c, &c.ns, "app=api").unwrap_or_default();
+        let webs: Vec<_> = pod_json(&c, &c.ns, "app=web")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(is_ready)
+            .collect();
+        if let Some(w) = webs.first() {
+            web = w.clone();
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        api.iter().filter(|p| is_ready(p)).count() == 3 && webs.len() == 1
+    })?;
+    println!(
+        "\n== kubectl -n {} get pods -o wide   (web: its app and the injected native sidecar, READY 2/2)\n{}",
+        c.ns,
+        c.kubectl(&["-n", &c.ns, "get", "pods", "-o", "wide"])
+            .map_err(anyhow::Error::msg)?
+    );
+    let web_name = web["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let web_ip = web["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let init = &web["spec"]["initContainers"][0];
+    println!(
+        "   {web_name}: init container {} with restartPolicy {} (starts before the app), image {}",
+        init["name"], init["restartPolicy"], init["image"]
+    );
+
+    println!("\n== kubectl apply -f reads.yaml\n{NODE_POLICY}");
+    print!("{}", c.apply(NODE_POLICY).map_err(anyhow::Error::msg)?);
+    let start = Instant::now();
+    wait("In-Sync 1/1", Duration::from_secs(60), || {
+        c.policy_field("reads", "{.status.inSync}") == "1/1"
+            && c.policy_field("reads", "{.status.endpoints}") == "3"
+    })?;
     println!(
         "\n== kubectl get rp   (in sync {:.1} s after apply)\n{}",
         start.elapsed().as_secs_f64(),
@@ -84,43 +130,49 @@ async fn main() -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?
     );
 
-    println!("== {REQUESTS} requests: GET http://api/ through the sidecar");
-    let mut ok = 0;
-    for _ in 0..REQUESTS {
-        if get(listen, "api", "/").await.map(|r| r.0) == Some(200) {
-            ok += 1;
-        }
-    }
-    let (_, m) = get(admin, "localhost", "/metrics")
+    println!(
+        "== {REQUESTS} requests from {web_name}: GET http://api/ through its sidecar (HTTP_PROXY)"
+    );
+    let app: SocketAddr = format!("{web_ip}:8080").parse()?;
+    let r = drive(app, "http://api/", REQUESTS, 0).await?;
+    let (_, m) = get(format!("{web_ip}:15021").parse()?, "metrics", "/metrics")
         .await
-        .context("sidecar metrics")?;
-    let sum = |prefix: &str, needle: &str| -> u64 {
-        m.lines()
-            .filter(|l| l.starts_with(prefix) && l.contains(needle))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .map(|v| v as u64)
-            .sum()
-    };
-    println!("   succeeded: {ok}/{REQUESTS}");
-    println!("   retries:   {}", sum("reprise_retries_total", ""));
+        .context("the sidecar's metrics")?;
+    println!("   succeeded: {}/{REQUESTS}", r["ok"]);
+    println!(
+        "   retries:   {}",
+        metric_sum(&m, "reprise_retries_total", &[])
+    );
     println!(
         "   recovered: {}   exhausted: {}",
-        sum("reprise_requests_total", "outcome=\"recovered\""),
-        sum("reprise_requests_total", "outcome=\"exhausted\"")
+        metric_sum(&m, "reprise_requests_total", &["outcome=\"recovered\""]),
+        metric_sum(&m, "reprise_requests_total", &["outcome=\"exhausted\""])
     );
-    println!(
-        "   upstream requests: api-0 {}, api-1 {}, api-2 {}",
-        servers[0].requests.load(Ordering::Relaxed),
-        servers[1].requests.load(Ordering::Relaxed),
-        servers[2].requests.load(Ordering::Relaxed)
-    );
+    println!("   answered by: {}", r["bodies"]);
     println!(
         "   (api-0 answers 503 to half its requests: each 503 was retried on another pod,\n    \
          and after its first failures the sidecar sends it little traffic while the others\n    \
          have room, so few retries are needed; README: \"How a request is retried\")"
     );
+    let log = c
+        .kubectl(&["-n", &c.ns, "logs", &web_name, "-c", "reprise-sidecar"])
+        .map_err(anyhow::Error::msg)?;
+    if let Some(line) = log
+        .lines()
+        .find(|l| l.contains("\"outcome\":\"recovered\""))
+    {
+        println!("\n== one recovered request in the sidecar's log (kubectl logs {web_name} -c reprise-sidecar)\n{line}");
+    }
 
-    println!("\n== one recovered request, read back from Jaeger ({jaeger_query})");
+    let jaeger_pod = pod_json(&c, &release.ns, "app.kubernetes.io/component=jaeger")?
+        .into_iter()
+        .find(is_ready)
+        .context("no Ready Jaeger pod")?;
+    let jaeger_query = format!(
+        "http://{}:16686",
+        jaeger_pod["status"]["podIP"].as_str().unwrap_or_default()
+    );
+    println!("\n== its trace, read back from the Jaeger pod ({jaeger_query})");
     let start = Instant::now();
     loop {
         match jaeger::find(
@@ -133,15 +185,20 @@ async fn main() -> anyhow::Result<()> {
         {
             Ok(traces) if !traces.is_empty() => {
                 print!("{}", jaeger::waterfall(&traces[0], 40));
+                let pod = traces[0]
+                    .spans
+                    .iter()
+                    .find_map(|s| s.tag("k8s.pod.name"))
+                    .unwrap_or("?");
+                println!("   (k8s.pod.name={pod})");
                 break;
             }
-            Ok(_) | Err(_) if start.elapsed() < Duration::from_secs(20) => {
+            Ok(_) | Err(_) if start.elapsed() < Duration::from_secs(30) => {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Ok(_) => bail!("Jaeger has no recovered trace after 20 s"),
+            Ok(_) => bail!("Jaeger has no recovered trace after 30 s"),
             Err(e) => return Err(e),
         }
     }
-    println!("\nOpen {jaeger_query}/search?service=reprise-sidecar for the rest.");
     Ok(())
 }

@@ -23,8 +23,9 @@ pub struct Admin {
     pub proxy: Arc<Proxy>,
     /// Set when the log level can be changed.
     pub set_log_level: Option<LogLevelSetter>,
-    /// Serve only `/live` and `/ready`: the health listener the kubelet
-    /// probes on the pod IP, which must expose nothing else.
+    /// Serve only `/live`, `/ready` and `GET /metrics`: the health listener
+    /// the kubelet probes and Prometheus scrapes on the pod IP, which must
+    /// expose nothing else (no configuration, no log-level changes).
     pub health_only: bool,
 }
 
@@ -37,7 +38,7 @@ impl std::fmt::Debug for Admin {
 impl Admin {
     /// Handles one admin request.
     pub async fn handle(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-        if self.health_only && !matches!(req.uri().path(), "/live" | "/ready") {
+        if self.health_only && !matches!(req.uri().path(), "/live" | "/ready" | "/metrics") {
             return Ok(text(StatusCode::NOT_FOUND, "not found\n"));
         }
         let (status, content_type, body) = match (req.method(), req.uri().path()) {

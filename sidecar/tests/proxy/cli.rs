@@ -160,13 +160,14 @@ async fn admin_endpoints_and_one_log_event_per_request() {
     assert_eq!(admin("/live").await.ok().map(|r| r.status), Some(200));
     assert_eq!(admin("/nope").await.ok().map(|r| r.status), Some(404));
     // The health listener (on the pod IP in Kubernetes) answers probes and
-    // exposes nothing else.
+    // Prometheus, and exposes nothing else.
     let health = sidecar.health.expect("a health listener");
     for (path, code) in [
         ("/live", 200),
         ("/ready", 200),
+        ("/metrics", 200),
         ("/config", 404),
-        ("/metrics", 404),
+        ("/log-level", 404),
     ] {
         assert_eq!(
             status(health, "api", path).await,

@@ -1,0 +1,287 @@
+//! The end-to-end tests' application image (`reprise.local/e2e-app:dev`,
+//! built by `e2e/images.sh`). One binary plays both sides:
+//!
+//! - **Server** (every path but the two below): answers `200 hello from
+//!   $POD_NAME ($POD_IP)`; when `$POD_NAME` equals `$FLAKY_POD`, a random
+//!   `$FLAKY_PERCENT`% of requests get `503` instead. On SIGTERM it keeps
+//!   answering (with `Connection: close`) for `$DRAIN_MS` (default 2000) and
+//!   exits, as a well-behaved server does while its endpoint is withdrawn.
+//! - **Client**: `GET /drive?url=http://api/&n=100[&interval_ms=10][&timeout_s=120]`
+//!   sends `n` GETs one after another, through `$HTTP_PROXY` when it is set
+//!   (the injected sidecar), and answers with JSON counts: `ok`, `failed`,
+//!   `statuses`, `errors` and the `bodies` seen. Bounded: `n` ≤ 100 000 and
+//!   the whole run stops at `timeout_s` (≤ 600).
+//! - `GET /healthz`: `200`, for probes.
+//!
+//! `PORT` (default 8080) is the listening port, on every address.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rand::Rng;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Debug)]
+struct State {
+    name: String,
+    ip: String,
+    fail_percent: u32,
+    draining: AtomicBool,
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let port: u16 = env("PORT").parse().unwrap_or(8080);
+    let name = env("POD_NAME");
+    let flaky = !name.is_empty() && env("FLAKY_POD") == name;
+    let state = Arc::new(State {
+        ip: env("POD_IP"),
+        fail_percent: if flaky {
+            env("FLAKY_PERCENT").parse().unwrap_or(50).min(100)
+        } else {
+            0
+        },
+        name,
+        draining: AtomicBool::new(false),
+    });
+    let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(2000));
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
+    eprintln!(
+        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%)",
+        state.name, state.fail_percent
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let accept = {
+        let state = Arc::clone(&state);
+        async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = Arc::clone(&state);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(Arc::clone(&state), req));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    };
+    tokio::select! {
+        () = accept => {}
+        _ = term.recv() => {
+            eprintln!("SIGTERM: draining for {drain:?}");
+            state.draining.store(true, Ordering::Relaxed);
+        }
+    }
+    // Keep serving while the endpoint is withdrawn everywhere.
+    tokio::time::sleep(drain).await;
+    Ok(())
+}
+
+async fn handle(
+    state: Arc<State>,
+    req: http::Request<Incoming>,
+) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    let (status, body, content_type) = match req.uri().path() {
+        "/healthz" => (200, "ok\n".to_string(), "text/plain"),
+        "/drive" => match drive(req.uri().query().unwrap_or("")).await {
+            Ok(json) => (200, json, "application/json"),
+            Err(e) => (400, format!("{e}\n"), "text/plain"),
+        },
+        _ if rand::rng().random_range(0..100) < state.fail_percent => {
+            (503, format!("{}: unavailable\n", state.name), "text/plain")
+        }
+        _ => (
+            200,
+            format!("hello from {} ({})\n", state.name, state.ip),
+            "text/plain",
+        ),
+    };
+    let mut resp = http::Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    if state.draining.load(Ordering::Relaxed) {
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(resp)
+}
+
+/// `/drive`: sends the requests and returns the JSON summary.
+async fn drive(query: &str) -> anyhow::Result<String> {
+    let mut url = String::new();
+    let (mut n, mut interval_ms, mut timeout_s) = (1u64, 0u64, 120u64);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "url" => url = percent_decode(v),
+            "n" => n = v.parse()?,
+            "interval_ms" => interval_ms = v.parse()?,
+            "timeout_s" => timeout_s = v.parse()?,
+            _ => anyhow::bail!("unknown parameter {k}"),
+        }
+    }
+    anyhow::ensure!(n <= 100_000, "n must be at most 100000");
+    anyhow::ensure!(timeout_s <= 600, "timeout_s must be at most 600");
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow::anyhow!("url must start with http://"))?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let host = authority.split(':').next().unwrap_or(authority).to_string();
+    // Like curl: absolute-form to $HTTP_PROXY when set, else straight to the host.
+    let proxy = std::env::var("HTTP_PROXY")
+        .or_else(|_| std::env::var("http_proxy"))
+        .ok()
+        .filter(|p| !p.is_empty());
+    let (connect_to, target) = match &proxy {
+        Some(p) => (
+            p.trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string(),
+            url.clone(),
+        ),
+        None => (
+            if authority.contains(':') {
+                authority.to_string()
+            } else {
+                format!("{authority}:80")
+            },
+            path.to_string(),
+        ),
+    };
+    let request = format!(
+        "GET {target} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: reprise-e2e-app\r\nConnection: close\r\n\r\n"
+    );
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(timeout_s);
+    let (mut ok, mut failed, mut sent) = (0u64, 0u64, 0u64);
+    let mut statuses = BTreeMap::<String, u64>::new();
+    let mut errors = BTreeMap::<String, u64>::new();
+    let mut bodies = BTreeMap::<String, u64>::new();
+    let mut first_failures = Vec::new();
+    while sent < n && Instant::now() < deadline {
+        sent += 1;
+        let one = tokio::time::timeout(
+            Duration::from_secs(10),
+            once(&connect_to, request.as_bytes()),
+        )
+        .await
+        .unwrap_or_else(|_| Err("timeout".to_string()));
+        match one {
+            Ok((status, body)) => {
+                *statuses.entry(status.to_string()).or_default() += 1;
+                if status == 200 {
+                    ok += 1;
+                    // "hello from api-1 (10.244.0.7)" -> "api-1"
+                    let who = body
+                        .trim()
+                        .strip_prefix("hello from ")
+                        .and_then(|s| s.split(' ').next())
+                        .unwrap_or("?")
+                        .to_string();
+                    *bodies.entry(who).or_default() += 1;
+                } else {
+                    failed += 1;
+                    if first_failures.len() < 5 {
+                        first_failures.push(format!("{status}: {}", body.trim()));
+                    }
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                if first_failures.len() < 5 {
+                    first_failures.push(e.clone());
+                }
+                *errors.entry(e).or_default() += 1;
+            }
+        }
+        if interval_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+        }
+    }
+    Ok(serde_json::json!({
+        "url": url,
+        "host": host,
+        "proxy": proxy,
+        "requested": n,
+        "sent": sent,
+        "ok": ok,
+        "failed": failed,
+        "statuses": statuses,
+        "errors": errors,
+        "bodies": bodies,
+        "first_failures": first_failures,
+        "duration_ms": start.elapsed().as_millis() as u64,
+    })
+    .to_string())
+}
+
+/// One GET on a new connection; the status and body, or an error kind.
+async fn once(connect_to: &str, request: &[u8]) -> Result<(u16, String), String> {
+    let mut s = tokio::net::TcpStream::connect(connect_to)
+        .await
+        .map_err(|e| format!("connect: {}", e.kind()))?;
+    s.write_all(request)
+        .await
+        .map_err(|e| format!("write: {}", e.kind()))?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)
+        .await
+        .map_err(|e| format!("read: {}", e.kind()))?;
+    let text = String::from_utf8_lossy(&out);
+    let status = text
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| "no status line".to_string())?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
