@@ -549,3 +549,22 @@ const FAMILIES: &[Family] = &[
         "Spans dropped: export queue full, collector unreachable or export timed out.",
     ),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::FAMILIES;
+
+    #[test]
+    fn every_family_is_documented_in_the_readme() {
+        let readme = include_str!("../../../README.md");
+        let missing: Vec<&str> = FAMILIES
+            .iter()
+            .map(|f| f.name)
+            .filter(|name| !readme.contains(&format!("`{name}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in the README's Metrics table: {missing:?}"
+        );
+    }
+}
