@@ -202,6 +202,12 @@ impl InjectionConfig {
                 "transparent.excludeOutboundPorts: {p} is not a port number (1-65535)"
             ));
         }
+        if t.exclude_outbound_ports.contains(&config.redirect_port) {
+            return Err(format!(
+                "transparent.excludeOutboundPorts: {} is redirectPort; connections to it stay on loopback, which is never captured",
+                config.redirect_port
+            ));
+        }
         for c in &t.exclude_outbound_cidrs {
             super::overrides::parse_cidr(c)
                 .map_err(|e| format!("transparent.excludeOutboundCidrs: {e}"))?;
@@ -240,6 +246,10 @@ mod tests {
             (
                 "transparent: {excludeOutboundPorts: [0]}\n",
                 "transparent.excludeOutboundPorts",
+            ),
+            (
+                "transparent: {excludeOutboundPorts: [53, 15006]}\n",
+                "15006 is redirectPort",
             ),
             (
                 "transparent: {excludeOutboundCidrs: [10.0.0.0/40]}\n",

@@ -76,7 +76,7 @@ impl Overrides {
 }
 
 /// What a transparent pod's `reprise-init` is told: the ports it redirects
-/// (empty: all) and what it leaves alone. Exclusions win over inclusions.
+/// (empty: all) and what it leaves alone; no port is both.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Capture {
     pub(super) include_ports: Vec<u16>,
@@ -129,10 +129,25 @@ impl Capture {
             exclude_cidrs.push(parse_cidr(c)?);
         }
         exclude_cidrs.extend(cidrs.unwrap_or_default());
+        let exclude = exclude.unwrap_or_default();
+        // reprise-init refuses both (`reprise-sidecar iptables` exits 2), so
+        // the pod would never start: refuse it here, naming the annotation.
+        if exclude.contains(&config.redirect_port) {
+            return Err(format!(
+                "annotation {EXCLUDE_OUTBOUND_PORTS}: {} is the sidecar's redirect port (redirectPort); connections to it stay on loopback, which is never captured",
+                config.redirect_port
+            ));
+        }
         let mut exclude_ports = t.exclude_outbound_ports.clone();
-        exclude_ports.extend(exclude.unwrap_or_default());
+        exclude_ports.extend(exclude);
+        let include = include.unwrap_or_default();
+        if let Some(p) = include.iter().find(|p| exclude_ports.contains(p)) {
+            return Err(format!(
+                "annotation {INCLUDE_OUTBOUND_PORTS}: {p} is also excluded ({EXCLUDE_OUTBOUND_PORTS} or the injection config's transparent.excludeOutboundPorts); a port is either included or excluded"
+            ));
+        }
         Ok(Some(Capture {
-            include_ports: dedup(include.unwrap_or_default()),
+            include_ports: dedup(include),
             exclude_ports: dedup(exclude_ports),
             exclude_cidrs: dedup(exclude_cidrs),
         }))
@@ -284,6 +299,7 @@ mod tests {
     fn bad_lists_are_refused_naming_the_annotation_and_the_rule() {
         for (key, value, rule) in [
             (EXCLUDE_OUTBOUND_PORTS, "80,http", "not a port number"),
+            (EXCLUDE_OUTBOUND_PORTS, "15006", "redirect port"),
             (EXCLUDE_OUTBOUND_PORTS, "0", "not a port number"),
             (INCLUDE_OUTBOUND_PORTS, "65536", "not a port number"),
             (INCLUDE_OUTBOUND_PORTS, "80,,81", "empty item"),
@@ -311,6 +327,19 @@ mod tests {
                     .expect_err(&format!("{key}: {value:?}"));
                 assert!(e.contains(key) && e.contains(rule), "{key}={value:?}: {e}");
             }
+        }
+    }
+
+    #[test]
+    fn a_port_both_included_and_excluded_is_refused() {
+        for excluded in [vec![], vec![(EXCLUDE_OUTBOUND_PORTS, "8080")]] {
+            let mut a = vec![(TRANSPARENT, "true"), (INCLUDE_OUTBOUND_PORTS, "8080,53")];
+            a.extend(excluded);
+            let e = capture(&a, false).expect_err("53 is excluded by default");
+            assert!(
+                e.contains(INCLUDE_OUTBOUND_PORTS) && e.contains("either included or excluded"),
+                "{e}"
+            );
         }
     }
 
