@@ -33,7 +33,9 @@ pub mod server;
 pub use observe::metrics::{EndpointStats, UpstreamStats};
 pub use proxy::local::ERROR_HEADER;
 pub use proxy::Proxy;
-pub use server::{serve_proxy, DRAIN_IDLE_GRACE, HEADER_READ_TIMEOUT};
+pub use server::{
+    serve, serve_proxy, Listeners, DRAIN_IDLE_GRACE, FIRST_BYTES_WAIT, HEADER_READ_TIMEOUT,
+};
 
 /// Everything that can go wrong in the sidecar outside a request (a request's
 /// own failures are [`retry::FailureKind`]s, answered to its client).

@@ -1,9 +1,10 @@
 //! The outbound proxy: one client request's life as named phases, read top
-//! to bottom in [`Proxy::handle`]:
+//! to bottom in [`Proxy::handle_routed`]:
 //!
-//! 1. **route** ([`route`]): the upstream the host names; a host outside
-//!    every upstream is forwarded once ([`forward`]) or refused; CONNECT
-//!    becomes a tunnel ([`tunnel`]).
+//! 1. **route** ([`route`]): the upstream the host names, or on a captured
+//!    connection the one its original destination belongs to; a host
+//!    outside every upstream is forwarded once ([`forward`]) or refused;
+//!    CONNECT becomes a tunnel ([`tunnel`]).
 //! 2. **admit** ([`admit`]): the policy that applies and whether a failure
 //!    may be retried at all.
 //! 3. **prepare** ([`prepare`]): the request head made repeatable, the body
@@ -35,10 +36,9 @@ use tokio::time::Instant;
 
 use self::body::ProxyBody;
 use self::local::{Local, ERROR_HEADER};
-use self::route::{RequestFacts, Routes};
+use self::route::{Destination, RequestFacts, Routes};
 use self::tunnel::Tunnels;
 use crate::balance::client::{passthrough_client, PassthroughClient};
-use crate::balance::upstream::UpstreamState;
 use crate::observe::access_log::AccessLog;
 use crate::observe::metrics::{ProxyMetrics, UpstreamStats};
 use crate::observe::spans::RequestSpan;
@@ -97,6 +97,11 @@ impl Proxy {
     /// The tracing pipeline (off unless OTEL_* configured one).
     pub fn tracing(&self) -> &Tracing {
         &self.tracing
+    }
+
+    /// The Prometheus text `/metrics` serves.
+    pub fn metrics_text(&self) -> String {
+        crate::observe::metrics::render(self)
     }
 
     /// Swaps in a new configuration atomically; budgets, pools and endpoint
@@ -164,27 +169,19 @@ impl Proxy {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// Handles one client request.
-    pub(crate) async fn handle(
-        self: Arc<Self>,
-        req: Request<Incoming>,
-    ) -> Result<Response<ProxyBody>, Infallible> {
-        self.handle_routed(req, None).await
-    }
-
-    /// Handles one request that came through a CONNECT tunnel to `tunnel`:
-    /// routed by its own host, else to the tunnel's upstream.
+    /// Handles one request routed as `dest` says (the explicit proxy, inside
+    /// a CONNECT tunnel, or on a transparently captured connection).
     pub(crate) async fn handle_routed(
         self: Arc<Self>,
         req: Request<Incoming>,
-        tunnel: Option<Arc<UpstreamState>>,
+        dest: Destination,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let _in_flight = self.metrics.in_flight.enter();
         let mut span = RequestSpan::start(&self.tracing, &req);
         // A gRPC client gets its local answers as gRPC statuses. gRPC is
         // HTTP/2 only, so an HTTP/1 request costs no header lookup here.
         let grpc = req.version() == http::Version::HTTP_2 && prepare::is_grpc(req.headers());
-        let response = self.serve(req, &mut span, tunnel, grpc).await;
+        let response = self.serve(req, &mut span, &dest, grpc).await;
         let local_error = response
             .headers()
             .get(ERROR_HEADER)
@@ -201,14 +198,26 @@ impl Proxy {
         self: &Arc<Self>,
         mut req: Request<Incoming>,
         span: &mut RequestSpan,
-        tunnel: Option<Arc<UpstreamState>>,
+        dest: &Destination,
         grpc: bool,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
-        // 1. Route.
+        // 1. Route. Looked up per request, so a long-lived connection follows
+        // reloads (new endpoints, changed policies).
         let routes = self.routes.load_full();
         let host = route::request_host(&req);
-        let Some(upstream) = host.and_then(|h| routes.upstream(h)).cloned().or(tunnel) else {
+        let by_host = || host.and_then(|h| routes.upstream(h)).cloned();
+        let found = match dest {
+            Destination::Host => by_host(),
+            Destination::Tunnel(name) => by_host().or_else(|| routes.upstream(name).cloned()),
+            Destination::Original(addr) => match routes.upstream_at(addr) {
+                Some(u) => Some(Arc::clone(u)),
+                // The address left the configuration after the connection
+                // was captured: the request goes where the app sent it, once.
+                None => return forward::forward_to(&self.passthrough, req, *addr, span).await,
+            },
+        };
+        let Some(upstream) = found else {
             let Some(host) = host else {
                 return Local::MissingHost.answer(grpc);
             };

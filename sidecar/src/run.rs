@@ -39,6 +39,12 @@ struct Args {
     /// on the pod IP (the admin listener stays on localhost).
     #[arg(long)]
     health: Option<SocketAddr>,
+    /// Transparent listener for connections redirected by the
+    /// `reprise-sidecar iptables` rules, e.g. 127.0.0.1:15006. With an IPv4
+    /// loopback address, [::1] on the same port is served too where the
+    /// network namespace has IPv6 (ip6tables redirects there).
+    #[arg(long)]
+    transparent: Option<SocketAddr>,
     /// Validate the configuration and exit: 0 valid, 2 invalid. Opens no connection.
     #[arg(long)]
     check: bool,
@@ -257,7 +263,24 @@ async fn run(
     };
     let listener = bind(args.listen, "proxy").await?;
     let admin_listener = bind(args.admin, "admin").await?;
-    tracing::info!(listen = %args.listen, admin = %args.admin, tracing = traces.is_on(), "reprise-sidecar serving");
+    let mut transparent = Vec::new();
+    if let Some(addr) = args.transparent {
+        transparent.push(bind(addr, "transparent").await?);
+        if addr.ip() == std::net::Ipv4Addr::LOCALHOST {
+            let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port()));
+            match tokio::net::TcpListener::bind(v6).await {
+                Ok(l) => transparent.push(l),
+                // No IPv6 in this network namespace: nothing to redirect there.
+                Err(e) => tracing::info!(addr = %v6, error = %e, "no IPv6 transparent listener"),
+            }
+        }
+    }
+    let transparent_addrs: Vec<String> = transparent
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+        .collect();
+    tracing::info!(listen = %args.listen, admin = %args.admin, transparent = ?transparent_addrs, tracing = traces.is_on(), "reprise-sidecar serving");
     tokio::spawn(server::serve_admin(
         admin_listener,
         Admin {
@@ -285,7 +308,12 @@ async fn run(
             tokio::spawn(subscription.run(Arc::clone(&proxy), version));
         }
     }
-    let drained = server::serve_proxy(listener, Arc::clone(&proxy), shutdown_signal()).await;
+    let listeners = server::Listeners {
+        proxy: listener,
+        transparent,
+        others: std::iter::once(args.admin).chain(args.health).collect(),
+    };
+    let drained = server::serve(listeners, Arc::clone(&proxy), shutdown_signal()).await;
     if !traces.shutdown(TRACE_FLUSH_TIMEOUT).await {
         tracing::warn!("queued spans did not reach the collector in time; they are lost");
     }

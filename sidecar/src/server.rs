@@ -1,14 +1,18 @@
 //! The listeners: the outbound proxy (HTTP/1.1 and h2c, told apart by their
-//! first bytes in [`sniff`]), with the graceful drain of [`drain`] on
-//! shutdown, and the admin endpoint ([`admin`]).
+//! first bytes in [`sniff`]), the transparent listener for captured
+//! connections ([`transparent`]), both with the graceful drain of [`drain`]
+//! on shutdown, and the admin endpoint ([`admin`]).
 
 pub(crate) mod admin;
 pub(crate) mod drain;
 mod sniff;
+mod transparent;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -24,7 +28,9 @@ use tokio::sync::watch;
 pub use self::admin::{Admin, LogLevelSetter};
 use self::drain::{reached, ConnDrain, Drain, DrainPhase, ServedBody};
 use self::sniff::Protocol;
+use self::transparent::OwnListeners;
 use crate::clock;
+use crate::proxy::route::Destination;
 use crate::proxy::Proxy;
 
 /// How long a new connection may stay silent before its first bytes, and then
@@ -45,18 +51,51 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// window narrows that race, it cannot end it.
 pub const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 
+/// How long a captured connection (or a CONNECT tunnel) is awaited to speak
+/// first before it is taken for a server-first protocol and relayed
+/// opaquely: HTTP and gRPC clients write as soon as they connect, so half a
+/// second only delays a MySQL or SMTP greeting, once per connection.
+pub const FIRST_BYTES_WAIT: Duration = Duration::from_millis(500);
+
 /// Most connections taken from the listen backlog when the drain starts (the
 /// kernel's default `somaxconn` is 4096; one burst of clients is what matters).
 const MAX_BACKLOG_ON_DRAIN: usize = 4096;
 
-/// Serves the proxy on `listener` until `shutdown` resolves, then drains (see
-/// [`drain`]): stops accepting, sends `Connection: close` on every HTTP/1
-/// response and GOAWAY on HTTP/2, closes quiet HTTP/1 connections after
-/// [`DRAIN_IDLE_GRACE`] (at most half the drain timeout). Requests in flight,
-/// tunnels and upgraded connections get up to the configured drain timeout.
-/// Returns true when all of them finished within it.
+/// The listeners [`serve`] accepts on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The explicit proxy (`HTTP_PROXY`, or clients addressing it directly).
+    pub proxy: TcpListener,
+    /// Transparent listeners for redirected connections (IPv4 and IPv6).
+    pub transparent: Vec<TcpListener>,
+    /// Every other address this process listens on (admin, health): no
+    /// captured connection may lead back to one of them.
+    pub others: Vec<SocketAddr>,
+}
+
+/// Serves the proxy on `listener` until `shutdown` resolves; see [`serve`].
 pub async fn serve_proxy(
     listener: TcpListener,
+    proxy: Arc<Proxy>,
+    shutdown: impl Future<Output = ()>,
+) -> bool {
+    let listeners = Listeners {
+        proxy: listener,
+        transparent: Vec::new(),
+        others: Vec::new(),
+    };
+    serve(listeners, proxy, shutdown).await
+}
+
+/// Serves the proxy and transparent listeners until `shutdown` resolves,
+/// then drains (see [`drain`]): stops accepting, sends `Connection: close` on
+/// every HTTP/1 response and GOAWAY on HTTP/2, closes quiet HTTP/1
+/// connections after [`DRAIN_IDLE_GRACE`] (at most half the drain timeout).
+/// Requests in flight, tunnels, opaque relays and upgraded connections get up
+/// to the configured drain timeout. Returns true when all of them finished
+/// within it.
+pub async fn serve(
+    listeners: Listeners,
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
@@ -73,23 +112,55 @@ pub async fn serve_proxy(
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX));
     let builder = Arc::new(builder);
+    let mut own: Vec<SocketAddr> = listeners.others.clone();
+    own.extend(
+        std::iter::once(&listeners.proxy)
+            .chain(&listeners.transparent)
+            .filter_map(|l| l.local_addr().ok()),
+    );
+    let own = Arc::new(OwnListeners(own));
+    // Index 0 is the proxy listener, the others are transparent.
+    let all: Vec<TcpListener> = std::iter::once(listeners.proxy)
+        .chain(listeners.transparent)
+        .collect();
+    let spawn = |i: usize, stream: TcpStream, drain_rx: &watch::Receiver<Drain>| {
+        let _ = stream.set_nodelay(true);
+        let (proxy, builder, drain) = (Arc::clone(&proxy), Arc::clone(&builder), drain_rx.clone());
+        if i == 0 {
+            tokio::spawn(serve_connection(stream, proxy, builder, drain));
+        } else {
+            tokio::spawn(transparent::serve_captured(
+                stream,
+                proxy,
+                builder,
+                drain,
+                Arc::clone(&own),
+            ));
+        }
+    };
     // Every connection task holds a receiver, so `drain.closed()` also tells
     // when the last connection has finished.
     let (drain, drain_rx) = watch::channel(Drain::SERVING);
     tokio::pin!(shutdown);
     loop {
+        let accept = std::future::poll_fn(|cx| {
+            for (i, l) in all.iter().enumerate() {
+                if let Poll::Ready(r) = l.poll_accept(cx) {
+                    return Poll::Ready((i, r));
+                }
+            }
+            Poll::Pending
+        });
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(a) => a,
+            (i, accepted) = accept => {
+                match accepted {
+                    Ok((stream, _)) => spawn(i, stream, &drain_rx),
                     Err(e) => {
                         // Out of file descriptors and similar: back off briefly, keep serving.
                         tracing::warn!(error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
                     }
-                };
-                spawn_connection(stream, &proxy, &builder, &drain_rx);
+                }
             }
             () = &mut shutdown => break,
         }
@@ -98,14 +169,16 @@ pub async fn serve_proxy(
     proxy.start_draining();
     // Connections the kernel has completed but this loop has not accepted yet
     // would be reset when the listener closes, their requests lost: take them
-    // in (at most a backlog's worth) and serve them like the others.
-    for _ in 0..MAX_BACKLOG_ON_DRAIN {
-        match listener.accept().now_or_never() {
-            Some(Ok((stream, _))) => spawn_connection(stream, &proxy, &builder, &drain_rx),
-            _ => break,
+    // in (at most a backlog's worth per listener) and serve them like the others.
+    for (i, l) in all.iter().enumerate() {
+        for _ in 0..MAX_BACKLOG_ON_DRAIN {
+            match l.accept().now_or_never() {
+                Some(Ok((stream, _))) => spawn(i, stream, &drain_rx),
+                _ => break,
+            }
         }
     }
-    drop(listener);
+    drop(all);
     drop(drain_rx);
     let timeout = proxy.config().proxy.drain_timeout;
     let grace = DRAIN_IDLE_GRACE.min(timeout / 2);
@@ -127,22 +200,7 @@ pub async fn serve_proxy(
     tokio::time::timeout(timeout, finished).await.is_ok()
 }
 
-fn spawn_connection(
-    stream: TcpStream,
-    proxy: &Arc<Proxy>,
-    builder: &Arc<auto::Builder<TokioExecutor>>,
-    drain: &watch::Receiver<Drain>,
-) {
-    let _ = stream.set_nodelay(true);
-    tokio::spawn(serve_connection(
-        stream,
-        Arc::clone(proxy),
-        Arc::clone(builder),
-        drain.clone(),
-    ));
-}
-
-/// Serves one accepted connection, following the drain.
+/// Serves one connection accepted on the proxy listener, following the drain.
 async fn serve_connection(
     stream: TcpStream,
     proxy: Arc<Proxy>,
@@ -159,9 +217,24 @@ async fn serve_connection(
         },
         () = reached(&mut drain, DrainPhase::ClosingIdle) => return,
     };
+    serve_http(stream, protocol, Destination::Host, proxy, builder, drain).await;
+}
+
+/// Serves HTTP on a connection whose `protocol` is known, each request
+/// routed as `dest` says, following the drain.
+async fn serve_http(
+    stream: TcpStream,
+    protocol: Protocol,
+    dest: Destination,
+    proxy: Arc<Proxy>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    mut drain: watch::Receiver<Drain>,
+) {
     let conn_drain = (protocol == Protocol::Http1).then(|| Arc::new(ConnDrain::default()));
     let responses = conn_drain.clone();
-    let service = service_fn(move |req| serve_request(Arc::clone(&proxy), req, responses.clone()));
+    let service = service_fn(move |req| {
+        serve_request(Arc::clone(&proxy), req, dest.clone(), responses.clone())
+    });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(conn);
     // HTTP/2's GOAWAY lets streams in flight finish and tells the client
@@ -197,12 +270,13 @@ async fn serve_connection(
 async fn serve_request(
     proxy: Arc<Proxy>,
     req: Request<Incoming>,
+    dest: Destination,
     conn: Option<Arc<ConnDrain>>,
 ) -> Result<Response<ServedBody>, Infallible> {
     let end = conn.as_ref().map(ConnDrain::request);
     let http1 = req.version() <= Version::HTTP_11;
     let connect = req.method() == Method::CONNECT;
-    let mut response = Arc::clone(&proxy).handle(req).await?;
+    let mut response = Arc::clone(&proxy).handle_routed(req, dest).await?;
     // An upgrade or an established tunnel takes over the connection: it must
     // not be told to close. HTTP/2 has no Connection header (RFC 9113 §8.2.2).
     let takes_over = response.status() == StatusCode::SWITCHING_PROTOCOLS

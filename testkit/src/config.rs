@@ -150,6 +150,13 @@ impl UpstreamConfig {
         addrs.into_iter().fold(self, UpstreamConfig::endpoint)
     }
 
+    /// Adds a virtual address: transparently captured connections to it go
+    /// to this upstream.
+    pub fn address(mut self, addr: SocketAddr) -> UpstreamConfig {
+        self.0.addresses.push(addr.to_string());
+        self
+    }
+
     /// Speaks h2c to the endpoints.
     pub fn h2c(mut self) -> UpstreamConfig {
         self.0.protocol = Protocol::H2c;

@@ -50,6 +50,32 @@ pub(crate) struct ProxyMetrics {
     pub(crate) unknown_upstream: AtomicU64,
     /// CEL conditions that failed to evaluate (each counted as no match), by rule.
     cel_errors: Mutex<BTreeMap<String, u64>>,
+    /// Transparently captured connections.
+    pub(crate) captured: CapturedMetrics,
+}
+
+/// Transparently captured connections: how each was served, and the opaque
+/// ones' bytes.
+#[derive(Debug, Default)]
+pub(crate) struct CapturedMetrics {
+    /// Served as HTTP/1.x through the retry path.
+    pub(crate) http1: AtomicU64,
+    /// Served as h2c through the retry path.
+    pub(crate) h2c: AtomicU64,
+    /// Relayed as opaque TCP.
+    pub(crate) opaque: AtomicU64,
+    /// Refused: the original destination is one of the sidecar's own listeners.
+    pub(crate) refused_loop: AtomicU64,
+    /// Refused: no original destination (the connection was not redirected).
+    pub(crate) refused_no_destination: AtomicU64,
+    /// Opaque relays whose destination could not be reached.
+    pub(crate) opaque_connect_failures: AtomicU64,
+    /// Opaque relays open now.
+    pub(crate) opaque_open: Gauge,
+    /// Bytes the opaque relays carried from clients to destinations.
+    pub(crate) opaque_bytes_sent: AtomicU64,
+    /// Bytes the opaque relays carried from destinations back to clients.
+    pub(crate) opaque_bytes_received: AtomicU64,
 }
 
 impl ProxyMetrics {
@@ -336,6 +362,40 @@ pub(crate) fn render(proxy: &Proxy) -> String {
     {
         out.sample("reprise_rule_cel_errors_total", &[("rule", rule)], n);
     }
+    let c = &m.captured;
+    for (protocol, n) in [("http1", &c.http1), ("h2c", &c.h2c), ("opaque", &c.opaque)] {
+        out.sample(
+            "reprise_captured_connections_total",
+            &[("protocol", protocol)],
+            load(n),
+        );
+    }
+    for (reason, n) in [
+        ("loop", &c.refused_loop),
+        ("no_original_destination", &c.refused_no_destination),
+    ] {
+        out.sample(
+            "reprise_captured_refused_total",
+            &[("reason", reason)],
+            load(n),
+        );
+    }
+    out.sample(
+        "reprise_opaque_connect_failures_total",
+        &[],
+        load(&c.opaque_connect_failures),
+    );
+    out.sample("reprise_opaque_connections_open", &[], c.opaque_open.get());
+    for (direction, n) in [
+        ("sent", &c.opaque_bytes_sent),
+        ("received", &c.opaque_bytes_received),
+    ] {
+        out.sample(
+            "reprise_opaque_bytes_total",
+            &[("direction", direction)],
+            load(n),
+        );
+    }
     let spans = proxy.tracing().counters();
     out.sample(
         "reprise_trace_spans_exported_total",
@@ -454,6 +514,31 @@ const FAMILIES: &[Family] = &[
         "Rule CEL conditions that failed to evaluate (each counted as no match), by rule id.",
     ),
     family(
+        "reprise_captured_connections_total",
+        Kind::Counter,
+        "Transparently captured connections by how they were served (http1, h2c: the retry path; opaque: relayed as TCP).",
+    ),
+    family(
+        "reprise_captured_refused_total",
+        Kind::Counter,
+        "Captured connections refused, by reason (loop: the destination is the sidecar's own listener; no_original_destination: not redirected).",
+    ),
+    family(
+        "reprise_opaque_connect_failures_total",
+        Kind::Counter,
+        "Opaque relays whose destination could not be reached (the client's connection is reset).",
+    ),
+    family(
+        "reprise_opaque_connections_open",
+        Kind::Gauge,
+        "Opaque relays of captured connections open now.",
+    ),
+    family(
+        "reprise_opaque_bytes_total",
+        Kind::Counter,
+        "Bytes opaque relays carried, by direction (sent: client to destination; received: back).",
+    ),
+    family(
         "reprise_trace_spans_exported_total",
         Kind::Counter,
         "Spans the OTLP collector accepted (0 while tracing is off).",
@@ -464,3 +549,22 @@ const FAMILIES: &[Family] = &[
         "Spans dropped: export queue full, collector unreachable or export timed out.",
     ),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::FAMILIES;
+
+    #[test]
+    fn every_family_is_documented_in_the_readme() {
+        let readme = include_str!("../../../README.md");
+        let missing: Vec<&str> = FAMILIES
+            .iter()
+            .map(|f| f.name)
+            .filter(|name| !readme.contains(&format!("`{name}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in the README's Metrics table: {missing:?}"
+        );
+    }
+}

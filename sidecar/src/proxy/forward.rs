@@ -1,6 +1,10 @@
 //! Hosts outside every upstream, in Kubernetes mode: forwarded once, as a
 //! plain proxy would, so that `HTTP_PROXY` pointing at the sidecar does not
-//! break the application's other calls. Never retried.
+//! break the application's other calls; and requests on a captured
+//! connection whose destination left the configuration, forwarded once to
+//! that destination. Never retried.
+
+use std::net::SocketAddr;
 
 use http::header::{HeaderValue, HOST};
 use http::{Method, Request, Response, Version};
@@ -36,6 +40,31 @@ pub(crate) async fn forward(
     let Some(authority) = authority else {
         return Local::MissingHost.into_response();
     };
+    send(client, req, authority, span).await
+}
+
+/// Forwards `req` to `addr`, the original destination of a captured
+/// connection, its `Host` header unchanged.
+pub(crate) async fn forward_to(
+    client: &PassthroughClient,
+    req: Request<Incoming>,
+    addr: SocketAddr,
+    span: &RequestSpan,
+) -> Response<ProxyBody> {
+    if req.method() == Method::CONNECT {
+        return Local::ConnectOutside.into_response();
+    }
+    send(client, req, addr.to_string(), span).await
+}
+
+/// Sends `req` once to `authority` (where the connection goes; the request
+/// keeps its own `Host` header when it has one).
+async fn send(
+    client: &PassthroughClient,
+    req: Request<Incoming>,
+    authority: String,
+    span: &RequestSpan,
+) -> Response<ProxyBody> {
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let Ok(uri) = format!("http://{authority}{path}").parse::<http::Uri>() else {

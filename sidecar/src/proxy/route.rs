@@ -1,8 +1,10 @@
-//! The route phase: the routing table (which upstream a host names, and which
-//! retry policy a request gets), swapped atomically as a whole on every
-//! reload, and the host a request addresses.
+//! The route phase: the routing table (which upstream a host names, or a
+//! transparently captured connection's original destination, and which retry
+//! policy a request gets), swapped atomically as a whole on every reload, and
+//! the host a request addresses.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::header::HOST;
@@ -19,6 +21,24 @@ pub struct Routes {
     pub config: Arc<Config>,
     /// Upstreams by lower-case name and by each alias.
     pub upstreams: HashMap<String, Arc<UpstreamState>>,
+    /// Upstreams by each virtual address (a Service's `ClusterIP:port`) and
+    /// each endpoint address (a pod's `IP:port`, which is how a client of a
+    /// headless Service dials it).
+    pub by_address: HashMap<SocketAddr, Arc<UpstreamState>>,
+}
+
+/// Where a request goes when its host is not the whole story.
+#[derive(Clone, Debug)]
+pub enum Destination {
+    /// The explicit proxy: the upstream the request's host names.
+    Host,
+    /// Inside a CONNECT tunnel to the upstream of this name: the request's
+    /// own host wins when it names another upstream.
+    Tunnel(Arc<str>),
+    /// A transparently captured connection to this original destination:
+    /// the upstream answering to that address, whatever the `Host` header
+    /// says (the header is forwarded unchanged).
+    Original(SocketAddr),
 }
 
 /// What rules match on: the request as the route phase sees it.
@@ -56,6 +76,7 @@ impl Routes {
     /// Builds routes for `config`, carrying live state over from `previous`.
     pub fn new(config: Config, previous: Option<&Routes>) -> Self {
         let mut upstreams = HashMap::new();
+        let mut by_address = HashMap::new();
         for u in &config.upstreams {
             let prev = previous
                 .and_then(|p| p.upstreams.get(&u.name))
@@ -66,12 +87,33 @@ impl Routes {
                     .entry(alias.to_ascii_lowercase())
                     .or_insert_with(|| Arc::clone(&state));
             }
+            // Virtual addresses are unique across upstreams (validated); an
+            // endpoint shared by two upstreams maps to the first, and never
+            // shadows another upstream's virtual address.
+            for addr in &u.addresses {
+                by_address.insert(*addr, Arc::clone(&state));
+            }
             upstreams.insert(u.name.clone(), state);
+        }
+        for u in &config.upstreams {
+            for e in &u.endpoints {
+                if let Some(state) = upstreams.get(&u.name) {
+                    by_address
+                        .entry(e.addr)
+                        .or_insert_with(|| Arc::clone(state));
+                }
+            }
         }
         Self {
             config: Arc::new(config),
             upstreams,
+            by_address,
         }
+    }
+
+    /// The upstream a transparently captured connection to `addr` belongs to.
+    pub fn upstream_at(&self, addr: &SocketAddr) -> Option<&Arc<UpstreamState>> {
+        self.by_address.get(addr)
     }
 
     /// The upstream a host names (case-insensitive; any port already removed).

@@ -5,11 +5,11 @@
 //! retried. Each open tunnel holds a [`Tunnels`] guard, so the
 //! drain counts it as in flight and waits for it, up to the drain timeout.
 
-use std::pin::Pin;
+pub(crate) mod prefixed;
+pub(crate) mod relay;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -17,17 +17,17 @@ use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::Notify;
 
+use self::prefixed::Prefixed;
 use super::body::ProxyBody;
 use super::local::Local;
+use super::route::Destination;
 use super::Proxy;
-use crate::balance::picker::{self, Tried};
 use crate::balance::upstream::UpstreamState;
-use crate::random::ThreadRandom;
 use crate::retry::outcome::{Outcome, SkipReason};
-use crate::server::HEADER_READ_TIMEOUT;
+use crate::server::{FIRST_BYTES_WAIT, HEADER_READ_TIMEOUT};
 
 /// Tunnels open now.
 #[derive(Debug, Default)]
@@ -70,11 +70,6 @@ impl Drop for TunnelGuard {
     }
 }
 
-/// How long a CONNECT tunnel's first bytes are awaited to tell what it
-/// carries; a client that does not speak first (a server-first protocol)
-/// gets an opaque tunnel after it.
-const SNIFF_WAIT: Duration = Duration::from_millis(500);
-
 /// The first byte of a TLS record carrying a handshake (RFC 8446 §5.1).
 const TLS_HANDSHAKE: u8 = 0x16;
 
@@ -99,7 +94,7 @@ pub(crate) fn connect(
         };
         let mut io = TokioIo::new(upgraded);
         let mut first = vec![0u8; 4096];
-        let n = match tokio::time::timeout(SNIFF_WAIT, io.read(&mut first)).await {
+        let n = match tokio::time::timeout(FIRST_BYTES_WAIT, io.read(&mut first)).await {
             Ok(Ok(0) | Err(_)) => return,
             Ok(Ok(n)) => n,
             Err(_) => 0,
@@ -108,22 +103,23 @@ pub(crate) fn connect(
         let opaque = first.first().is_none_or(|b| *b == TLS_HANDSHAKE);
         let io = Prefixed::new(Bytes::from(first), io);
         if opaque {
-            relay(io, &upstream).await;
+            relay_to_upstream(io, &upstream).await;
         } else {
-            serve_inside(io, proxy, upstream).await;
+            serve_inside(io, proxy, Arc::from(upstream.config.name.as_str())).await;
         }
     });
     Response::new(ProxyBody::Local(None))
 }
 
 /// Serves the tunnel's bytes as a client connection whose requests go to
-/// `upstream` (unless their own host names another).
-async fn serve_inside<T>(io: T, proxy: Arc<Proxy>, upstream: Arc<UpstreamState>)
+/// the upstream named `upstream` (unless their own host names another),
+/// looked up per request so that a long-lived tunnel follows reloads.
+async fn serve_inside<T>(io: T, proxy: Arc<Proxy>, upstream: Arc<str>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |req| {
-        Arc::clone(&proxy).handle_routed(req, Some(Arc::clone(&upstream)))
+        Arc::clone(&proxy).handle_routed(req, Destination::Tunnel(Arc::clone(&upstream)))
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -139,84 +135,18 @@ where
 }
 
 /// An opaque tunnel: the bytes relayed to one endpoint of `upstream`.
-async fn relay<T>(mut io: T, upstream: &UpstreamState)
+async fn relay_to_upstream<T>(mut io: T, upstream: &UpstreamState)
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
-    let Some(i) = picker::pick(
-        &upstream.endpoints,
-        &Tried::default(),
-        false,
-        &mut ThreadRandom,
-    ) else {
+    let Ok(mut stream) = relay::connect_upstream(upstream).await else {
+        upstream
+            .metrics
+            .record_outcome(Outcome::Skipped(SkipReason::Tunnel));
         return;
     };
-    let endpoint = &upstream.endpoints[i];
-    let connect = tokio::time::timeout(
-        upstream.config.connect_timeout,
-        tokio::net::TcpStream::connect(endpoint.endpoint.addr),
-    )
-    .await;
-    let mut stream = match connect {
-        Ok(Ok(s)) => s,
-        failed => {
-            if matches!(failed, Ok(Err(_))) {
-                endpoint.record_failure(&upstream.config.passive_health);
-            }
-            upstream
-                .metrics
-                .record_outcome(Outcome::Skipped(SkipReason::Tunnel));
-            return;
-        }
-    };
     upstream.metrics.record_outcome(Outcome::Ok);
-    let _ = tokio::io::copy_bidirectional(&mut io, &mut stream).await;
-}
-
-/// An I/O stream with bytes already read from it put back in front.
-struct Prefixed<T> {
-    prefix: Bytes,
-    inner: T,
-}
-
-impl<T> Prefixed<T> {
-    fn new(prefix: Bytes, inner: T) -> Self {
-        Self { prefix, inner }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
+    relay::copy(&mut io, &mut stream).await;
 }
 
 /// Joins the client's upgraded connection to the endpoint's, once both sides

@@ -5,6 +5,7 @@ mod support;
 
 mod bad_input;
 mod body;
+mod captured;
 mod classification;
 mod cli;
 mod drain;

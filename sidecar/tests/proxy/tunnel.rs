@@ -84,3 +84,33 @@ async fn a_tls_tunnel_stays_opaque() {
         .expect("echoed");
     assert_eq!(back, hello, "byte for byte");
 }
+
+#[tokio::test]
+async fn requests_in_a_long_lived_tunnel_follow_a_reload() {
+    // A gRPC channel through http_proxy keeps one tunnel for hours; the pods
+    // behind it change. Each request is routed on the routes of its time.
+    let (old, new) = (
+        Upstream::always(Action::Reply(200)).await,
+        Upstream::always(Action::Reply(200)).await,
+    );
+    let sidecar = Sidecar::start(UpstreamConfig::new("api").endpoint(old.addr)).await;
+    let mut wire = tunnel(&sidecar).await;
+    assert_eq!(get(&mut wire).await, 200);
+    sidecar.proxy.reload(
+        reprise_testkit::config::Config::from(UpstreamConfig::new("api").endpoint(new.addr))
+            .resolve(),
+    );
+    assert_eq!(get(&mut wire).await, 200);
+    assert_eq!(old.received().len(), 1, "before the reload");
+    assert_eq!(new.received().len(), 1, "after it, in the same tunnel");
+}
+
+/// `GET /items` on the tunnel's HTTP connection with a host that names no
+/// upstream (so only the tunnel says where it goes); the answer's status.
+async fn get(wire: &mut Wire<TcpStream>) -> u16 {
+    wire.get_mut()
+        .write_all(b"GET /items HTTP/1.1\r\nHost: 10.1.2.3\r\n\r\n")
+        .await
+        .expect("a request in the tunnel");
+    wire.read_response("GET").await.expect("its answer").status
+}

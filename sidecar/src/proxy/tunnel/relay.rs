@@ -1,0 +1,61 @@
+//! Opaque relays: bytes copied both ways unchanged, never retried. A
+//! half-close travels through (EOF from one side shuts down writing towards
+//! the other, and the other direction keeps flowing), so a client that
+//! shuts down its sending side still reads the whole reply.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use crate::balance::picker::{self, Tried};
+use crate::balance::upstream::UpstreamState;
+use crate::random::ThreadRandom;
+
+/// Connects to one endpoint of `upstream`, picked as a request's first
+/// attempt would be, within the upstream's connect timeout. A refused
+/// connection counts against the endpoint's passive health.
+pub(crate) async fn connect_upstream(upstream: &UpstreamState) -> io::Result<TcpStream> {
+    let i = picker::pick(
+        &upstream.endpoints,
+        &Tried::default(),
+        false,
+        &mut ThreadRandom,
+    )
+    .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no endpoint"))?;
+    let endpoint = &upstream.endpoints[i];
+    let connected = connect(endpoint.endpoint.addr, upstream.config.connect_timeout).await;
+    if connected
+        .as_ref()
+        .is_err_and(|e| e.kind() != io::ErrorKind::TimedOut)
+    {
+        endpoint.record_failure(&upstream.config.passive_health);
+    }
+    connected
+}
+
+/// Connects to `addr` within `timeout` (a timeout is `TimedOut`).
+pub(crate) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// Copies both ways until both directions have closed; the bytes sent from
+/// `client` to `server`, and back, as far as they got.
+pub(crate) async fn copy<T>(client: &mut T, server: &mut TcpStream) -> (u64, u64)
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::io::copy_bidirectional(client, server).await {
+        Ok(counts) => counts,
+        Err(e) => {
+            tracing::debug!(error = %e, "opaque relay ended with an error");
+            (0, 0)
+        }
+    }
+}
