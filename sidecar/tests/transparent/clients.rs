@@ -71,10 +71,7 @@ pub fn probe_as(lab: &Lab, uid: u32, args: &[&str]) -> Value {
     );
     // The reader thread may still hold the last line for a moment.
     let line = wait_for(Duration::from_secs(5), || {
-        helper
-            .lines()
-            .into_iter()
-            .rfind(|l| l.starts_with('{'))
+        helper.lines().into_iter().rfind(|l| l.starts_with('{'))
     })
     .expect("probe.py printed a JSON line");
     serde_json::from_str(&line).expect("JSON")
@@ -84,7 +81,9 @@ pub fn probe_as(lab: &Lab, uid: u32, args: &[&str]) -> Value {
 pub fn get(lab: &Lab, url: &str) -> (u64, String) {
     let v = probe(lab, &["get", url]);
     (
-        v["status"].as_u64().unwrap_or_else(|| panic!("GET {url}: {v}")),
+        v["status"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("GET {url}: {v}")),
         v["body"].as_str().unwrap_or_default().to_string(),
     )
 }

@@ -101,7 +101,12 @@ impl Helper {
         let exe = std::env::current_exe().expect("this test binary");
         let mut child = lab
             .command(ns, exe)
-            .args(["helper::in_namespace", "--exact", "--ignored", "--nocapture"])
+            .args([
+                "helper::in_namespace",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
             .args(["--test-threads", "1"])
             .env(ROLE, serde_json::to_string(role).expect("a role is JSON"))
             .stdin(Stdio::piped())
@@ -133,13 +138,12 @@ impl Helper {
             if let Ok(Some(status)) = helper.child.try_wait() {
                 panic!("the serving helper exited early ({status})");
             }
-            helper
-                .lines()
-                .iter()
-                .any(|l| l == "REPRISE-HELPER ready")
-                .then_some(())
+            helper.marked().iter().any(|l| l == "ready").then_some(())
         });
-        assert!(ready.is_some(), "the servers listen within {READY_WITHIN:?}");
+        assert!(
+            ready.is_some(),
+            "the servers listen within {READY_WITHIN:?}"
+        );
         helper
     }
 
@@ -147,6 +151,15 @@ impl Helper {
     pub fn exec(lab: &Lab, ns: &str, uid: u32, argv: &[&str]) -> Helper {
         let argv = argv.iter().map(|s| (*s).to_string()).collect();
         Helper::spawn(lab, ns, &Role::Exec { uid, argv })
+    }
+
+    /// What follows the marker on each marked line (libtest may print its
+    /// `test ... ` prefix on the same line first).
+    fn marked(&self) -> Vec<String> {
+        self.lines()
+            .iter()
+            .filter_map(|l| l.find(MARK).map(|i| l[i + MARK.len()..].to_string()))
+            .collect()
     }
 
     /// Every line printed so far.
@@ -159,9 +172,9 @@ impl Helper {
 
     /// The hits reported so far, in order.
     pub fn hits(&self) -> Vec<Value> {
-        self.lines()
+        self.marked()
             .iter()
-            .filter_map(|l| l.strip_prefix("REPRISE-HELPER hit "))
+            .filter_map(|l| l.strip_prefix("hit "))
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
     }
@@ -219,7 +232,8 @@ async fn start(server: Server) -> Option<Upstream> {
                 let name = name.clone();
                 async move {
                     let mut data = Vec::new();
-                    let read = (&mut conn).take(ECHO_MAX).read_to_end(&mut data);
+                    let mut limited = (&mut conn).take(ECHO_MAX);
+                    let read = limited.read_to_end(&mut data);
                     if tokio::time::timeout(ECHO_READ, read).await.is_err() {
                         return;
                     }
@@ -287,6 +301,10 @@ fn in_namespace() {
     };
     match serde_json::from_str::<Role>(&role).expect("a role") {
         Role::Exec { uid, argv } => {
+            // Ends libtest's `test ... ` line, so the program's first line
+            // of output is a line of its own.
+            println!();
+            let _ = std::io::stdout().flush();
             let e = Command::new(&argv[0])
                 .args(&argv[1..])
                 .uid(uid)

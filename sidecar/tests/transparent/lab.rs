@@ -15,7 +15,7 @@
 //! added, and nothing could leave anyway: the namespaces have no link to
 //! the host).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -132,7 +132,9 @@ fn host_enter() {
             ip(&[family, "route", "add", "blackhole", prefix]);
             host.added.push(prefix);
         } else if !existing.starts_with("blackhole") {
-            eprintln!("note: the host already routes {prefix} ({existing}); no blackhole route added");
+            eprintln!(
+                "note: the host already routes {prefix} ({existing}); no blackhole route added"
+            );
         }
     }
 }
@@ -189,14 +191,20 @@ impl Lab {
             "link", "add", &a, "netns", &lab.app, "type", "veth", "peer", "name", &s, "netns",
             &lab.svc,
         ]);
-        lab.ip(&lab.app, &["addr", "add", &format!("{APP_V4}/24"), "dev", &a]);
+        lab.ip(
+            &lab.app,
+            &["addr", "add", &format!("{APP_V4}/24"), "dev", &a],
+        );
         // nodad: usable at once, no 1-2 s of duplicate address detection.
         lab.ip(
             &lab.app,
             &["addr", "add", &format!("{APP_V6}/64"), "dev", &a, "nodad"],
         );
         for n in SVC_V4 {
-            lab.ip(&lab.svc, &["addr", "add", &format!("192.0.2.{n}/24"), "dev", &s]);
+            lab.ip(
+                &lab.svc,
+                &["addr", "add", &format!("192.0.2.{n}/24"), "dev", &s],
+            );
         }
         for n in SVC_V6 {
             let addr = v6(n, 0).ip();
@@ -246,7 +254,11 @@ impl Lab {
     /// The nat table of the app namespace as `iptables-save` (`-6`:
     /// `ip6tables-save`) prints it, without its dated comment lines.
     pub fn nat_table(&self, v6: bool) -> String {
-        let save = if v6 { "ip6tables-save" } else { "iptables-save" };
+        let save = if v6 {
+            "ip6tables-save"
+        } else {
+            "iptables-save"
+        };
         let out = run(self.app(save).args(["-t", "nat"]));
         String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -309,9 +321,4 @@ pub fn wait_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// True for addresses of the lab's 2001:db8::/64.
-pub fn is_v6(addr: &SocketAddr) -> bool {
-    matches!(addr.ip(), IpAddr::V6(_))
 }

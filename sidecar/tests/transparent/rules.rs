@@ -94,7 +94,9 @@ fn install_twice_is_identical_clean_restores_and_dry_run_changes_nothing() {
         "a second run runs no changing command:\n{second_run}"
     );
     assert_eq!(
-        second_run.matches("already in place, nothing changed").count(),
+        second_run
+            .matches("already in place, nothing changed")
+            .count(),
         2,
         "{second_run}"
     );
@@ -147,7 +149,12 @@ fn install_twice_is_identical_clean_restores_and_dry_run_changes_nothing() {
 #[test]
 fn the_legacy_backend_gets_the_same_rules() {
     let Some(lab) = Lab::new() else { return };
-    let legacy = ["--iptables", "iptables-legacy", "--ip6tables", "ip6tables-legacy"];
+    let legacy = [
+        "--iptables",
+        "iptables-legacy",
+        "--ip6tables",
+        "ip6tables-legacy",
+    ];
     if Command::new("iptables-legacy")
         .arg("--version")
         .output()
@@ -167,7 +174,10 @@ fn the_legacy_backend_gets_the_same_rules() {
     let pristine = save("iptables-legacy-save");
     let args = [ARGS, &legacy].concat();
     let first = lab.capture(&args);
-    assert!(first.contains("(iptables v1.8") && first.contains("legacy backend"), "{first}");
+    assert!(
+        first.contains("(iptables v1.8") && first.contains("legacy backend"),
+        "{first}"
+    );
     let installed = save("iptables-legacy-save");
     let dry = lab.capture(&[&args[..], &["--dry-run"]].concat());
     assert_eq!(
@@ -183,10 +193,7 @@ fn the_legacy_backend_gets_the_same_rules() {
         "a second run changes nothing"
     );
     assert_eq!(save("iptables-legacy-save"), installed);
-    assert!(
-        !save("ip6tables-legacy-save").is_empty(),
-        "IPv6 rules too"
-    );
+    assert!(!save("ip6tables-legacy-save").is_empty(), "IPv6 rules too");
     lab.capture(&[&args[..], &["--clean"]].concat());
     assert_eq!(save("iptables-legacy-save"), pristine);
 }
@@ -206,7 +213,8 @@ fn clean_leaves_other_rules_and_fails_loudly_when_the_chain_is_in_use() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("`iptables -w 5 -t nat -X REPRISE_OUTPUT` failed (exit status: 1): "),
+        stderr.contains("`iptables -w 5 -t nat -X REPRISE_OUTPUT` failed (exit status: ")
+            && (stderr.contains("busy") || stderr.contains("Too many links")),
         "the failing command and its stderr: {stderr}"
     );
     let v4 = lab.nat_table(false);
@@ -235,11 +243,25 @@ fn bad_flags_exit_2_naming_the_flag_and_a_missing_binary_exits_1() {
             "--redirect-port: must be in 1..=65535 (got 0)",
         ),
         (
-            &["--redirect-port", "15006", "--proxy-uid", "65532", "--exclude-ports", "53,x"],
+            &[
+                "--redirect-port",
+                "15006",
+                "--proxy-uid",
+                "65532",
+                "--exclude-ports",
+                "53,x",
+            ],
             "--exclude-ports: \"x\" is not a port: must be a number in 1..=65535",
         ),
         (
-            &["--redirect-port", "15006", "--proxy-uid", "65532", "--exclude-cidrs", "10.0.0.0/40"],
+            &[
+                "--redirect-port",
+                "15006",
+                "--proxy-uid",
+                "65532",
+                "--exclude-cidrs",
+                "10.0.0.0/40",
+            ],
             "--exclude-cidrs: \"10.0.0.0/40\": the prefix must be a number in 0..=32",
         ),
         (
@@ -259,7 +281,13 @@ fn bad_flags_exit_2_naming_the_flag_and_a_missing_binary_exits_1() {
         assert!(stderr.contains(want), "{args:?}: {stderr}");
     }
     let out = Command::new(BIN)
-        .args(["iptables", "--redirect-port", "15006", "--proxy-uid", "65532"])
+        .args([
+            "iptables",
+            "--redirect-port",
+            "15006",
+            "--proxy-uid",
+            "65532",
+        ])
         .args(NO_BINARIES)
         .output()
         .expect("run");
