@@ -463,7 +463,9 @@ pub fn node_transparent_app_yaml(flaky_pod: &str, flaky_percent: u32) -> String 
 }
 
 fn app_yaml(flaky_pod: &str, flaky_percent: u32, transparent: bool) -> String {
-    let security_as = |uid: u32| format!("securityContext: {{ runAsNonRoot: true, runAsUser: {uid}, runAsGroup: {uid}, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{ drop: [ALL] }}, seccompProfile: {{ type: RuntimeDefault }} }}");
+    let security_as = |uid: u32| {
+        format!("securityContext: {{ runAsNonRoot: true, runAsUser: {uid}, runAsGroup: {uid}, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{ drop: [ALL] }}, seccompProfile: {{ type: RuntimeDefault }} }}")
+    };
     let security = security_as(65532);
     let (web_annotations, web_security) = if transparent {
         (

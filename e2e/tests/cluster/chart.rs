@@ -338,7 +338,8 @@ fn helm_install_gives_rbac_and_the_webhooks_injection_decisions() {
         r#"{"add":["NET_ADMIN","NET_RAW"],"drop":["ALL"]}"#
     );
     assert!(
-        field(&transparent, "{.spec.initContainers[1].args}").contains("\"--transparent\",\"127.0.0.1:15006\""),
+        field(&transparent, "{.spec.initContainers[1].args}")
+            .contains("\"--transparent\",\"127.0.0.1:15006\""),
         "the sidecar's transparent listener"
     );
     assert_eq!(
@@ -346,8 +347,13 @@ fn helm_install_gives_rbac_and_the_webhooks_injection_decisions() {
         "",
         "no HTTP_PROXY in a transparent pod"
     );
-    c.kubectl(&["label", "namespace", &c.ns, "reprise.dev/transparent=enabled"])
-        .expect("label transparent");
+    c.kubectl(&[
+        "label",
+        "namespace",
+        &c.ns,
+        "reprise.dev/transparent=enabled",
+    ])
+    .expect("label transparent");
     c.apply(&pod_yaml("by-namespace", "")).expect("pod");
     assert_eq!(
         field("by-namespace", "{.spec.initContainers[*].name}"),

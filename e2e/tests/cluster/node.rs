@@ -685,8 +685,10 @@ async fn a_transparent_pod_without_http_proxy_gets_its_requests_retried() {
     step("2. a transparent web pod, Service api with a flaky pod");
     c.kubectl(&["label", "namespace", &c.ns, "reprise.dev/inject=enabled"])
         .expect("label");
-    c.apply(&reprise_e2e::cluster::node_transparent_app_yaml("api-0", 50))
-        .expect("app");
+    c.apply(&reprise_e2e::cluster::node_transparent_app_yaml(
+        "api-0", 50,
+    ))
+    .expect("app");
     c.apply(NODE_POLICY).expect("policy");
     c.until("three Ready api pods", Duration::from_secs(120), || {
         pods(&c, &c.ns, "app=api")
