@@ -120,6 +120,14 @@ impl Capture {
             .get(EXCLUDE_OUTBOUND_CIDRS)
             .map(|v| parse_cidrs(EXCLUDE_OUTBOUND_CIDRS, v))
             .transpose()?;
+        // reprise-init refuses it (`reprise-sidecar iptables` exits 2), so
+        // the pod would never start: refuse it here, naming the annotation.
+        if exclude.iter().flatten().any(|p| *p == config.redirect_port) {
+            return Err(format!(
+                "annotation {EXCLUDE_OUTBOUND_PORTS}: {} is the sidecar's redirect port (redirectPort); connections to it stay on loopback, which is never captured",
+                config.redirect_port
+            ));
+        }
         if !on {
             return Ok(None);
         }
@@ -130,14 +138,6 @@ impl Capture {
         }
         exclude_cidrs.extend(cidrs.unwrap_or_default());
         let exclude = exclude.unwrap_or_default();
-        // reprise-init refuses both (`reprise-sidecar iptables` exits 2), so
-        // the pod would never start: refuse it here, naming the annotation.
-        if exclude.contains(&config.redirect_port) {
-            return Err(format!(
-                "annotation {EXCLUDE_OUTBOUND_PORTS}: {} is the sidecar's redirect port (redirectPort); connections to it stay on loopback, which is never captured",
-                config.redirect_port
-            ));
-        }
         let mut exclude_ports = t.exclude_outbound_ports.clone();
         exclude_ports.extend(exclude);
         let include = include.unwrap_or_default();
