@@ -40,6 +40,24 @@ fi
 echo "== grpcio for the gRPC interoperability tests"
 REPRISE_GRPC_PYTHON="$(bash e2e/python-grpc.sh)"
 export REPRISE_GRPC_PYTHON
+# The transparent-mode tests (sidecar/tests/transparent) build network
+# namespaces with `ip`, install rules with iptables/ip6tables (nft and
+# legacy) and run Node's fetch as a client: Debian's packages, installed when
+# missing, as root (without root those tests skip and say so).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  PATH="$PATH:/usr/sbin:/sbin" command -v ip >/dev/null || need+=(iproute2)
+  PATH="$PATH:/usr/sbin:/sbin" command -v iptables-legacy >/dev/null || need+=(iptables)
+  [ -x /usr/bin/node ] || [ -x /usr/local/bin/node ] || need+=(nodejs)
+  if [ "${#need[@]}" -gt 0 ]; then
+    echo "== apt-get install ${need[*]} (the transparent-mode tests)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null 2>&1 || {
+      DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 || true
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+    }
+  fi
+  export PATH="$PATH:/usr/sbin:/sbin"
+fi
 echo "== cargo test"
 log="$(mktemp)"
 trap 'stop_prebuild; rm -f "$log" "$prebuild_log"' EXIT
