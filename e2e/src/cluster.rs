@@ -478,7 +478,7 @@ spec:
             {env}
             - {{ name: FLAKY_POD, value: "{flaky_pod}" }}
             - {{ name: FLAKY_PERCENT, value: "{flaky_percent}" }}
-            - {{ name: DRAIN_MS, value: "2000" }}
+            - {{ name: DRAIN_MS, value: "4000" }}
           {probe}
           resources: {{ requests: {{ cpu: 10m, memory: 16Mi }}, limits: {{ memory: 64Mi }} }}
           {security}

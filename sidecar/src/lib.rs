@@ -14,11 +14,13 @@
 //! - `balance`: endpoints, the picker, per-upstream state, HTTP clients.
 //! - [`config`]: where the configuration comes from and how it changes.
 //! - [`observe`]: metrics and stats, the access log, log output, spans.
+//! - `capture`: the `iptables` subcommand, the nat rules of transparent mode.
 //!
 //! `docs/architecture.md` walks the request and control paths through them.
 #![forbid(unsafe_code)]
 
 mod balance;
+mod capture;
 mod clock;
 pub mod config;
 pub mod observe;
@@ -59,6 +61,24 @@ pub enum Error {
     /// A `REPRISE_*` variable of Kubernetes mode is missing or malformed.
     #[error("{0}")]
     Environment(String),
+    /// A flag of `reprise-sidecar iptables` breaks a rule.
+    #[error("{flag}: {rule}")]
+    Flag {
+        /// The flag, e.g. `--exclude-ports`.
+        flag: &'static str,
+        /// The rule and the value that broke it.
+        rule: String,
+    },
+    /// An `iptables` or `ip6tables` command failed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Iptables {
+        /// The command line.
+        command: String,
+        /// Its exit status, or why it could not start.
+        status: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
     /// Neither a configuration file nor a controller to subscribe to.
     #[error("either --config FILE (standalone) or REPRISE_CONTROLLER (Kubernetes mode) is needed")]
     NoConfigSource,

@@ -51,11 +51,24 @@ struct Args {
     /// Log format: json (one JSON object per line) or text.
     #[arg(long, default_value = "json", value_parser = ["json", "text"])]
     log_format: String,
+    /// A one-shot tool instead of the proxy.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// The one-shot tools; without one, the sidecar runs.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Install the nat rules of transparent mode in this network namespace.
+    Iptables(crate::capture::IptablesArgs),
 }
 
 /// Runs the sidecar with the process arguments; the exit code says how it ended.
 pub fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if let Some(Command::Iptables(a)) = args.command.take() {
+        return crate::capture::main(a);
+    }
     if args.check {
         let Some(config) = &args.config else {
             eprintln!("reprise-sidecar: --check needs --config FILE");

@@ -98,9 +98,19 @@ impl GrpcServer {
         name: &str,
         script: impl Fn(usize) -> GrpcAction + Send + Sync + 'static,
     ) -> GrpcServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        GrpcServer::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), name, script).await
+    }
+
+    /// [`GrpcServer::start`] listening on `bind` (a network namespace's
+    /// address, say) instead of an ephemeral loopback port.
+    pub async fn start_on(
+        bind: SocketAddr,
+        name: &str,
+        script: impl Fn(usize) -> GrpcAction + Send + Sync + 'static,
+    ) -> GrpcServer {
+        let listener = tokio::net::TcpListener::bind(bind)
             .await
-            .expect("bind the gRPC server");
+            .unwrap_or_else(|e| panic!("bind the gRPC server on {bind}: {e}"));
         let addr = listener.local_addr().expect("its address");
         let server = GrpcServer {
             addr,

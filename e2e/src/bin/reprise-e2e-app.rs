@@ -4,7 +4,9 @@
 //! - **Server** (every path but the two below): answers `200 hello from
 //!   $POD_NAME ($POD_IP)`; when `$POD_NAME` equals `$FLAKY_POD`, a random
 //!   `$FLAKY_PERCENT`% of requests get `503` instead. On SIGTERM it keeps
-//!   answering (with `Connection: close`) for `$DRAIN_MS` (default 2000) and
+//!   answering (with `Connection: close`), and accepting, for `$DRAIN_MS`
+//!   (default 5000: endpoint removal reaches every sidecar within that even
+//!   on a loaded 2-core machine) and
 //!   exits, as a well-behaved server does while its endpoint is withdrawn.
 //! - **Client**: `GET /drive?url=http://api/&n=100[&interval_ms=10][&timeout_s=120]`
 //!   sends `n` GETs one after another, through `$HTTP_PROXY` when it is set
@@ -57,37 +59,35 @@ async fn main() -> anyhow::Result<()> {
         name,
         draining: AtomicBool::new(false),
     });
-    let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(2000));
+    let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(5000));
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
     eprintln!(
         "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%)",
         state.name, state.fail_percent
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let accept = {
-        let state = Arc::clone(&state);
-        async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let state = Arc::clone(&state);
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(Arc::clone(&state), req));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+    // Its own task: the listener keeps accepting through the drain. (Dropped
+    // at SIGTERM, it refused new connections at once, and a client whose
+    // keep-alive connection got `Connection: close` had nowhere to go until
+    // its proxy heard that the endpoint was gone.)
+    let state_for_accept = Arc::clone(&state);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let state = Arc::clone(&state_for_accept);
+            tokio::spawn(async move {
+                let service = service_fn(move |req| handle(Arc::clone(&state), req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
         }
-    };
-    tokio::select! {
-        () = accept => {}
-        _ = term.recv() => {
-            eprintln!("SIGTERM: draining for {drain:?}");
-            state.draining.store(true, Ordering::Relaxed);
-        }
-    }
+    });
+    term.recv().await;
+    eprintln!("SIGTERM: draining for {drain:?}");
+    state.draining.store(true, Ordering::Relaxed);
     // Keep serving while the endpoint is withdrawn everywhere.
     tokio::time::sleep(drain).await;
     Ok(())
