@@ -434,6 +434,101 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
+    /// An upstream whose first connection answers with a 1,000-byte body but
+    /// sends only 7 bytes of it, then stalls (`close` false) or closes (`close`
+    /// true); later connections answer like [`upstream`]'s.
+    async fn truncating_upstream(close: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                            }
+                        }
+                        buf.clear();
+                        let reply = if n == 1 {
+                            "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\npartial".to_owned()
+                        } else {
+                            format!("HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n{n}")
+                        };
+                        if stream.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        if n == 1 {
+                            if close {
+                                return;
+                            }
+                            // Stalled: hold the connection open, say nothing.
+                            let _ = stream.read(&mut chunk).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_mid_stream_never_returns_its_connection() {
+        let (addr, accepted) = truncating_upstream(false).await;
+        let pool = pool(addr);
+        let (response, lease) = pool.send(get()).await.expect("response");
+        let mut body = super::super::EndpointBody {
+            inner: response.into_body(),
+            lease: Some(lease),
+        };
+        let first = body.frame().await.expect("frame").expect("data");
+        assert_eq!(first.into_data().expect("data"), "partial");
+        // 993 bytes are still owed: hyper cannot reuse this connection, so
+        // the pool must not get it back, now or once hyper has closed it.
+        drop(body);
+        assert_eq!(pool.idle_count(), 0, "a connection mid-body was pooled");
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert_eq!(pool.idle_count(), 0, "a connection mid-body was pooled");
+        }
+        assert_eq!(fetch(&pool).await, "2", "the next request dials afresh");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(pool.idle_count(), 1, "and that one goes back");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_fails_mid_stream_never_returns_its_connection() {
+        let (addr, accepted) = truncating_upstream(true).await;
+        let pool = pool(addr);
+        let (response, lease) = pool.send(get()).await.expect("response");
+        let mut body = super::super::EndpointBody {
+            inner: response.into_body(),
+            lease: Some(lease),
+        };
+        let mut failed = false;
+        while let Some(frame) = body.frame().await {
+            if frame.is_err() {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "the endpoint closed 993 bytes short");
+        assert!(body.lease.is_none(), "the lease is given up at the error");
+        assert_eq!(pool.idle_count(), 0, "a failed connection was pooled");
+        drop(body);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(pool.idle_count(), 0);
+        assert_eq!(fetch(&pool).await, "2");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
     #[tokio::test]
     async fn a_refused_dial_is_a_connect_failure() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
