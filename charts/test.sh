@@ -72,8 +72,24 @@ def args():
 def env():
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container().get("env", [])}
 
-def webhook():
-    return one("MutatingWebhookConfiguration")["webhooks"][0]
+def webhooks():
+    return one("MutatingWebhookConfiguration")["webhooks"]
+
+def webhook(name="inject.reprise.dev"):
+    found = [w for w in webhooks() if w["name"] == name]
+    if len(found) != 1:
+        raise AssertionError(f"expected one webhook {name}, found {len(found)}")
+    return found[0]
+
+def transparent_webhook():
+    return webhook("transparent.inject.reprise.dev")
+
+def selector_rest(w):
+    # The namespace selector's expressions other than the transparent label's.
+    return [e for e in w["namespaceSelector"]["matchExpressions"] if e["key"] != "reprise.dev/transparent"]
+
+def transparent_expr(w):
+    return [e for e in w["namespaceSelector"]["matchExpressions"] if e["key"] == "reprise.dev/transparent"]
 
 def injection():
     return yaml.safe_load(one("ConfigMap", "reprise-injection")["data"]["injection.yaml"])
@@ -236,10 +252,16 @@ check "webhook: service clientConfig /inject:443, Ignore, 5s, Never, no caBundle
   'webhook()["clientConfig"] == {"service":{"name":"reprise-controller","namespace":"'"$NS"'","path":"/inject","port":443}} and webhook()["failurePolicy"] == "Ignore" and webhook()["timeoutSeconds"] == 5 and webhook()["reinvocationPolicy"] == "Never" and webhook()["sideEffects"] == "None" and webhook()["admissionReviewVersions"] == ["v1"]' \
   '+path: /inject' '+failurePolicy: Ignore' '+timeoutSeconds: 5' '-^ +caBundle:' '-^    url:'
 check "webhook selects CREATE pods in enabled namespaces, not $NS/kube-system, not opted-out pods" \
-  'webhook()["rules"] == [{"operations":["CREATE"],"apiGroups":[""],"apiVersions":["v1"],"resources":["pods"],"scope":"Namespaced"}] and webhook()["namespaceSelector"]["matchLabels"] == {"reprise.dev/inject":"enabled"} and webhook()["namespaceSelector"]["matchExpressions"] == [{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["'"$NS"'","kube-system"]}] and webhook()["objectSelector"]["matchExpressions"] == [{"key":"reprise.dev/inject","operator":"NotIn","values":["disabled"]}]' \
+  'webhook()["rules"] == [{"operations":["CREATE"],"apiGroups":[""],"apiVersions":["v1"],"resources":["pods"],"scope":"Namespaced"}] and webhook()["namespaceSelector"]["matchLabels"] == {"reprise.dev/inject":"enabled"} and selector_rest(webhook()) == [{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["'"$NS"'","kube-system"]}] and webhook()["objectSelector"]["matchExpressions"] == [{"key":"reprise.dev/inject","operator":"NotIn","values":["disabled"]}]' \
   '+reprise.dev/inject: enabled' '+- "kube-system"' "+- \"$NS\"" '+values: \["disabled"\]'
+check "two webhook entries: /inject for namespaces not labelled reprise.dev/transparent=enabled, /inject/transparent for those" \
+  '[w["name"] for w in webhooks()] == ["inject.reprise.dev","transparent.inject.reprise.dev"] and transparent_expr(webhook()) == [{"key":"reprise.dev/transparent","operator":"NotIn","values":["enabled"]}] and transparent_expr(transparent_webhook()) == [{"key":"reprise.dev/transparent","operator":"In","values":["enabled"]}] and transparent_webhook()["clientConfig"] == {"service":{"name":"reprise-controller","namespace":"'"$NS"'","path":"/inject/transparent","port":443}}' \
+  '+name: transparent.inject.reprise.dev' '+path: /inject/transparent' '+operator: In' '+key: reprise.dev/transparent'
+check "the transparent entry differs only in name, selector and path (same injection label, exclusions, opt-out, policy)" \
+  'all(webhook()[k] == transparent_webhook()[k] for k in ("rules","objectSelector","failurePolicy","timeoutSeconds","reinvocationPolicy","sideEffects","admissionReviewVersions")) and selector_rest(webhook()) == selector_rest(transparent_webhook()) and transparent_webhook()["namespaceSelector"]["matchLabels"] == {"reprise.dev/inject":"enabled"} and "caBundle" not in transparent_webhook()["clientConfig"]' \
+  '+name: inject.reprise.dev' '-^ +caBundle:'
 check "injection.yaml: sidecar image, controller address, camelCase keys" \
-  'injection() == {"image":"ghcr.io/reprise-dev/reprise-sidecar:0.1.0","imagePullPolicy":"IfNotPresent","controllerAddress":"https://'"$SVC"':15010","serverName":"'"$SVC"'","proxyPort":15001,"adminPort":15000,"logLevel":"info","resources":{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}},"otel":{"endpoint":"","protocol":"grpc","sampler":"parentbased_traceidratio","samplerArg":"0.1"}}' \
+  'injection() == {"image":"ghcr.io/reprise-dev/reprise-sidecar:0.1.0","imagePullPolicy":"IfNotPresent","controllerAddress":"https://'"$SVC"':15010","serverName":"'"$SVC"'","proxyPort":15001,"adminPort":15000,"redirectPort":15006,"proxyUid":65532,"logLevel":"info","resources":{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}},"otel":{"endpoint":"","protocol":"grpc","sampler":"parentbased_traceidratio","samplerArg":"0.1"},"transparent":{"excludeOutboundPorts":[53],"excludeOutboundCidrs":[],"initResources":{"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"memory":"64Mi"}}}}' \
   "+controllerAddress: \"https://$SVC:15010\"" '+image: "ghcr.io/reprise-dev/reprise-sidecar:0.1.0"' '+samplerArg: "0.1"'
 check "injection ConfigMap mounted at /etc/reprise, checksum annotation on the pod" \
   'any(m["mountPath"] == "/etc/reprise" and m["readOnly"] for m in container()["volumeMounts"]) and len(one("Deployment","reprise-controller")["spec"]["template"]["metadata"]["annotations"]["checksum/injection"]) == 64' \
@@ -323,9 +345,25 @@ check "sidecars get the same endpoint, samplerArg as a string" \
 # --- webhook.url ---------------------------------------------------------------------
 URL=https://192.0.2.10:9443/inject
 render webhookurl --set webhook.url=$URL
-check "clientConfig.url replaces the service reference" \
-  'webhook()["clientConfig"] == {"url":"'"$URL"'"}' \
-  "+url: \"$URL\"" '-path: /inject'
+check "clientConfig.url replaces the service reference; the transparent entry calls its /transparent" \
+  'webhook()["clientConfig"] == {"url":"'"$URL"'"} and transparent_webhook()["clientConfig"] == {"url":"'"$URL"'/transparent"}' \
+  "+url: \"$URL\"" "+url: \"$URL/transparent\"" '-path: /inject'
+render webhookurl-slash --set webhook.url=$URL/
+check "a trailing slash in webhook.url makes no double slash" \
+  'transparent_webhook()["clientConfig"] == {"url":"'"$URL"'/transparent"}' \
+  "+url: \"$URL/transparent\""
+
+# --- transparent mode ----------------------------------------------------------------
+render transparent --set sidecar.redirectPort=15106 --set sidecar.proxyUid=1337 \
+  --set injection.transparentLabel=example.com/capture \
+  --set 'transparent.excludeOutboundPorts={53,5432}' --set 'transparent.excludeOutboundCidrs={169.254.169.254/32,fd00::/8}' \
+  --set transparent.initResources.limits.cpu=1
+check "redirect port, proxy UID, exclusions and init resources reach injection.yaml (quantities as strings)" \
+  'injection()["redirectPort"] == 15106 and injection()["proxyUid"] == 1337 and injection()["transparent"] == {"excludeOutboundPorts":[53,5432],"excludeOutboundCidrs":["169.254.169.254/32","fd00::/8"],"initResources":{"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"cpu":"1","memory":"64Mi"}}}' \
+  '+redirectPort: 15106' '+proxyUid: 1337' '+excludeOutboundPorts: \[53,5432\]' '+cpu: "1"'
+check "the transparent label key is configurable, in both entries" \
+  'transparent_expr(webhook()) == [] and [e for e in webhook()["namespaceSelector"]["matchExpressions"] if e["key"] == "example.com/capture"] == [{"key":"example.com/capture","operator":"NotIn","values":["enabled"]}] and [e for e in transparent_webhook()["namespaceSelector"]["matchExpressions"] if e["key"] == "example.com/capture"] == [{"key":"example.com/capture","operator":"In","values":["enabled"]}]' \
+  '+key: example.com/capture' '-key: reprise.dev/transparent'
 
 # --- failurePolicy=Fail --------------------------------------------------------------
 render fail --set webhook.failurePolicy=Fail --set webhook.timeoutSeconds=10
@@ -351,6 +389,11 @@ refuse "otel.protocol=http" protocol --set otel.protocol=http
 refuse "controller.logLevel=verbose" logLevel --set controller.logLevel=verbose
 refuse "image.sidecar.pullPolicy=Sometimes" pullPolicy --set image.sidecar.pullPolicy=Sometimes
 refuse "webhook.url without https" url --set webhook.url=http://insecure/inject
+refuse "sidecar.proxyUid=0 (root)" proxyUid --set sidecar.proxyUid=0
+refuse "sidecar.redirectPort=70000" redirectPort --set sidecar.redirectPort=70000
+refuse "transparent.excludeOutboundPorts={0}" excludeOutboundPorts --set 'transparent.excludeOutboundPorts={0}'
+refuse "transparent.excludeOutboundCidrs={db.internal}" excludeOutboundCidrs --set 'transparent.excludeOutboundCidrs={db.internal}'
+refuse "injection.transparentLabel with a space" transparentLabel --set 'injection.transparentLabel=a b'
 
 if ((FAILED)); then
   echo "chart: $FAILED of $((PASSED + FAILED)) checks failed"

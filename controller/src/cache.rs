@@ -4,7 +4,7 @@
 //! | Watch | Read by |
 //! |---|---|
 //! | RetryPolicy (all namespaces) | push source (snapshots), reconciler (the policy itself), sync-count publisher, `Controller` triggers |
-//! | Service (all namespaces) | push source and reconciler (target resolution), `Controller` triggers |
+//! | Service (all namespaces) | push source and reconciler (target resolution), `Controller` triggers, injection webhook (`default/kubernetes`: the API server's ClusterIPs, left uncaptured) |
 //! | EndpointSlice (all namespaces) | push source and reconciler (endpoints), `Controller` triggers |
 //! | ConfigMap `reprise.dev/sync-counts` (controller namespace, leader election only) | reconciler (peers' sync counts), `Controller` triggers |
 //!
@@ -16,6 +16,7 @@
 mod relay;
 mod watch;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures_util::Stream;
@@ -132,6 +133,26 @@ impl Cache {
     /// Tells when a store was replaced by a fresh list, from now on.
     pub(crate) fn relisted(&self) -> impl Stream<Item = ()> + Send + 'static {
         self.relisted.subscribe()
+    }
+
+    /// The ClusterIPs of the `default/kubernetes` Service, by which pods
+    /// reach the API server; empty until the Services are listed.
+    pub(crate) fn api_server_ips(&self) -> Vec<IpAddr> {
+        let Some(svc) = self
+            .services
+            .store
+            .get(&ObjectRef::new("kubernetes").within("default"))
+        else {
+            return Vec::new();
+        };
+        let spec = svc.spec.as_ref();
+        let ips = spec
+            .and_then(|s| s.cluster_ips.clone())
+            .filter(|ips| !ips.is_empty())
+            .or_else(|| spec.and_then(|s| s.cluster_ip.clone()).map(|ip| vec![ip]))
+            .unwrap_or_default();
+        // "None" (headless) and anything else that is not an address is skipped.
+        ips.iter().filter_map(|ip| ip.parse().ok()).collect()
     }
 
     /// Every RetryPolicy.

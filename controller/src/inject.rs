@@ -5,9 +5,11 @@
 //! - `config.rs`: the injection config (the chart's ConfigMap).
 //! - `pod.rs`: the decision on one Pod (skip, refuse, inject) and its
 //!   volumes and proxy variables; pure, unit-tested without an API server.
-//! - `container.rs`: the sidecar container itself.
-//! - `overrides.rs`: per-pod annotation overrides.
-//! - `webhook.rs`: the HTTPS admission server.
+//! - `container.rs`: the sidecar container itself, and in transparent pods
+//!   the `reprise-init` container that installs the capture rules.
+//! - `overrides.rs`: per-pod annotation overrides and transparent capture.
+//! - `webhook.rs`: the HTTPS admission server (`/inject`, and
+//!   `/inject/transparent` for namespaces opted into transparent mode).
 //! - `ca_bundle.rs`: keeping the webhook configuration's `caBundle` set.
 
 mod ca_bundle;
@@ -19,10 +21,12 @@ mod webhook;
 
 pub(crate) use ca_bundle::keep_ca_bundle;
 pub(crate) use config::InjectionConfig;
-pub(crate) use webhook::{supports_native_sidecars, Webhook};
+pub(crate) use webhook::{supports_native_sidecars, ApiServer, Webhook};
 
 /// Name of the injected container.
 pub(crate) const SIDECAR_NAME: &str = "reprise-sidecar";
+/// Name of the init container that installs transparent pods' rules.
+pub(crate) const INIT_NAME: &str = "reprise-init";
 /// Set to `"false"` on a Pod to opt it out (the chart's object selector also
 /// skips Pods labelled `reprise.dev/inject=disabled`).
 pub(crate) const INJECT: &str = "reprise.dev/inject";
@@ -42,3 +46,15 @@ pub(crate) const MEMORY_LIMIT: &str = "reprise.dev/sidecar-memory-limit";
 pub(crate) const LOG_LEVEL: &str = "reprise.dev/log-level";
 /// See [`CPU_REQUEST`].
 pub(crate) const IMAGE: &str = "reprise.dev/sidecar-image";
+/// `"true"`: capture the Pod's outbound TCP transparently (`reprise-init`,
+/// no `HTTP_PROXY`); `"false"` opts a Pod out in a namespace labelled
+/// `reprise.dev/transparent=enabled`.
+pub(crate) const TRANSPARENT: &str = "reprise.dev/transparent";
+/// Transparent pods: the only destination ports redirected (default all).
+pub(crate) const INCLUDE_OUTBOUND_PORTS: &str = "reprise.dev/include-outbound-ports";
+/// Transparent pods: destination ports never redirected, besides the
+/// injection config's (DNS).
+pub(crate) const EXCLUDE_OUTBOUND_PORTS: &str = "reprise.dev/exclude-outbound-ports";
+/// Transparent pods: destination CIDRs never redirected, besides the
+/// injection config's and the API server's.
+pub(crate) const EXCLUDE_OUTBOUND_CIDRS: &str = "reprise.dev/exclude-outbound-cidrs";

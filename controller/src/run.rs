@@ -92,6 +92,8 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
             material.ca_pem.clone(),
             native,
             Arc::clone(&metrics),
+            // The Services are watched already: no extra access for the API server's address.
+            inject::ApiServer::from_cache_and_env(cache.clone()),
         ));
         let listener = bind(webhook.addr).await?;
         tracing::info!(addr = %webhook.addr, native, "injection webhook listening");

@@ -451,7 +451,30 @@ impl Drop for Release {
 /// Service `api` and Deployment `web` (one pod, injected: it calls `api`
 /// through its sidecar). [`NODE_POLICY`] is the RetryPolicy for `web` → `api`.
 pub fn node_app_yaml(flaky_pod: &str, flaky_percent: u32) -> String {
-    let security = "securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: { drop: [ALL] }, seccompProfile: { type: RuntimeDefault } }";
+    app_yaml(flaky_pod, flaky_percent, false)
+}
+
+/// [`node_app_yaml`] with `web` annotated `reprise.dev/transparent: "true"`
+/// (so it has no `HTTP_PROXY` and dials `api` itself, its outbound TCP
+/// redirected to the sidecar) and running as UID 1000: the sidecar's UID
+/// (65532) is the one whose connections the rules let through.
+pub fn node_transparent_app_yaml(flaky_pod: &str, flaky_percent: u32) -> String {
+    app_yaml(flaky_pod, flaky_percent, true)
+}
+
+fn app_yaml(flaky_pod: &str, flaky_percent: u32, transparent: bool) -> String {
+    let security_as = |uid: u32| {
+        format!("securityContext: {{ runAsNonRoot: true, runAsUser: {uid}, runAsGroup: {uid}, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{ drop: [ALL] }}, seccompProfile: {{ type: RuntimeDefault }} }}")
+    };
+    let security = security_as(65532);
+    let (web_annotations, web_security) = if transparent {
+        (
+            ", annotations: { reprise.dev/transparent: \"true\" }",
+            security_as(1000),
+        )
+    } else {
+        ("", security.clone())
+    };
     let env = "- { name: POD_NAME, valueFrom: { fieldRef: { fieldPath: metadata.name } } }\n            - { name: POD_IP, valueFrom: { fieldRef: { fieldPath: status.podIP } } }";
     let probe = "readinessProbe: { httpGet: { path: /healthz, port: 8080 }, periodSeconds: 1, failureThreshold: 1 }";
     format!(
@@ -497,8 +520,7 @@ spec:
   replicas: 1
   selector: {{ matchLabels: {{ app: web }} }}
   template:
-    metadata:
-      labels: {{ app: web }}
+    metadata: {{ labels: {{ app: web }}{web_annotations} }}
     spec:
       terminationGracePeriodSeconds: 5
       containers:
@@ -510,7 +532,7 @@ spec:
             {env}
           {probe}
           resources: {{ requests: {{ cpu: 10m, memory: 16Mi }}, limits: {{ memory: 64Mi }} }}
-          {security}
+          {web_security}
 "#
     )
 }

@@ -1,6 +1,7 @@
 //! The images `e2e/images.sh` builds agree with the Dockerfiles' runtime
-//! stages: same binary path, user, entrypoint, command and ports. (The
-//! node test checks the built archives carry exactly `--spec`.)
+//! stages: same binary path, user, entrypoint, command, ports and Debian
+//! packages (the sidecar's iptables, for transparent pods' `reprise-init`).
+//! (The node test checks the built archives carry exactly `--spec`.)
 
 use std::path::Path;
 use std::process::Command;
@@ -15,10 +16,14 @@ struct Runtime {
     entrypoint: Vec<String>,
     cmd: Vec<String>,
     ports: Vec<u64>,
+    /// What `apt-get install` adds (images.sh adds their closure too).
+    packages: Vec<String>,
 }
 
 fn runtime_stage(dockerfile: &Path) -> Runtime {
     let text = std::fs::read_to_string(dockerfile).expect("Dockerfile");
+    // One instruction per line: continuations joined.
+    let text = text.replace("\\\n", " ");
     let lines: Vec<&str> = text.lines().collect();
     let last_from = lines
         .iter()
@@ -33,13 +38,27 @@ fn runtime_stage(dockerfile: &Path) -> Runtime {
             )
         })
     };
+    let mut copied = Vec::new();
     for line in lines.iter().skip(last_from + 1) {
         let line = line.trim();
         let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
         match word {
             "COPY" => {
                 let dest = rest.split_whitespace().last().unwrap_or_default();
-                r.binary = dest.to_string();
+                copied.push(dest.to_string());
+            }
+            "RUN" => {
+                for command in rest.split("&&") {
+                    let words: Vec<&str> = command.split_whitespace().collect();
+                    if let Some(at) = words.windows(2).position(|w| w == ["apt-get", "install"]) {
+                        r.packages.extend(
+                            words[at + 2..]
+                                .iter()
+                                .filter(|w| !w.starts_with('-'))
+                                .map(|w| w.to_string()),
+                        );
+                    }
+                }
             }
             "USER" => r.user = rest.trim().to_string(),
             "ENTRYPOINT" => r.entrypoint = json_list(rest),
@@ -51,6 +70,13 @@ fn runtime_stage(dockerfile: &Path) -> Runtime {
             _ => {}
         }
     }
+    // The binary is what the entrypoint runs, among what was copied in.
+    r.binary = copied
+        .iter()
+        .find(|d| r.entrypoint.first() == Some(*d))
+        .or(copied.last())
+        .cloned()
+        .unwrap_or_default();
     r
 }
 
@@ -95,9 +121,17 @@ fn images_sh_builds_what_the_dockerfiles_runtime_stages_describe() {
                 .flatten()
                 .filter_map(Value::as_u64)
                 .collect(),
+            packages: strings(&image["packages"]),
         };
         assert_eq!(got, want, "e2e/images.sh vs {dockerfile}");
         assert_eq!(want.user, "65532:65532", "{dockerfile}: non-root");
+        if name == "reprise-sidecar" {
+            assert_eq!(
+                want.packages,
+                ["iptables"],
+                "{dockerfile}: reprise-init drives iptables from this image"
+            );
+        }
         assert!(
             image["reference"]
                 .as_str()

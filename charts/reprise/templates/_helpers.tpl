@@ -126,3 +126,20 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+A resources map ({requests: {...}, limits: {...}}) as YAML with every
+quantity a string, so a bare number (cpu: 1) stays a quantity. Use with
+nindent.
+*/}}
+{{- define "reprise.quantities" -}}
+{{- $out := dict }}
+{{- range $kind, $quantities := . }}
+{{- $q := dict }}
+{{- range $resource, $quantity := $quantities }}
+{{- $_ := set $q $resource ($quantity | toString) }}
+{{- end }}
+{{- $_ := set $out $kind $q }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}

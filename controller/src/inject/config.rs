@@ -36,6 +36,14 @@ pub(crate) struct InjectionConfig {
     /// Health port (`/live`, `/ready` only), on the pod IP for the kubelet's probes.
     #[serde(default = "defaults::health_port")]
     pub health_port: u16,
+    /// Listener for transparently redirected connections (`--transparent`,
+    /// on 127.0.0.1), in transparent pods.
+    #[serde(default = "defaults::redirect_port")]
+    pub redirect_port: u16,
+    /// The UID the sidecar runs as; transparent pods' rules let its
+    /// connections out uncaptured (`--proxy-uid`), so no app may share it.
+    #[serde(default = "defaults::proxy_uid")]
+    pub proxy_uid: i64,
     /// `REPRISE_LOG` of the sidecar.
     #[serde(default = "defaults::log_level")]
     pub log_level: String,
@@ -48,6 +56,35 @@ pub(crate) struct InjectionConfig {
     /// `REPRISE_ENDPOINT_ADDRESS_MAP`, for local clusters only.
     #[serde(default)]
     pub address_map: Option<String>,
+    /// Defaults of transparent pods' capture.
+    #[serde(default)]
+    pub transparent: TransparentSettings,
+}
+
+/// What every transparent pod's `reprise-init` leaves uncaptured, besides
+/// the API server (found by the controller) and the pod's annotations.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct TransparentSettings {
+    /// Destination ports never redirected (53: DNS over TCP).
+    #[serde(default = "defaults::exclude_outbound_ports")]
+    pub exclude_outbound_ports: Vec<u16>,
+    /// Destination CIDRs never redirected.
+    #[serde(default)]
+    pub exclude_outbound_cidrs: Vec<String>,
+    /// Requests and limits of `reprise-init`.
+    #[serde(default = "defaults::init_resources")]
+    pub init_resources: Option<ResourceRequirements>,
+}
+
+impl Default for TransparentSettings {
+    fn default() -> Self {
+        TransparentSettings {
+            exclude_outbound_ports: defaults::exclude_outbound_ports(),
+            exclude_outbound_cidrs: Vec::new(),
+            init_resources: defaults::init_resources(),
+        }
+    }
 }
 
 /// OTLP export of the sidecar's spans, as standard `OTEL_*` variables.
@@ -69,6 +106,11 @@ pub(crate) struct OtelSettings {
 }
 
 mod defaults {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
     pub fn pull_policy() -> String {
         "IfNotPresent".into()
     }
@@ -83,6 +125,31 @@ mod defaults {
     }
     pub fn log_level() -> String {
         "info".into()
+    }
+    pub fn redirect_port() -> u16 {
+        15006
+    }
+    pub fn proxy_uid() -> i64 {
+        65532
+    }
+    pub fn exclude_outbound_ports() -> Vec<u16> {
+        vec![53]
+    }
+    /// `iptables-restore` of a handful of rules: a few MiB for a moment.
+    pub fn init_resources() -> Option<ResourceRequirements> {
+        let q = |pairs: &[(&str, &str)]| {
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        Some(ResourceRequirements {
+            requests: q(&[("cpu", "10m"), ("memory", "16Mi")]),
+            limits: q(&[("memory", "64Mi")]),
+            ..Default::default()
+        })
     }
 }
 
@@ -107,6 +174,44 @@ impl InjectionConfig {
                 LOG_LEVELS.join(", ")
             ));
         }
+        // One listener per port in the pod's network namespace.
+        let ports = [
+            ("proxyPort", config.proxy_port),
+            ("adminPort", config.admin_port),
+            ("healthPort", config.health_port),
+            ("redirectPort", config.redirect_port),
+        ];
+        for (i, (name, port)) in ports.iter().enumerate() {
+            if *port == 0 {
+                return Err(format!("{name}: must be a port number (1-65535)"));
+            }
+            if let Some((other, _)) = ports[..i].iter().find(|(_, p)| p == port) {
+                return Err(format!("{name}: {port} is already {other}"));
+            }
+        }
+        // Root's connections must stay capturable (and reprise-init runs as root).
+        if config.proxy_uid <= 0 || config.proxy_uid > i64::from(u32::MAX) {
+            return Err(format!(
+                "proxyUid: {} must be a non-root UID (1-4294967295)",
+                config.proxy_uid
+            ));
+        }
+        let t = &config.transparent;
+        if let Some(p) = t.exclude_outbound_ports.iter().find(|p| **p == 0) {
+            return Err(format!(
+                "transparent.excludeOutboundPorts: {p} is not a port number (1-65535)"
+            ));
+        }
+        if t.exclude_outbound_ports.contains(&config.redirect_port) {
+            return Err(format!(
+                "transparent.excludeOutboundPorts: {} is redirectPort; connections to it stay on loopback, which is never captured",
+                config.redirect_port
+            ));
+        }
+        for c in &t.exclude_outbound_cidrs {
+            super::overrides::parse_cidr(c)
+                .map_err(|e| format!("transparent.excludeOutboundCidrs: {e}"))?;
+        }
         Ok(config)
     }
 }
@@ -124,5 +229,39 @@ mod tests {
         let e = InjectionConfig::from_yaml("image: x\ncontrollerAddress: y\nlogLevel: loud\n")
             .expect_err("level");
         assert!(e.contains("logLevel"), "{e}");
+    }
+
+    #[test]
+    fn transparent_settings_default_and_are_checked() {
+        let base = "image: x\ncontrollerAddress: y\n";
+        let c = InjectionConfig::from_yaml(base).expect("defaults");
+        assert_eq!((c.redirect_port, c.proxy_uid), (15006, 65532));
+        assert_eq!(c.transparent.exclude_outbound_ports, [53]);
+        for (extra, field) in [
+            (
+                "redirectPort: 15001\n",
+                "redirectPort: 15001 is already proxyPort",
+            ),
+            ("proxyUid: 0\n", "proxyUid"),
+            (
+                "transparent: {excludeOutboundPorts: [0]}\n",
+                "transparent.excludeOutboundPorts",
+            ),
+            (
+                "transparent: {excludeOutboundPorts: [53, 15006]}\n",
+                "15006 is redirectPort",
+            ),
+            (
+                "transparent: {excludeOutboundCidrs: [10.0.0.0/40]}\n",
+                "transparent.excludeOutboundCidrs",
+            ),
+            (
+                "transparent: {excludeOutboundCidr: []}\n",
+                "excludeOutboundCidr",
+            ),
+        ] {
+            let e = InjectionConfig::from_yaml(&format!("{base}{extra}")).expect_err(extra);
+            assert!(e.contains(field), "{extra}: {e}");
+        }
     }
 }

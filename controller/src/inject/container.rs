@@ -1,6 +1,6 @@
 //! The injected `reprise-sidecar` container: its arguments, the environment
 //! contract of [`reprise_crds::sidecar_env`], OTLP settings, probes, security
-//! context and mounts.
+//! context and mounts; and transparent pods' `reprise-init`.
 
 use std::path::Path;
 
@@ -12,13 +12,16 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use reprise_crds::sidecar_env;
 
 use super::config::InjectionConfig;
-use super::overrides::Overrides;
-use super::SIDECAR_NAME;
+use super::overrides::{Capture, Overrides};
+use super::{INIT_NAME, SIDECAR_NAME};
 
 /// The volume holding the projected push token.
 pub(super) const TOKEN_VOLUME: &str = "reprise-token";
 /// The volume holding the last good snapshot.
 pub(super) const STATE_VOLUME: &str = "reprise-state";
+/// `reprise-init`'s writable `/run`: iptables-legacy takes its lock at
+/// `/run/xtables.lock`, and the root filesystem is read-only.
+pub(super) const XTABLES_VOLUME: &str = "reprise-xtables";
 
 /// The directory of `path`: the volumes are mounted where the sidecar's
 /// default paths point (and the variables name those paths), so the two
@@ -39,11 +42,13 @@ pub(super) fn token_file() -> &'static str {
 }
 
 /// The sidecar container for `config` with the pod's `overrides`; it trusts
-/// `ca_pem` for the push stream.
+/// `ca_pem` for the push stream. `transparent` adds the listener for
+/// redirected connections.
 pub(super) fn sidecar_container(
     config: &InjectionConfig,
     o: &Overrides,
     ca_pem: &str,
+    transparent: bool,
 ) -> Container {
     let field = |path: &str| EnvVarSource {
         field_ref: Some(ObjectFieldSelector {
@@ -116,14 +121,21 @@ pub(super) fn sidecar_container(
         name: SIDECAR_NAME.into(),
         image: Some(o.image.clone()),
         image_pull_policy: Some(config.image_pull_policy.clone()),
-        args: Some(vec![
-            "--listen".into(),
-            format!("127.0.0.1:{}", config.proxy_port),
-            "--admin".into(),
-            format!("127.0.0.1:{}", config.admin_port),
-            "--health".into(),
-            format!("0.0.0.0:{}", config.health_port),
-        ]),
+        args: Some({
+            let mut args = vec![
+                "--listen".into(),
+                format!("127.0.0.1:{}", config.proxy_port),
+                "--admin".into(),
+                format!("127.0.0.1:{}", config.admin_port),
+                "--health".into(),
+                format!("0.0.0.0:{}", config.health_port),
+            ];
+            if transparent {
+                args.push("--transparent".into());
+                args.push(format!("127.0.0.1:{}", config.redirect_port));
+            }
+            args
+        }),
         env: Some(env),
         ports: Some(vec![ContainerPort {
             name: Some("reprise-health".into()),
@@ -138,8 +150,9 @@ pub(super) fn sidecar_container(
         readiness_probe: Some(probe("/ready", 5, 3)),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
-            run_as_user: Some(65532),
-            run_as_group: Some(65532),
+            // The UID transparent pods' rules exempt (loop prevention).
+            run_as_user: Some(config.proxy_uid),
+            run_as_group: Some(config.proxy_uid),
             read_only_root_filesystem: Some(true),
             allow_privilege_escalation: Some(false),
             capabilities: Some(Capabilities {
@@ -165,6 +178,68 @@ pub(super) fn sidecar_container(
                 ..Default::default()
             },
         ]),
+        ..Default::default()
+    }
+}
+
+/// The init container of a transparent pod: installs the nat rules that
+/// redirect the pod's outbound TCP to the sidecar (`reprise-sidecar
+/// iptables`, same image) and exits. Root with `NET_ADMIN` (change netfilter
+/// rules) and `NET_RAW` (iptables-legacy's raw socket) only: the least that
+/// can change the pod's network namespace.
+pub(super) fn init_container(config: &InjectionConfig, o: &Overrides, c: &Capture) -> Container {
+    let join = |items: &[u16]| {
+        items
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut args = vec![
+        "iptables".to_string(),
+        "--redirect-port".into(),
+        config.redirect_port.to_string(),
+        "--proxy-uid".into(),
+        config.proxy_uid.to_string(),
+    ];
+    if !c.include_ports.is_empty() {
+        args.extend(["--include-ports".into(), join(&c.include_ports)]);
+    }
+    if !c.exclude_ports.is_empty() {
+        args.extend(["--exclude-ports".into(), join(&c.exclude_ports)]);
+    }
+    if !c.exclude_cidrs.is_empty() {
+        args.extend(["--exclude-cidrs".into(), c.exclude_cidrs.join(",")]);
+    }
+    Container {
+        name: INIT_NAME.into(),
+        image: Some(o.image.clone()),
+        image_pull_policy: Some(config.image_pull_policy.clone()),
+        args: Some(args),
+        env: Some(vec![env(sidecar_env::LOG, &o.log_level)]),
+        resources: config.transparent.init_resources.clone(),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(false),
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: Some(vec!["NET_ADMIN".into(), "NET_RAW".into()]),
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: XTABLES_VOLUME.into(),
+            mount_path: "/run".into(),
+            ..Default::default()
+        }]),
         ..Default::default()
     }
 }

@@ -1,7 +1,14 @@
 //! The sidecar-injecting mutating admission webhook: the HTTPS server the API
 //! server calls on Pod creation, answering each AdmissionReview with the
 //! JSON patch of [`decide`]'s Pod.
+//!
+//! Two paths, one per entry of the chart's webhook configuration: `/inject`
+//! for injected namespaces, `/inject/transparent` for those also labelled
+//! `reprise.dev/transparent=enabled`. The API server's namespace selectors
+//! decide which one a Pod reaches, so the controller needs no access to
+//! Namespaces to honour the label.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,13 +23,54 @@ use kube::core::DynamicObject;
 use tokio::net::TcpListener;
 
 use super::config::InjectionConfig;
-use super::pod::{decide, Decision};
+use super::pod::{decide, Context, Decision};
+use crate::cache::Cache;
 use crate::metrics::{Counter, Metrics};
 
 /// Path the webhook configuration points at.
 const PATH: &str = "/inject";
+/// Path of the entry for namespaces opted into transparent mode.
+const TRANSPARENT_PATH: &str = "/inject/transparent";
 /// Admission reviews are small; anything larger is not one.
 const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
+
+/// Where the webhook learns the API server's addresses, which transparent
+/// pods never capture.
+#[derive(Debug, Default)]
+pub(crate) struct ApiServer {
+    /// The shared cache: `default/kubernetes`'s ClusterIPs.
+    pub(crate) services: Option<Cache>,
+    /// Until the cache has it: the controller's own `KUBERNETES_SERVICE_HOST`.
+    pub(crate) fallback: Vec<IpAddr>,
+}
+
+impl ApiServer {
+    /// The shared cache, falling back to this process's
+    /// `KUBERNETES_SERVICE_HOST` (an IP in a pod; anything else is ignored).
+    pub(crate) fn from_cache_and_env(services: Cache) -> Self {
+        ApiServer {
+            services: Some(services),
+            fallback: std::env::var("KUBERNETES_SERVICE_HOST")
+                .ok()
+                .and_then(|h| h.trim_matches(['[', ']']).parse().ok())
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    fn addresses(&self) -> Vec<IpAddr> {
+        let found = self
+            .services
+            .as_ref()
+            .map(Cache::api_server_ips)
+            .unwrap_or_default();
+        if found.is_empty() {
+            self.fallback.clone()
+        } else {
+            found
+        }
+    }
+}
 
 /// Answers admission reviews for Pods.
 #[derive(Debug)]
@@ -31,6 +79,7 @@ pub(crate) struct Webhook {
     ca_pem: String,
     native: bool,
     metrics: Arc<Metrics>,
+    api_server: ApiServer,
 }
 
 impl Webhook {
@@ -41,17 +90,20 @@ impl Webhook {
         ca_pem: String,
         native: bool,
         metrics: Arc<Metrics>,
+        api_server: ApiServer,
     ) -> Self {
         Webhook {
             config,
             ca_pem,
             native,
             metrics,
+            api_server,
         }
     }
 
-    /// The response to one AdmissionReview body.
-    fn review(&self, body: &[u8]) -> AdmissionReview<DynamicObject> {
+    /// The response to one AdmissionReview body; `transparent_by_default`
+    /// when it came through the transparent namespaces' path.
+    fn review(&self, body: &[u8], transparent_by_default: bool) -> AdmissionReview<DynamicObject> {
         let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => {
@@ -73,7 +125,12 @@ impl Webhook {
             .clone()
             .or_else(|| pod.metadata.generate_name.clone())
             .unwrap_or_default();
-        match decide(pod, &self.config, &self.ca_pem, self.native) {
+        let ctx = Context {
+            native: self.native,
+            transparent_by_default,
+            api_server: self.api_server.addresses(),
+        };
+        match decide(pod, &self.config, &self.ca_pem, &ctx) {
             Decision::Skip(why) => {
                 self.metrics.add(Counter::InjectionSkips);
                 tracing::debug!(namespace = ?request.namespace, pod = %name, why, "not injected");
@@ -91,10 +148,18 @@ impl Webhook {
                         return AdmissionResponse::invalid(e.to_string()).into_review()
                     }
                 };
+                let transparent = mutated
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.init_containers.iter().flatten())
+                    .any(|c| c.name == super::INIT_NAME);
                 match response.clone().with_patch(patch) {
                     Ok(r) => {
                         self.metrics.add(Counter::Injections);
-                        tracing::info!(namespace = ?request.namespace, pod = %name, native = self.native, "sidecar injected");
+                        tracing::info!(namespace = ?request.namespace, pod = %name, native = self.native, transparent, "sidecar injected");
+                        if transparent && ctx.api_server.is_empty() {
+                            tracing::warn!(pod = %name, "the API server's address is unknown: this pod's connections to it go through the sidecar");
+                        }
                         r.into_review()
                     }
                     // Admit the pod as it is rather than block it.
@@ -135,8 +200,13 @@ impl Webhook {
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        if req.method() != Method::POST || req.uri().path() != PATH {
-            return plain(StatusCode::NOT_FOUND, format!("POST {PATH} only\n"));
+        let transparent = match req.uri().path() {
+            PATH => false,
+            TRANSPARENT_PATH => true,
+            _ => return not_found(),
+        };
+        if req.method() != Method::POST {
+            return not_found();
         }
         let body = match Limited::new(req.into_body(), MAX_REVIEW_BYTES)
             .collect()
@@ -150,7 +220,7 @@ impl Webhook {
                 )
             }
         };
-        match serde_json::to_vec(&self.review(&body)) {
+        match serde_json::to_vec(&self.review(&body, transparent)) {
             Ok(json) => {
                 let mut resp = Response::new(Full::new(Bytes::from(json)));
                 resp.headers_mut().insert(
@@ -162,6 +232,13 @@ impl Webhook {
             Err(e) => plain(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
         }
     }
+}
+
+fn not_found() -> Response<Full<Bytes>> {
+    plain(
+        StatusCode::NOT_FOUND,
+        format!("POST {PATH} or {TRANSPARENT_PATH} only\n"),
+    )
 }
 
 fn plain(status: StatusCode, text: String) -> Response<Full<Bytes>> {
@@ -193,7 +270,23 @@ mod tests {
         let config =
             InjectionConfig::from_yaml("image: sidecar:test\ncontrollerAddress: https://c:15010\n")
                 .expect("config");
-        Webhook::new(config, "CA".into(), true, Arc::default())
+        Webhook::new(
+            config,
+            "CA".into(),
+            true,
+            Arc::default(),
+            ApiServer::default(),
+        )
+    }
+
+    /// The JSON patch of a response, applied to `pod`.
+    fn patched(r: &serde_json::Value, mut pod: serde_json::Value) -> serde_json::Value {
+        // kube serialises the patch bytes as a JSON array of numbers, which
+        // the API server's decoder accepts for a []byte field.
+        let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).expect("patch bytes");
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("patch");
+        json_patch::patch(&mut pod, &patch).expect("applies");
+        pod
     }
 
     fn review(pod: serde_json::Value) -> Vec<u8> {
@@ -228,16 +321,11 @@ mod tests {
             "metadata": {"name": "app", "namespace": "shop"},
             "spec": {"containers": [{"name": "app", "image": "app:1"}]}
         });
-        let r = response(&w.review(&review(pod.clone())));
+        let r = response(&w.review(&review(pod.clone()), false));
         assert_eq!(r["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
         assert_eq!(r["allowed"], true);
         assert_eq!(r["patchType"], "JSONPatch");
-        // kube serialises the patch bytes as a JSON array of numbers, which
-        // the API server's decoder accepts for a []byte field.
-        let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).expect("patch bytes");
-        let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("patch");
-        let mut patched = pod;
-        json_patch::patch(&mut patched, &patch).expect("applies");
+        let patched = patched(&r, pod);
         assert_eq!(
             patched["spec"]["initContainers"][0]["name"],
             "reprise-sidecar"
@@ -255,7 +343,7 @@ mod tests {
         let r = response(&w.review(&review(serde_json::json!({
             "metadata": {"name": "app", "annotations": {"reprise.dev/sidecar-memory-limit": "big"}},
             "spec": {"containers": [{"name": "app"}]}
-        }))));
+        })), false));
         assert_eq!(r["allowed"], false);
         let msg = r["status"]["message"].as_str().expect("message");
         assert!(msg.contains("reprise.dev/sidecar-memory-limit"), "{msg}");
@@ -263,7 +351,93 @@ mod tests {
 
     #[test]
     fn garbage_is_answered_not_crashed() {
-        let r = response(&webhook().review(b"{not json"));
+        let r = response(&webhook().review(b"{not json", false));
         assert_eq!(r["allowed"], false);
+    }
+
+    fn kubernetes_service(ips: &[&str]) -> k8s_openapi::api::core::v1::Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kubernetes", "namespace": "default"},
+            "spec": {"clusterIP": ips[0], "clusterIPs": ips, "ports": [{"port": 443}]}
+        }))
+        .expect("service")
+    }
+
+    /// `reprise-init`'s `--exclude-cidrs`, when the patched pod has it.
+    fn excluded_cidrs(pod: &serde_json::Value) -> Option<String> {
+        let init = pod["spec"]["initContainers"].as_array()?;
+        let args = init.iter().find(|c| c["name"] == "reprise-init")?["args"].as_array()?;
+        let at = args.iter().position(|a| a == "--exclude-cidrs")?;
+        args[at + 1].as_str().map(String::from)
+    }
+
+    #[test]
+    fn the_transparent_path_captures_by_default_excluding_the_api_server() {
+        let config =
+            InjectionConfig::from_yaml("image: sidecar:test\ncontrollerAddress: https://c:15010\n")
+                .expect("config");
+        let cache = Cache::fixed([], [kubernetes_service(&["10.96.0.1", "fd00:96::1"])], []);
+        let w = Webhook::new(
+            config,
+            "CA".into(),
+            true,
+            Arc::default(),
+            ApiServer {
+                services: Some(cache),
+                fallback: vec!["192.0.2.1".parse().expect("ip")],
+            },
+        );
+        let pod = serde_json::json!({
+            "metadata": {"name": "app"},
+            "spec": {"containers": [{"name": "app"}]}
+        });
+        let transparent = patched(
+            &response(&w.review(&review(pod.clone()), true)),
+            pod.clone(),
+        );
+        assert_eq!(
+            transparent["spec"]["initContainers"][0]["name"],
+            "reprise-init"
+        );
+        assert_eq!(
+            excluded_cidrs(&transparent).as_deref(),
+            Some("10.96.0.1/32,fd00:96::1/128"),
+            "the cache's ClusterIPs win over the fallback"
+        );
+        let plain = patched(
+            &response(&w.review(&review(pod), false)),
+            serde_json::json!({
+                "metadata": {"name": "app"},
+                "spec": {"containers": [{"name": "app"}]}
+            }),
+        );
+        assert_eq!(
+            plain["spec"]["initContainers"][0]["name"],
+            "reprise-sidecar"
+        );
+        assert_eq!(excluded_cidrs(&plain), None);
+    }
+
+    #[test]
+    fn without_the_kubernetes_service_the_env_fallback_is_excluded() {
+        let config =
+            InjectionConfig::from_yaml("image: sidecar:test\ncontrollerAddress: https://c:15010\n")
+                .expect("config");
+        let w = Webhook::new(
+            config,
+            "CA".into(),
+            true,
+            Arc::default(),
+            ApiServer {
+                services: Some(Cache::fixed([], [], [])),
+                fallback: vec!["192.0.2.1".parse().expect("ip")],
+            },
+        );
+        let pod = serde_json::json!({
+            "metadata": {"name": "app", "annotations": {"reprise.dev/transparent": "true"}},
+            "spec": {"containers": [{"name": "app"}]}
+        });
+        let p = patched(&response(&w.review(&review(pod.clone()), false)), pod);
+        assert_eq!(excluded_cidrs(&p).as_deref(), Some("192.0.2.1/32"));
     }
 }

@@ -1,7 +1,8 @@
 //! The Helm chart installed on the real API server with the controller out
 //! of cluster: CRD, RBAC (checked by impersonation, and by running the
 //! controller as its own ServiceAccount), the injection webhook's decisions
-//! (opt-outs, a refused override, the controller down). `helm test` and the
+//! (opt-outs, a refused override, transparent pods by annotation and by
+//! namespace label, the controller down). `helm test` and the
 //! chart's pods run for real on the node in `node.rs`.
 
 use std::path::PathBuf;
@@ -277,6 +278,116 @@ fn helm_install_gives_rbac_and_the_webhooks_injection_decisions() {
         refused.contains("reprise.dev/sidecar-memory-limit") && refused.contains("quantity"),
         "{refused}"
     );
+
+    // 4b. Transparent mode through the real admission chain: by annotation
+    //     (entry /inject), and by the namespace label (entry
+    //     /inject/transparent, chosen by the API server's selectors).
+    let api_ip = c
+        .kubectl(&[
+            "-n",
+            "default",
+            "get",
+            "service",
+            "kubernetes",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
+        .expect("the kubernetes Service");
+    let init_args = |pod: &str| field(pod, "{.spec.initContainers[0].args}");
+    // The controller's Service cache may still be listing: the first pods
+    // could miss the API server's address.
+    let mut transparent = String::new();
+    c.until(
+        "a transparent pod excluding the API server's ClusterIP",
+        Duration::from_secs(30),
+        || {
+            transparent = format!("transparent-{}", rand_suffix() % 100_000);
+            c.apply(&pod_yaml(
+                &transparent,
+                ", annotations: { reprise.dev/transparent: \"true\", reprise.dev/exclude-outbound-ports: \"5432\" }",
+            ))
+            .is_ok()
+                && init_args(&transparent).contains(&format!("{api_ip}/32"))
+        },
+    );
+    assert_eq!(
+        field(&transparent, "{.spec.initContainers[*].name}"),
+        "reprise-init reprise-sidecar",
+        "the rules before the sidecar"
+    );
+    let args: Vec<String> = serde_json::from_str(&init_args(&transparent)).expect("args");
+    assert_eq!(
+        args,
+        [
+            "iptables",
+            "--redirect-port",
+            "15006",
+            "--proxy-uid",
+            "65532",
+            "--exclude-ports",
+            "53,5432",
+            "--exclude-cidrs",
+            &format!("{api_ip}/32"),
+        ]
+    );
+    assert_eq!(
+        field(
+            &transparent,
+            "{.spec.initContainers[0].securityContext.capabilities}"
+        ),
+        r#"{"add":["NET_ADMIN","NET_RAW"],"drop":["ALL"]}"#
+    );
+    assert!(
+        field(&transparent, "{.spec.initContainers[1].args}")
+            .contains("\"--transparent\",\"127.0.0.1:15006\""),
+        "the sidecar's transparent listener"
+    );
+    assert_eq!(
+        field(&transparent, "{.spec.containers[0].env}"),
+        "",
+        "no HTTP_PROXY in a transparent pod"
+    );
+    c.kubectl(&[
+        "label",
+        "namespace",
+        &c.ns,
+        "reprise.dev/transparent=enabled",
+    ])
+    .expect("label transparent");
+    c.apply(&pod_yaml("by-namespace", "")).expect("pod");
+    assert_eq!(
+        field("by-namespace", "{.spec.initContainers[*].name}"),
+        "reprise-init reprise-sidecar",
+        "transparent by the namespace label (the /inject/transparent entry)"
+    );
+    c.apply(&pod_yaml(
+        "namespace-opt-out",
+        ", annotations: { reprise.dev/transparent: \"false\" }",
+    ))
+    .expect("pod");
+    assert_eq!(
+        field("namespace-opt-out", "{.spec.initContainers[*].name}"),
+        "reprise-sidecar"
+    );
+    assert_eq!(
+        field(
+            "namespace-opt-out",
+            "{.spec.containers[0].env[?(@.name==\"HTTP_PROXY\")].value}"
+        ),
+        "http://127.0.0.1:15001"
+    );
+    let refused = c
+        .apply(&pod_yaml(
+            "bad-cidr",
+            ", annotations: { reprise.dev/exclude-outbound-cidrs: \"10.0.0.0/33\" }",
+        ))
+        .expect_err("a bad CIDR is refused");
+    assert!(
+        refused.contains("reprise.dev/exclude-outbound-cidrs") && refused.contains("prefix length"),
+        "{refused}"
+    );
+    c.kubectl(&["label", "namespace", &c.ns, "reprise.dev/transparent-"])
+        .expect("unlabel transparent");
 
     // 5. The controller down: pods are still created promptly, without the
     //    sidecar (failurePolicy Ignore), never blocked.

@@ -633,3 +633,250 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }
+
+/// The PID of a running container's task, from containerd (`ctr tasks ls`).
+fn task_pid(container_id: &str) -> Option<String> {
+    let ctr = std::env::var("CONTAINERD_ADDRESS").ok()?;
+    let out = std::process::Command::new("ctr")
+        .args(["--address", &ctr, "-n", "k8s.io", "tasks", "ls"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        (f.next() == Some(container_id)).then(|| f.next().map(String::from))?
+    })
+}
+
+/// Issue 16 on the real node: a pod annotated `reprise.dev/transparent:
+/// "true"` with no `HTTP_PROXY` calls a Service with a flaky pod by its name,
+/// as an app that ignores proxy settings would; `reprise-init` (root,
+/// NET_ADMIN and NET_RAW, the sidecar image's iptables) has redirected its
+/// outbound TCP to the sidecar, which retries the 503s. Its own release, so
+/// it runs alone (`--test cluster node::a_transparent`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the e2e cluster with its node: run e2e/test.sh"]
+async fn a_transparent_pod_without_http_proxy_gets_its_requests_retried() {
+    let node = node_name().expect(
+        "REPRISE_E2E_NODE: this test needs the node (e2e/cluster.sh up without --api-only, then e2e/images.sh)",
+    );
+    let c = Cluster::bare("transparent");
+    let release = Release::new(
+        &c.kubeconfig,
+        &format!("reprise-transparent-{}", std::process::id()),
+        RELEASE,
+    );
+    let t0 = Instant::now();
+    let step = |what: &str| {
+        eprintln!(
+            "[transparent test {:>6.1}s] {what}",
+            t0.elapsed().as_secs_f64()
+        )
+    };
+
+    step("1. helm install --wait (one controller replica)");
+    let out = release
+        .install_on_node(&["controller.replicas=1"], "240s")
+        .unwrap_or_else(|e| {
+            let pods = release.kubectl(&["get", "pods", "-o", "wide"]);
+            panic!("helm install: {e}\npods: {pods:?}")
+        });
+    assert!(out.contains("STATUS: deployed"), "{out}");
+
+    step("2. a transparent web pod, Service api with a flaky pod");
+    c.kubectl(&["label", "namespace", &c.ns, "reprise.dev/inject=enabled"])
+        .expect("label");
+    c.apply(&reprise_e2e::cluster::node_transparent_app_yaml(
+        "api-0", 50,
+    ))
+    .expect("app");
+    c.apply(NODE_POLICY).expect("policy");
+    c.until("three Ready api pods", Duration::from_secs(120), || {
+        pods(&c, &c.ns, "app=api")
+            .iter()
+            .filter(|p| ready(p))
+            .count()
+            == 3
+    });
+    let web = web_pod(&c);
+    let web_name = name(&web);
+    assert_eq!(web["spec"]["nodeName"], node.as_str());
+    let spec = &web["spec"];
+    let init_names: Vec<&str> = spec["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(
+        init_names,
+        ["reprise-init", "reprise-sidecar"],
+        "the rules before the sidecar: {spec}"
+    );
+    let init = &spec["initContainers"][0];
+    let sc = &init["securityContext"];
+    assert_eq!(sc["runAsUser"], 0, "{sc}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
+    assert_eq!(
+        sc["capabilities"],
+        serde_json::json!({"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]})
+    );
+    let api_ip = c
+        .kubectl(&[
+            "-n",
+            "default",
+            "get",
+            "service",
+            "kubernetes",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
+        .expect("kubernetes Service");
+    let args: Vec<&str> = init["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let excluded = format!("{api_ip}/32");
+    assert_eq!(
+        args,
+        [
+            "iptables",
+            "--redirect-port",
+            "15006",
+            "--proxy-uid",
+            "65532",
+            "--exclude-ports",
+            "53",
+            "--exclude-cidrs",
+            excluded.as_str(),
+        ]
+    );
+    // reprise-init ran and exited 0 before the sidecar started.
+    let statuses = &web["status"]["initContainerStatuses"];
+    let init_status = &statuses[0];
+    assert_eq!(init_status["name"], "reprise-init");
+    let done = &init_status["state"]["terminated"];
+    assert_eq!(done["exitCode"], 0, "{init_status}");
+    assert_eq!(done["reason"], "Completed", "{init_status}");
+    assert_eq!(init_status["restartCount"], 0, "{init_status}");
+    assert_eq!(statuses[1]["name"], "reprise-sidecar");
+    assert_eq!(statuses[1]["ready"], true, "{}", statuses[1]);
+    // No proxy variable anywhere in the app container.
+    let app = &spec["containers"][0];
+    assert_eq!(app["name"], "app");
+    let env_names: Vec<&str> = app["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(
+        !env_names
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case("http_proxy") || n.eq_ignore_ascii_case("no_proxy")),
+        "no proxy variables in a transparent pod: {env_names:?}"
+    );
+    let init_log = c
+        .kubectl(&["-n", &c.ns, "logs", &web_name, "-c", "reprise-init"])
+        .expect("reprise-init's log");
+    assert!(
+        init_log.contains("REPRISE_OUTPUT") && init_log.contains("installed"),
+        "reprise-init logs the rules it installed:\n{init_log}"
+    );
+    step(&format!("   reprise-init exited 0; its log:\n{init_log}"));
+
+    // The rules, read from the host in the pod's network namespace.
+    let app_status = &web["status"]["containerStatuses"][0];
+    let app_id = app_status["containerID"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("containerd://"))
+        .expect("the app's container id");
+    let pid = task_pid(app_id).expect("the app's PID (ctr tasks ls)");
+    let save = std::process::Command::new("nsenter")
+        .args(["-t", &pid, "-n", "iptables-save", "-t", "nat"])
+        .output()
+        .expect("nsenter iptables-save");
+    let rules = String::from_utf8_lossy(&save.stdout);
+    assert!(
+        save.status.success(),
+        "nsenter: {}",
+        String::from_utf8_lossy(&save.stderr)
+    );
+    for want in [
+        ":REPRISE_OUTPUT -",
+        "-A OUTPUT -p tcp -j REPRISE_OUTPUT",
+        "--uid-owner 65532 -j RETURN",
+        &format!("-d {excluded} -j RETURN"),
+        "--dport 53 -j RETURN",
+        "-j REDIRECT --to-ports 15006",
+    ] {
+        assert!(
+            rules.lines().any(|l| l.contains(want)),
+            "{want:?} in the pod's nat table:\n{rules}"
+        );
+    }
+    step(&format!("   the pod's nat table:\n{rules}"));
+
+    c.until(
+        "In-Sync 1/1 with 3 endpoints",
+        Duration::from_secs(60),
+        || {
+            c.policy_field("reads", "{.status.inSync}") == "1/1"
+                && c.policy_field("reads", "{.status.endpoints}") == "3"
+        },
+    );
+    // 3. The app dials http://api/ itself (DNS, then the ClusterIP).
+    step("3. 300 GETs to http://api/ with no proxy setting");
+    let web_app = addr(&ip(&web), 8080);
+    let web_health = addr(&ip(&web), 15021);
+    let r = drive(web_app, "http://api/", 300, 0).await.expect("drive");
+    step(&format!("   {r}"));
+    assert_eq!(r["proxy"], Value::Null, "the app saw no HTTP_PROXY: {r}");
+    assert_all_ok("captured and retried", &r, 300);
+    let (_, m) = get(web_health, "metrics", "/metrics")
+        .await
+        .expect("sidecar metrics on the pod IP");
+    let recovered = metric_sum(
+        &m,
+        "reprise_requests_total",
+        &["outcome=\"recovered\"", "upstream=\"api."],
+    );
+    let captured = metric_sum(
+        &m,
+        "reprise_captured_connections_total",
+        &["protocol=\"http1\""],
+    );
+    assert!(
+        recovered > 0.0,
+        "the flaky pod's 503s were recovered by the sidecar:\n{m}"
+    );
+    assert!(
+        captured >= 300.0,
+        "every connection (one per GET) was captured and sniffed as HTTP/1: {captured}\n{m}"
+    );
+    let log = c
+        .kubectl(&["-n", &c.ns, "logs", &web_name, "-c", "reprise-sidecar"])
+        .expect("sidecar log");
+    let recovered_lines: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["outcome"] == "recovered")
+        .collect();
+    assert!(
+        !recovered_lines.is_empty(),
+        "recovered requests logged:\n{log}"
+    );
+    for l in &recovered_lines {
+        let tried: Vec<&str> = l["endpoints"].as_str().unwrap_or("").split(',').collect();
+        assert!(
+            tried.len() >= 2 && tried[0] == "api-0" && tried[1] != "api-0",
+            "a retry goes to another pod: {l}"
+        );
+    }
+    step(&format!(
+        "   {captured} captured connections, {recovered} recovered; {} recovered lines in the sidecar's log",
+        recovered_lines.len()
+    ));
+    step("done");
+}
