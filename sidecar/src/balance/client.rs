@@ -1,29 +1,134 @@
-//! The HTTP clients that reach endpoints: one pooled client per endpoint,
-//! whose connector always dials that endpoint whatever the request URI says,
-//! and one for hosts outside every upstream.
+//! The HTTP clients that reach endpoints, one per endpoint, each dialling
+//! that endpoint whatever the request says, and one for hosts outside every
+//! upstream.
+//!
+//! The contract: [`EndpointClient::request`] sends one attempt and returns
+//! its response headers, or the failure classified as the retry engine sees
+//! it ([`FailureKind`] and how far the request got). A request that never
+//! left the sidecar (a pooled connection had closed while idle) is sent again
+//! on another connection inside the same call, so the engine never counts it
+//! as a failure. HTTP/1 endpoints use the sidecar's own pool ([`http1`]):
+//! last-in-first-out, one short lock per checkout and return, the connection
+//! back in the pool as soon as the response body ends. h2c endpoints keep
+//! hyper-util's client, which multiplexes their one connection.
+
+pub(crate) mod http1;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Uri;
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use reprise_crds::Protocol;
 
+use self::http1::{Http1Pool, Lease};
+use crate::retry::failure::{classify_client_error, FailureKind, Stage};
 use crate::retry::replay_body::AttemptBody;
 
-/// The pooled HTTP client of one endpoint. Requests carry the host the client
-/// asked for (so HTTP/2's `:authority` and HTTP/1's `Host` stay the
-/// application's); the connector always dials the endpoint.
-pub(crate) type EndpointClient = Client<EndpointConnector, AttemptBody>;
+/// How long an unused connection stays open, for both clients: hyper-util's
+/// default, kept from before the HTTP/1 pool was the sidecar's own.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The client of one endpoint. Requests carry the host the client asked for
+/// (so HTTP/2's `:authority` and HTTP/1's `Host` stay the application's);
+/// the connection always goes to the endpoint.
+#[derive(Debug)]
+pub(crate) enum EndpointClient {
+    /// HTTP/1.1: the sidecar's own pool of connections.
+    Http1(Arc<Http1Pool>),
+    /// h2c: hyper-util's pooled client (one multiplexed connection), boxed
+    /// as it is 392 bytes against the pool's 8.
+    H2c(Box<Client<EndpointConnector, AttemptBody>>),
+}
 
 /// A client for hosts outside every upstream (resolved by the system).
 pub(crate) type PassthroughClient = Client<HttpConnector, AttemptBody>;
 
-/// Dials one fixed endpoint whatever the request URI says.
+impl EndpointClient {
+    /// Sends one attempt and waits for its response headers.
+    pub(crate) async fn request(
+        &self,
+        request: Request<AttemptBody>,
+    ) -> Result<Response<EndpointBody>, (FailureKind, Stage)> {
+        match self {
+            EndpointClient::Http1(pool) => {
+                let (response, lease) = pool.send(request).await?;
+                Ok(response.map(|inner| EndpointBody {
+                    inner,
+                    lease: Some(lease),
+                }))
+            }
+            EndpointClient::H2c(client) => match client.request(request).await {
+                Ok(response) => Ok(response.map(|inner| EndpointBody { inner, lease: None })),
+                Err(e) => Err(classify_client_error(&e)),
+            },
+        }
+    }
+}
+
+/// An endpoint's response body. Over HTTP/1 it holds the connection until
+/// the body ends (its last frame, or the body dropped), then gives it back
+/// to the endpoint's pool in the same call, without a task or a wait.
+#[derive(Debug)]
+pub(crate) struct EndpointBody {
+    inner: Incoming,
+    lease: Option<Lease>,
+}
+
+impl EndpointBody {
+    fn release(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.release();
+        }
+    }
+}
+
+impl Body for EndpointBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Pending => {}
+            Poll::Ready(Some(Ok(_))) if !this.inner.is_end_stream() => {}
+            // A broken exchange: the connection is never lent again.
+            Poll::Ready(Some(Err(_))) => this.lease = None,
+            // The last frame (hyper's server stops polling once the body
+            // says it has ended, so this is the moment, not the `None`).
+            Poll::Ready(_) => this.release(),
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for EndpointBody {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Dials one fixed endpoint whatever the request URI says (h2c).
 #[derive(Clone, Debug)]
 pub(crate) struct EndpointConnector {
     inner: HttpConnector,
@@ -45,22 +150,29 @@ impl tower_service::Service<Uri> for EndpointConnector {
     }
 }
 
-/// A pooled client that always dials `addr`.
+/// The client of the endpoint at `addr`.
 pub(crate) fn endpoint_client(
     addr: std::net::SocketAddr,
     protocol: Protocol,
     connect_timeout: Duration,
 ) -> EndpointClient {
-    let target = Uri::try_from(format!("http://{addr}")).unwrap_or_default();
-    builder(protocol).build(EndpointConnector {
-        inner: connector(connect_timeout),
-        target,
-    })
+    match protocol {
+        Protocol::Http1 => EndpointClient::Http1(Http1Pool::new(addr, connect_timeout)),
+        Protocol::H2c => {
+            let target = Uri::try_from(format!("http://{addr}")).unwrap_or_default();
+            let mut builder = builder();
+            builder.http2_only(true);
+            EndpointClient::H2c(Box::new(builder.build(EndpointConnector {
+                inner: connector(connect_timeout),
+                target,
+            })))
+        }
+    }
 }
 
 /// A client for hosts outside any upstream.
 pub(crate) fn passthrough_client() -> PassthroughClient {
-    builder(Protocol::Http1).build(connector(Duration::from_secs(5)))
+    builder().build(connector(Duration::from_secs(5)))
 }
 
 fn connector(connect_timeout: Duration) -> HttpConnector {
@@ -70,14 +182,11 @@ fn connector(connect_timeout: Duration) -> HttpConnector {
     http
 }
 
-fn builder(protocol: Protocol) -> hyper_util::client::legacy::Builder {
+fn builder() -> hyper_util::client::legacy::Builder {
     let mut builder = Client::builder(TokioExecutor::new());
     builder
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(IDLE_TIMEOUT)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new());
-    if protocol == Protocol::H2c {
-        builder.http2_only(true);
-    }
     builder
 }

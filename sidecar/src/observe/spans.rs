@@ -130,17 +130,19 @@ impl RequestSpan {
         span.set_attribute(KeyValue::new(UPSTREAM, upstream.to_string()));
     }
 
-    /// Starts the CLIENT span of an attempt to `endpoint` and puts its context
-    /// in `request`'s `traceparent`. `resends` is the number of attempts before
-    /// this one (hedges included).
+    /// Starts the CLIENT span of an attempt to `endpoint` for `authority` (the
+    /// host the client addressed; an HTTP/1 request's URI has none) and puts
+    /// its context in `request`'s `traceparent`. `resends` is the number of
+    /// attempts before this one (hedges included).
     pub fn attempt<B>(
         &self,
         endpoint: &Endpoint,
+        authority: &str,
         request: &mut Request<B>,
         resends: u32,
         hedge: bool,
     ) -> AttemptSpan {
-        self.client_span(None, request, |attributes| {
+        self.client_span(Some(authority), request, |attributes| {
             attributes.push(KeyValue::new(
                 SERVER_ADDRESS,
                 endpoint.addr.ip().to_string(),

@@ -1,6 +1,7 @@
 //! Hop-by-hop header handling (RFC 9110 §7.6.1): connection-specific headers
 //! are not forwarded, nor any header the Connection header names.
 
+use http::header::Entry;
 use http::header::{HeaderName, CONNECTION, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE};
 use http::HeaderMap;
 
@@ -14,26 +15,41 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     // (usually none, or just Connection), so only those cost a hashed removal.
     // This runs twice per proxied request.
     let mut present = [false; HOP_BY_HOP.len()];
+    let mut any = false;
     for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+        if let Some(i) = hop_index(name) {
             present[i] = true;
+            any = true;
         }
     }
-    if !present.contains(&true) {
+    if !any {
         return;
     }
     if present[0] {
-        // `close` and `keep-alive` (the usual tokens) name nothing left to
-        // remove: skipping them keeps the usual case free of allocations.
-        let named: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
-            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-            .collect();
+        // One hashed lookup takes Connection out with all its values. A value
+        // of just `keep-alive` or `close` (what nginx and most servers send)
+        // names nothing left to remove: no token parsing, no allocation.
+        let mut named: Vec<HeaderName> = Vec::new();
+        if let Entry::Occupied(connection) = headers.entry(CONNECTION) {
+            for value in connection.remove_entry_mult().1 {
+                let v = value.as_bytes();
+                if v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close") {
+                    continue;
+                }
+                named.extend(
+                    value
+                        .to_str()
+                        .into_iter()
+                        .flat_map(|v| v.split(','))
+                        .map(str::trim)
+                        .filter(|t| {
+                            !t.eq_ignore_ascii_case("close")
+                                && !t.eq_ignore_ascii_case("keep-alive")
+                        })
+                        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok()),
+                );
+            }
+        }
         for name in named {
             if !(keep_upgrade && name == UPGRADE) {
                 headers.remove(&name);
@@ -42,13 +58,30 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
         if keep_upgrade {
             headers.insert(CONNECTION, http::HeaderValue::from_static("upgrade"));
         }
+        present[0] = false;
     }
     for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
-        let kept = keep_upgrade && (*name == CONNECTION || *name == UPGRADE);
-        if !kept {
+        if !(keep_upgrade && *name == UPGRADE) {
             headers.remove(name);
         }
     }
+}
+
+/// `name`'s index in [`HOP_BY_HOP`], if it is one. Its length rules out all
+/// but at most two candidates, so an ordinary header (Host, Date,
+/// Content-Type...) costs one length check instead of seven name comparisons
+/// (about 500 instructions per response with nginx's five headers).
+fn hop_index(name: &HeaderName) -> Option<usize> {
+    let candidates: &[usize] = match name.as_str().len() {
+        2 => &[4],     // te
+        7 => &[6],     // upgrade
+        10 => &[0, 1], // connection, keep-alive
+        16 => &[2],    // proxy-connection
+        17 => &[5],    // transfer-encoding
+        19 => &[3],    // proxy-authorization
+        _ => &[],
+    };
+    candidates.iter().copied().find(|&i| HOP_BY_HOP[i] == name)
 }
 
 /// Headers that are always hop-by-hop (more may be named by `Connection`).
@@ -118,6 +151,50 @@ mod tests {
         strip(&mut h, false);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-end-to-end"));
+    }
+
+    #[test]
+    fn every_hop_by_hop_name_is_found_at_its_index_and_no_other() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_index(name), Some(i), "{name}");
+        }
+        for other in [
+            "host",
+            "date",
+            "server",
+            "content-type",
+            "content-length",
+            "x-connection",
+            "keep-alivex",
+            "tf",
+        ] {
+            let name = HeaderName::from_static(other);
+            assert_eq!(hop_index(&name), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn every_connection_value_is_read_and_all_of_them_removed() {
+        let mut h = HeaderMap::new();
+        h.append(CONNECTION, "keep-alive".parse().expect("value"));
+        h.append(CONNECTION, "X-First".parse().expect("value"));
+        h.append(CONNECTION, "close, x-second".parse().expect("value"));
+        for name in ["x-first", "x-second", "x-end-to-end"] {
+            h.insert(name, "1".parse().expect("value"));
+        }
+        strip(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-end-to-end"));
+    }
+
+    #[test]
+    fn a_plain_keep_alive_connection_removes_only_itself() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, "Keep-Alive".parse().expect("value"));
+        h.insert("content-length", "128".parse().expect("value"));
+        strip(&mut h, false);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("content-length"));
     }
 
     #[test]

@@ -15,11 +15,11 @@ use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use super::failure::{classify_client_error, FailureKind, Stage};
+use super::failure::{FailureKind, Stage};
 use super::replay_body::AttemptBody;
+use crate::balance::client::EndpointBody;
 use crate::balance::upstream::UpstreamState;
 use crate::observe::spans::{AttemptSpan, RequestSpan};
 
@@ -42,11 +42,11 @@ pub(crate) struct UpstreamBody {
     /// Boxed: only gRPC responses have one, and a response moves through
     /// several futures on every request.
     first: Option<Box<Frame<Bytes>>>,
-    rest: Incoming,
+    rest: EndpointBody,
 }
 
 impl UpstreamBody {
-    fn new(rest: Incoming) -> Self {
+    fn new(rest: EndpointBody) -> Self {
         Self { first: None, rest }
     }
 
@@ -147,10 +147,10 @@ pub(crate) async fn send(
     let response = state.client.request(request);
     let result = match timeout {
         Some((limit, kind)) => match tokio::time::timeout(limit, response).await {
-            Ok(r) => r.map_err(|e| classify_client_error(&e)),
+            Ok(r) => r,
             Err(_) => Err((kind, Stage::AfterWrite)),
         },
-        None => response.await.map_err(|e| classify_client_error(&e)),
+        None => response.await,
     };
     let result = match result {
         Ok(response) if first_frame => {
@@ -171,7 +171,7 @@ pub(crate) async fn send(
 /// The response with its first frame read, unless its headers already end
 /// it or `within` runs out first.
 async fn await_first_frame(
-    response: Response<Incoming>,
+    response: Response<EndpointBody>,
     within: Option<Duration>,
 ) -> Result<Response<UpstreamBody>, (FailureKind, Stage)> {
     let (parts, mut rest) = response.into_parts();
@@ -212,18 +212,21 @@ impl RequestTemplate {
         hedge: bool,
     ) -> (Request<AttemptBody>, AttemptSpan) {
         self.attempts_sent += 1;
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(
-            self.authority
-                .clone()
-                .unwrap_or_else(|| up.endpoints[endpoint].authority.clone()),
-        );
-
-        parts.path_and_query = Some(self.path_and_query.clone());
+        let endpoint_authority = &up.endpoints[endpoint].authority;
+        let authority = self.authority.as_ref().unwrap_or(endpoint_authority);
         let mut request = Request::new(body);
         *request.method_mut() = self.method.clone();
-        *request.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
+        // HTTP/1 sends the origin form (`/path?query`) with the host in
+        // `Host`; HTTP/2 needs scheme and authority for its pseudo-headers.
+        *request.uri_mut() = if self.version == Version::HTTP_2 {
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(Scheme::HTTP);
+            parts.authority = Some(authority.clone());
+            parts.path_and_query = Some(self.path_and_query.clone());
+            Uri::from_parts(parts).unwrap_or_default()
+        } else {
+            Uri::from(self.path_and_query.clone())
+        };
         *request.version_mut() = self.version;
         // The first attempt's number goes into the template, so that each copy
         // already has the entry and a retry only overwrites its value
@@ -249,8 +252,16 @@ impl RequestTemplate {
                 request.headers_mut().insert(GRPC_TIMEOUT, v);
             }
         }
+        if self.version != Version::HTTP_2 && self.authority.is_none() {
+            // A client that named no host at all (HTTP/1.0): the endpoint's
+            // address, as HTTP/1.1 requires a `Host`.
+            if let Ok(v) = http::HeaderValue::from_str(endpoint_authority.as_str()) {
+                request.headers_mut().entry(http::header::HOST).or_insert(v);
+            }
+        }
         let span = trace.attempt(
             &up.endpoints[endpoint].endpoint,
+            authority.as_str(),
             &mut request,
             self.attempts_sent - 1,
             hedge,

@@ -132,19 +132,40 @@ impl FailureKind {
     }
 }
 
-/// Classifies an error from the HTTP client.
+/// Classifies an error from hyper-util's pooled client (HTTP/2 endpoints and
+/// hosts outside every upstream).
 pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (FailureKind, Stage) {
     if err.is_connect() {
         // hyper-util reports its own connect timeout as an `io::Error` of kind
         // `TimedOut`, like the kernel's.
-        let kind = match find_io(err).map(io::Error::kind) {
-            Some(io::ErrorKind::ConnectionRefused) => FailureKind::ConnectRefused,
-            Some(io::ErrorKind::TimedOut) => FailureKind::ConnectTimeout,
-            _ => FailureKind::ConnectError,
-        };
-        return (kind, Stage::Connect);
+        return classify_connect(find_io(err));
     }
-    let mut source: Option<&(dyn StdError + 'static)> = err.source();
+    classify_chain(err.source())
+}
+
+/// Classifies a failed dial of an endpoint: `TimedOut` is the connect
+/// timeout (the sidecar's own, or the kernel's).
+pub fn classify_connect_error(err: &io::Error) -> (FailureKind, Stage) {
+    classify_connect(Some(err))
+}
+
+/// Classifies an error hyper returned for a request sent on an established
+/// HTTP/1 connection, with the same rules as [`classify_client_error`].
+pub fn classify_send_error(err: &hyper::Error) -> (FailureKind, Stage) {
+    classify_chain(Some(err))
+}
+
+fn classify_connect(io: Option<&io::Error>) -> (FailureKind, Stage) {
+    let kind = match io.map(io::Error::kind) {
+        Some(io::ErrorKind::ConnectionRefused) => FailureKind::ConnectRefused,
+        Some(io::ErrorKind::TimedOut) => FailureKind::ConnectTimeout,
+        _ => FailureKind::ConnectError,
+    };
+    (kind, Stage::Connect)
+}
+
+/// The first error in `source`'s chain that says what happened.
+fn classify_chain(mut source: Option<&(dyn StdError + 'static)>) -> (FailureKind, Stage) {
     while let Some(e) = source {
         if let Some(h) = e.downcast_ref::<hyper::Error>() {
             // A user error is the request body's own failure (the client's bad

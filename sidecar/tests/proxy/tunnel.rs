@@ -1,11 +1,15 @@
 //! CONNECT: a tunnel to a host an upstream answers to carries HTTP (what a
 //! client that honours `http_proxy` opens): its requests are served by the
 //! sidecar and retried like any other. A tunnel whose first byte is a TLS
-//! record stays an opaque TCP tunnel to one endpoint, byte for byte.
+//! record stays an opaque TCP tunnel to one endpoint, byte for byte. An
+//! upgrade (WebSocket) answered `101` bridges the client to the endpoint's
+//! connection, which never goes back to the pool.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use reprise_testkit::http1::Wire;
+use reprise_testkit::http1::{header, Wire};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -113,4 +117,92 @@ async fn get(wire: &mut Wire<TcpStream>) -> u16 {
         .await
         .expect("a request in the tunnel");
     wire.read_response("GET").await.expect("its answer").status
+}
+
+#[tokio::test]
+async fn a_websocket_upgrade_is_bridged_and_its_connection_never_pooled() {
+    // An endpoint that answers an upgrade `101` and then echoes in upper
+    // case, and anything else `200` with the number of its connection.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::spawn(async move {
+                let mut wire = Wire::new(stream);
+                while let Ok(Some(r)) = wire.read_request().await {
+                    if header(&r.head.headers, "upgrade") == Some("websocket") {
+                        let head = "HTTP/1.1 101 Switching Protocols\r\n\
+                                    connection: upgrade\r\nupgrade: websocket\r\n\r\n";
+                        let early = wire.buffered().to_ascii_uppercase();
+                        let mut s = wire.into_inner();
+                        if s.write_all(head.as_bytes()).await.is_err()
+                            || s.write_all(&early).await.is_err()
+                        {
+                            return;
+                        }
+                        let mut buf = [0u8; 1024];
+                        while let Ok(k) = s.read(&mut buf).await {
+                            if k == 0 || s.write_all(&buf[..k].to_ascii_uppercase()).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                        return;
+                    }
+                    let reply = format!("HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n{n}");
+                    if wire.get_mut().write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let sidecar = Sidecar::start(UpstreamConfig::new("api").endpoint(addr)).await;
+
+    // A plain request first, so an idle pooled connection exists: the
+    // upgrade takes it, and must not leave it in the pool afterwards.
+    let mut plain = Wire::new(TcpStream::connect(sidecar.addr).await.expect("connect"));
+    let get = b"GET /items HTTP/1.1\r\nHost: api\r\n\r\n";
+    plain.get_mut().write_all(get).await.expect("GET");
+    assert_eq!(plain.read_response("GET").await.expect("200").text(), "1");
+
+    let mut ws = Wire::new(TcpStream::connect(sidecar.addr).await.expect("connect"));
+    ws.get_mut()
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: api\r\nConnection: Upgrade\r\n\
+              Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .expect("upgrade request");
+    let switched = ws.read_response_head().await.expect("the upgrade answer");
+    assert_eq!(switched.status, 101, "{switched:?}");
+    assert!(ws.buffered().is_empty());
+    let mut ws = ws.into_inner();
+    for word in [&b"ping"[..], b"frames both ways"] {
+        ws.write_all(word).await.expect("write");
+        let mut back = vec![0u8; word.len()];
+        tokio::time::timeout(Duration::from_secs(3), ws.read_exact(&mut back))
+            .await
+            .expect("echoed in time")
+            .expect("echoed");
+        assert_eq!(back, word.to_ascii_uppercase());
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "the upgrade reused it");
+
+    // The bridged connection is the WebSocket's now: the next request dials.
+    plain.get_mut().write_all(get).await.expect("GET");
+    assert_eq!(plain.read_response("GET").await.expect("200").text(), "2");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+
+    // And the WebSocket still works after that.
+    ws.write_all(b"still").await.expect("write");
+    let mut back = [0u8; 5];
+    tokio::time::timeout(Duration::from_secs(3), ws.read_exact(&mut back))
+        .await
+        .expect("echoed in time")
+        .expect("echoed");
+    assert_eq!(&back, b"STILL");
 }

@@ -183,6 +183,16 @@ impl Lab {
         // From here on, drop removes whatever was made.
         for ns in [&lab.app, &lab.svc] {
             ip(&["netns", "add", ns]);
+            // No duplicate address detection for the link-local addresses
+            // the kernel adds at link-up either (`nodad` below covers only
+            // ours): neighbour discovery waits for them, and a first IPv6
+            // connection in those 1-2 s loses its SYN for a 1 s retransmit,
+            // as long as the sidecar's whole connect timeout.
+            run(lab.command(ns, "sysctl").args([
+                "-qw",
+                "net.ipv6.conf.all.accept_dad=0",
+                "net.ipv6.conf.default.accept_dad=0",
+            ]));
             lab.ip(ns, &["link", "set", "lo", "up"]);
         }
         // Interface names: at most 15 bytes (pid ≤ 7 digits).
