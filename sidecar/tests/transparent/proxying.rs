@@ -174,7 +174,12 @@ fn retried_across_endpoints(
         lab,
         &["http", &host, &port, "/python", "shop.example.test", "8"],
     );
-    assert_eq!(answers(&py), want("shop.example.test", 8), "{py}");
+    assert_eq!(
+        answers(&py),
+        want("shop.example.test", 8),
+        "{py}\nthe sidecar's log:\n{}",
+        sidecar.lines().join("\n")
+    );
 
     // Node's fetch sets Host from the URL; the upstream sees that unchanged
     // (not the endpoint's address).
@@ -195,7 +200,8 @@ fn retried_across_endpoints(
     let bad_hits: Vec<&Value> = hits.iter().filter(|h| h["endpoint"] == "bad").collect();
     assert!(
         !bad_hits.is_empty(),
-        "the failing endpoint was tried: {hits:?}"
+        "the failing endpoint was tried: {hits:?}\nthe sidecar's log:\n{}",
+        sidecar.lines().join("\n")
     );
     for h in &hits {
         assert!(
