@@ -310,24 +310,8 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
             name(p)
         );
     }
-    let log = c
-        .kubectl(&["-n", &c.ns, "logs", &web_name, "-c", "reprise-sidecar"])
-        .expect("sidecar log");
-    let recovered_lines: Vec<Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["outcome"] == "recovered")
-        .collect();
-    assert!(
-        !recovered_lines.is_empty(),
-        "recovered requests logged:\n{log}"
-    );
+    let recovered_lines = recovered_lines(&c, &web_name);
     for l in &recovered_lines {
-        let tried: Vec<&str> = l["endpoints"].as_str().unwrap_or("").split(',').collect();
-        assert!(
-            tried.len() >= 2 && tried[0] == "api-0" && tried[1] != "api-0",
-            "a retry goes to another pod: {l}"
-        );
         assert_eq!(l["first_error"], "upstream_status_503", "{l}");
     }
     step(&format!(
@@ -634,6 +618,28 @@ fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }
 
+/// The `recovered` access-log lines of `pod`'s sidecar, at least one, each
+/// showing a first attempt on the flaky `api-0` and the retry on another pod.
+fn recovered_lines(c: &Cluster, pod: &str) -> Vec<Value> {
+    let log = c
+        .kubectl(&["-n", &c.ns, "logs", pod, "-c", "reprise-sidecar"])
+        .expect("sidecar log");
+    let recovered: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["outcome"] == "recovered")
+        .collect();
+    assert!(!recovered.is_empty(), "recovered requests logged:\n{log}");
+    for l in &recovered {
+        let tried: Vec<&str> = l["endpoints"].as_str().unwrap_or("").split(',').collect();
+        assert!(
+            tried.len() >= 2 && tried[0] == "api-0" && tried[1] != "api-0",
+            "a retry goes to another pod: {l}"
+        );
+    }
+    recovered
+}
+
 /// The PID of a running container's task, from containerd (`ctr tasks ls`).
 fn task_pid(container_id: &str) -> Option<String> {
     let ctr = std::env::var("CONTAINERD_ADDRESS").ok()?;
@@ -855,25 +861,7 @@ async fn a_transparent_pod_without_http_proxy_gets_its_requests_retried() {
         captured >= 300.0,
         "every connection (one per GET) was captured and sniffed as HTTP/1: {captured}\n{m}"
     );
-    let log = c
-        .kubectl(&["-n", &c.ns, "logs", &web_name, "-c", "reprise-sidecar"])
-        .expect("sidecar log");
-    let recovered_lines: Vec<Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["outcome"] == "recovered")
-        .collect();
-    assert!(
-        !recovered_lines.is_empty(),
-        "recovered requests logged:\n{log}"
-    );
-    for l in &recovered_lines {
-        let tried: Vec<&str> = l["endpoints"].as_str().unwrap_or("").split(',').collect();
-        assert!(
-            tried.len() >= 2 && tried[0] == "api-0" && tried[1] != "api-0",
-            "a retry goes to another pod: {l}"
-        );
-    }
+    let recovered_lines = recovered_lines(&c, &web_name);
     step(&format!(
         "   {captured} captured connections, {recovered} recovered; {} recovered lines in the sidecar's log",
         recovered_lines.len()

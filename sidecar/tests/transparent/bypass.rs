@@ -58,16 +58,7 @@ fn captured_connections_reach_the_redirect_port_and_exclusions_bypass_it() {
             tag(lo(7001), "app's loopback"),
         ],
     );
-    lab.capture(&[
-        "--redirect-port",
-        "15006",
-        "--proxy-uid",
-        &PROXY_UID.to_string(),
-        "--exclude-ports",
-        "53",
-        "--exclude-cidrs",
-        "192.0.2.30/32",
-    ]);
+    lab.install_rules();
     let cases = [
         (v4(20, 5432), "redirect port (IPv4)"),
         (v6(0x20, 5432), "redirect port (IPv6)"),

@@ -325,6 +325,22 @@ for addr in sys.argv[1:]:
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+
+    /// The interface's rules as the capture tests install them: redirect to
+    /// 15006, the sidecar's UID let through, port 53 and 192.0.2.30/32
+    /// excluded.
+    pub fn install_rules(&self) -> String {
+        self.capture(&[
+            "--redirect-port",
+            "15006",
+            "--proxy-uid",
+            &PROXY_UID.to_string(),
+            "--exclude-ports",
+            "53",
+            "--exclude-cidrs",
+            "192.0.2.30/32",
+        ])
+    }
 }
 
 impl Drop for Lab {

@@ -24,20 +24,6 @@ const ADMIN: &str = "http://127.0.0.1:15000";
 /// Longest the sidecar takes to answer `/ready`.
 const READY_WITHIN: Duration = Duration::from_secs(20);
 
-/// The interface's rules with one excluded port and one excluded CIDR.
-fn install_rules(lab: &Lab) {
-    lab.capture(&[
-        "--redirect-port",
-        "15006",
-        "--proxy-uid",
-        &PROXY_UID.to_string(),
-        "--exclude-ports",
-        "53",
-        "--exclude-cidrs",
-        "192.0.2.30/32",
-    ]);
-}
-
 /// The sidecar in the app namespace as uid 65532, once it is ready.
 fn start_sidecar(lab: &Lab, label: &str, config: Config) -> Helper {
     let path: PathBuf = write_temp(&format!("transparent-{label}"), &config.to_yaml());
@@ -156,7 +142,7 @@ fn retried_across_endpoints(
         &lab.svc,
         vec![http(bad, "bad", 503), http(good, "good", 200)],
     );
-    install_rules(lab);
+    lab.install_rules();
     let sidecar = start_sidecar(
         lab,
         &format!("retry-{}", virtual_addr.ip()),
@@ -267,7 +253,7 @@ fn grpc_to_a_virtual_address_is_retried() {
             fail: 1,
         }],
     );
-    install_rules(&lab);
+    lab.install_rules();
     // gRPC calls are POSTs: retried only with the body kept for replay.
     let upstream = UpstreamConfig::new("echo")
         .address(target)
@@ -343,7 +329,7 @@ fn opaque_tcp_passes_through_with_half_close_and_exclusions_bypass_the_sidecar()
             },
         ],
     );
-    install_rules(&lab);
+    lab.install_rules();
     // No upstream has these addresses: everything here is opaque.
     let api = UpstreamConfig::new("api")
         .address(v4(100, 80))
@@ -434,7 +420,7 @@ fn opaque_tcp_passes_through_with_half_close_and_exclusions_bypass_the_sidecar()
 fn once_the_sidecar_stops_captured_connections_are_refused_at_once() {
     let Some(lab) = Lab::new() else { return };
     let _svc = Helper::serve(&lab, &lab.svc, vec![http(v4(11, 8080), "e11", 200)]);
-    install_rules(&lab);
+    lab.install_rules();
     let api = UpstreamConfig::new("api")
         .address(v4(100, 80))
         .endpoint(v4(11, 8080));

@@ -242,42 +242,57 @@ mod tests {
 
     use super::*;
 
-    /// An upstream that answers every request `200` with the number of its
-    /// connection as the body; counts connections.
-    async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    /// A loopback upstream that hands each accepted connection, with its
+    /// number (from 1), to `serve`; counts connections.
+    async fn listen<F, Fut>(serve: F) -> (SocketAddr, Arc<AtomicUsize>)
+    where
+        F: Fn(usize, TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = Arc::clone(&accepted);
         tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
+            while let Ok((stream, _)) = listener.accept().await {
                 let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    loop {
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                            }
-                        }
-                        buf.clear();
-                        let body = n.to_string();
-                        let head =
-                            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
-                        if stream
-                            .write_all(format!("{head}{body}").as_bytes())
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                });
+                tokio::spawn(serve(n, stream));
             }
         });
         (addr, accepted)
+    }
+
+    /// Reads one request head (bytes past it are dropped); false at EOF or
+    /// on an error.
+    async fn read_head(stream: &mut TcpStream) -> bool {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            }
+        }
+        true
+    }
+
+    /// An upstream that answers every request `200` with the number of its
+    /// connection as the body; counts connections.
+    async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+        listen(|n, mut stream| async move {
+            while read_head(&mut stream).await {
+                let body = n.to_string();
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                if stream
+                    .write_all(format!("{head}{body}").as_bytes())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+        .await
     }
 
     fn get() -> Request<AttemptBody> {
@@ -438,45 +453,26 @@ mod tests {
     /// sends only 7 bytes of it, then stalls (`close` false) or closes (`close`
     /// true); later connections answer like [`upstream`]'s.
     async fn truncating_upstream(close: bool) -> (SocketAddr, Arc<AtomicUsize>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&accepted);
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    loop {
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                            }
-                        }
-                        buf.clear();
-                        let reply = if n == 1 {
-                            "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\npartial".to_owned()
-                        } else {
-                            format!("HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n{n}")
-                        };
-                        if stream.write_all(reply.as_bytes()).await.is_err() {
-                            return;
-                        }
-                        if n == 1 {
-                            if close {
-                                return;
-                            }
-                            // Stalled: hold the connection open, say nothing.
-                            let _ = stream.read(&mut chunk).await;
-                            return;
-                        }
+        listen(move |n, mut stream| async move {
+            while read_head(&mut stream).await {
+                let reply = if n == 1 {
+                    "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\npartial".to_owned()
+                } else {
+                    format!("HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n{n}")
+                };
+                if stream.write_all(reply.as_bytes()).await.is_err() {
+                    return;
+                }
+                if n == 1 {
+                    if !close {
+                        // Stalled: hold the connection open, say nothing.
+                        let _ = stream.read(&mut [0u8; 1024]).await;
                     }
-                });
+                    return;
+                }
             }
-        });
-        (addr, accepted)
+        })
+        .await
     }
 
     #[tokio::test]
