@@ -11,11 +11,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use reprise_telemetry::prometheus::{Exposition, Family, Gauge, Histogram, Kind};
+use reprise_telemetry::prometheus::{Exposition, Gauge, Histogram};
 
 use crate::balance::upstream::UpstreamState;
 use crate::proxy::Proxy;
 use crate::retry::outcome::Outcome;
+
+mod families;
+use self::families::FAMILIES;
 
 /// Upper bounds of the attempt latency histogram, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -420,151 +423,4 @@ fn outcome_sample(out: &mut Exposition, upstream: &str, key: (&str, &str), n: u6
         ],
         n,
     );
-}
-
-const fn family(name: &'static str, kind: Kind, help: &'static str) -> Family {
-    Family { name, kind, help }
-}
-
-/// Every family, in exposition order, with its HELP text: names stay stable here.
-const FAMILIES: &[Family] = &[
-    family(
-        "reprise_requests_total",
-        Kind::Counter,
-        "Logical requests by upstream, outcome (ok, recovered, exhausted, skipped) and reason.",
-    ),
-    family(
-        "reprise_retries_total",
-        Kind::Counter,
-        "Retries issued, by the error kind of the failed attempt.",
-    ),
-    family(
-        "reprise_retry_budget_refusals_total",
-        Kind::Counter,
-        "Retries refused by the upstream's retry budget.",
-    ),
-    family(
-        "reprise_retry_budget_remaining",
-        Kind::Gauge,
-        "Retries the upstream's budget allows at least, in the current window.",
-    ),
-    family(
-        "reprise_hedges_total",
-        Kind::Counter,
-        "Speculative duplicate attempts sent.",
-    ),
-    family(
-        "reprise_response_body_errors_total",
-        Kind::Counter,
-        "Response bodies that failed mid-stream (never retried).",
-    ),
-    family(
-        "reprise_grpc_responses_total",
-        Kind::Counter,
-        "gRPC responses passed to clients, by upstream and grpc-status name.",
-    ),
-    family(
-        "reprise_upstream_attempt_duration_seconds",
-        Kind::Histogram,
-        "Time from sending an attempt to its response headers or failure.",
-    ),
-    family(
-        "reprise_endpoint_in_flight",
-        Kind::Gauge,
-        "Attempts waiting on each endpoint.",
-    ),
-    family(
-        "reprise_endpoint_ejected",
-        Kind::Gauge,
-        "1 while passive health has the endpoint ejected.",
-    ),
-    family(
-        "reprise_endpoint_ejections_total",
-        Kind::Counter,
-        "Times passive health ejected the endpoint.",
-    ),
-    family(
-        "reprise_requests_in_flight",
-        Kind::Gauge,
-        "Logical requests being handled, each counted once.",
-    ),
-    family(
-        "reprise_replay_buffer_bytes",
-        Kind::Gauge,
-        "Bytes held by request replay buffers.",
-    ),
-    family(
-        "reprise_replay_buffer_limit_bytes",
-        Kind::Gauge,
-        "Reservation all replay buffers share.",
-    ),
-    family(
-        "reprise_config_reloads_total",
-        Kind::Counter,
-        "Configuration loads by result (ok, refused).",
-    ),
-    family(
-        "reprise_unknown_upstream_total",
-        Kind::Counter,
-        "Requests for a host that names no upstream.",
-    ),
-    family(
-        "reprise_rule_cel_errors_total",
-        Kind::Counter,
-        "Rule CEL conditions that failed to evaluate (each counted as no match), by rule id.",
-    ),
-    family(
-        "reprise_captured_connections_total",
-        Kind::Counter,
-        "Transparently captured connections by how they were served (http1, h2c: the retry path; opaque: relayed as TCP).",
-    ),
-    family(
-        "reprise_captured_refused_total",
-        Kind::Counter,
-        "Captured connections refused, by reason (loop: the destination is the sidecar's own listener; no_original_destination: not redirected).",
-    ),
-    family(
-        "reprise_opaque_connect_failures_total",
-        Kind::Counter,
-        "Opaque relays whose destination could not be reached (the client's connection is reset).",
-    ),
-    family(
-        "reprise_opaque_connections_open",
-        Kind::Gauge,
-        "Opaque relays of captured connections open now.",
-    ),
-    family(
-        "reprise_opaque_bytes_total",
-        Kind::Counter,
-        "Bytes opaque relays carried, by direction (sent: client to destination; received: back).",
-    ),
-    family(
-        "reprise_trace_spans_exported_total",
-        Kind::Counter,
-        "Spans the OTLP collector accepted (0 while tracing is off).",
-    ),
-    family(
-        "reprise_trace_spans_dropped_total",
-        Kind::Counter,
-        "Spans dropped: export queue full, collector unreachable or export timed out.",
-    ),
-];
-
-#[cfg(test)]
-mod tests {
-    use super::FAMILIES;
-
-    #[test]
-    fn every_family_is_documented_in_the_readme() {
-        let readme = include_str!("../../../README.md");
-        let missing: Vec<&str> = FAMILIES
-            .iter()
-            .map(|f| f.name)
-            .filter(|name| !readme.contains(&format!("`{name}`")))
-            .collect();
-        assert!(
-            missing.is_empty(),
-            "not in the README's Metrics table: {missing:?}"
-        );
-    }
 }
