@@ -19,9 +19,9 @@ use futures_util::FutureExt;
 use http::header::{HeaderValue, CONNECTION};
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -99,19 +99,8 @@ pub async fn serve(
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    let config = proxy.config();
-    let max_head = config.proxy.max_request_header_bytes;
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(max_head.max(8192));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX));
-    let builder = Arc::new(builder);
+    let max_head = proxy.config().proxy.max_request_header_bytes;
+    let builder = Arc::new(HttpBuilders::new(max_head));
     let mut own: Vec<SocketAddr> = listeners.others.clone();
     own.extend(
         std::iter::once(&listeners.proxy)
@@ -204,7 +193,7 @@ pub async fn serve(
 async fn serve_connection(
     stream: TcpStream,
     proxy: Arc<Proxy>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<HttpBuilders>,
     mut drain: watch::Receiver<Drain>,
 ) {
     // Biased: a client whose bytes are already here is served even if the
@@ -227,15 +216,69 @@ async fn serve_http(
     protocol: Protocol,
     dest: Destination,
     proxy: Arc<Proxy>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    mut drain: watch::Receiver<Drain>,
+    builder: Arc<HttpBuilders>,
+    drain: watch::Receiver<Drain>,
 ) {
     let conn_drain = (protocol == Protocol::Http1).then(|| Arc::new(ConnDrain::default()));
     let responses = conn_drain.clone();
     let service = service_fn(move |req| {
         serve_request(Arc::clone(&proxy), req, dest.clone(), responses.clone())
     });
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    // The protocol is known from the sniff, so hyper's own builder for it
+    // serves the connection: hyper-util's auto builder would read and check
+    // the first bytes again and wrap every later read in its rewind buffer.
+    let io = TokioIo::new(stream);
+    let result = match protocol {
+        Protocol::Http1 => {
+            let conn = builder.http1.serve_connection(io, service).with_upgrades();
+            drive(conn, |c| c.graceful_shutdown(), drain, conn_drain).await
+        }
+        Protocol::H2c => {
+            let conn = builder.http2.serve_connection(io, service);
+            drive(conn, |c| c.graceful_shutdown(), drain, conn_drain).await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "client connection ended with an error");
+    }
+}
+
+/// hyper's server builders for the two protocols the sniff tells apart.
+pub(crate) struct HttpBuilders {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+impl HttpBuilders {
+    /// Request heads up to `max_head` bytes (at least hyper's 8 KiB buffer
+    /// on HTTP/1; HPACK's list size on HTTP/2), HTTP/1 heads read within
+    /// [`HEADER_READ_TIMEOUT`].
+    fn new(max_head: usize) -> Self {
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_buf_size(max_head.max(8192));
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX));
+        Self { http1, http2 }
+    }
+}
+
+/// Drives one served connection to its end, following the drain: `shutdown`
+/// is the connection's graceful shutdown (GOAWAY on HTTP/2, close after the
+/// response in flight on HTTP/1).
+async fn drive<C>(
+    conn: C,
+    shutdown: impl FnOnce(std::pin::Pin<&mut C>),
+    mut drain: watch::Receiver<Drain>,
+    conn_drain: Option<Arc<ConnDrain>>,
+) -> hyper::Result<()>
+where
+    C: Future<Output = hyper::Result<()>>,
+{
     tokio::pin!(conn);
     // HTTP/2's GOAWAY lets streams in flight finish and tells the client
     // exactly which were not processed, so it goes out at once; HTTP/1 has no
@@ -249,18 +292,15 @@ async fn serve_http(
     };
     // Biased: the connection is polled before any shutdown, which would
     // otherwise cancel it while hyper is still reading its preface.
-    let result = tokio::select! {
+    tokio::select! {
         biased;
         result = conn.as_mut() => result,
         () = quiet => {
             // Closes an idle HTTP/1 connection now and a busy one after its
             // response; sends GOAWAY on HTTP/2.
-            conn.as_mut().graceful_shutdown();
+            shutdown(conn.as_mut());
             conn.await
         }
-    };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "client connection ended with an error");
     }
 }
 

@@ -26,15 +26,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioExecutor;
-use hyper_util::server::conn::auto;
 use socket2::SockRef;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::drain::{reached, Drain, DrainPhase};
 use super::sniff::{self, Protocol, Sniffed};
-use super::{serve_http, FIRST_BYTES_WAIT};
+use super::{serve_http, HttpBuilders, FIRST_BYTES_WAIT};
 use crate::proxy::route::Destination;
 use crate::proxy::tunnel::relay;
 use crate::proxy::Proxy;
@@ -87,7 +85,7 @@ fn reset(stream: TcpStream) {
 pub(crate) async fn serve_captured(
     stream: TcpStream,
     proxy: Arc<Proxy>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<HttpBuilders>,
     mut drain: watch::Receiver<Drain>,
     own: Arc<OwnListeners>,
 ) {

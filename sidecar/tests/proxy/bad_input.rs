@@ -208,13 +208,16 @@ async fn an_endless_header_stream_is_cut_off_not_buffered() {
 
 #[tokio::test]
 async fn an_oversized_uri_is_refused() {
-    // Default 64 KiB head limit: a 100 KiB URI overflows the head buffer before
-    // the request line is complete, so the answer is 431, not 414.
+    // Default 64 KiB head limit, a 100 KiB URI: refused either way, never
+    // forwarded. hyper checks the limit once per read, so the answer depends
+    // on how much one read brought: 431 if the buffer filled before the
+    // request line was complete, 414 (hyper's 65,534-byte URI limit) if a
+    // read took the whole line.
     let (up, sidecar) = plain_sidecar().await;
     let uri = format!("/{}", "a".repeat(100 * 1024));
     let request = format!("GET {uri} HTTP/1.1\r\nhost: api\r\n\r\n");
     let r = exchange(&sidecar, request.as_bytes()).await;
-    assert_eq!(r.status(), 431, "{}", r.text());
+    assert!(matches!(r.status(), 431 | 414), "{}", r.text());
     settle().await;
     assert_eq!(up.count(), 0);
 
