@@ -221,8 +221,17 @@ async fn serve_http(
 ) {
     let conn_drain = (protocol == Protocol::Http1).then(|| Arc::new(ConnDrain::default()));
     let responses = conn_drain.clone();
-    let service = service_fn(move |req| {
-        serve_request(Arc::clone(&proxy), req, dest.clone(), responses.clone())
+    // Boxed per request: hyper keeps the service's future in the
+    // connection's own allocation for as long as the connection lives, so an
+    // unboxed future (over 5 KiB) would stay with every idle keep-alive
+    // connection; boxed, only requests in flight hold it.
+    let service = service_fn(move |req| -> ServeFuture {
+        Box::pin(serve_request(
+            Arc::clone(&proxy),
+            req,
+            dest.clone(),
+            responses.clone(),
+        ))
     });
     // The protocol is known from the sniff, so hyper's own builder for it
     // serves the connection: hyper-util's auto builder would read and check
@@ -303,6 +312,10 @@ where
         }
     }
 }
+
+/// One request's handling, boxed (see [`serve_http`]).
+type ServeFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<Response<ServedBody>, Infallible>> + Send>>;
 
 /// Handles one request; while draining, an HTTP/1 response also carries
 /// `Connection: close`, after which hyper closes the connection, so the client

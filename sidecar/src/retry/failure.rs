@@ -132,8 +132,8 @@ impl FailureKind {
     }
 }
 
-/// Classifies an error from hyper-util's pooled client (HTTP/2 endpoints and
-/// hosts outside every upstream).
+/// Classifies an error from hyper-util's pooled client (hosts outside every
+/// upstream).
 pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (FailureKind, Stage) {
     if err.is_connect() {
         // hyper-util reports its own connect timeout as an `io::Error` of kind
@@ -150,7 +150,8 @@ pub fn classify_connect_error(err: &io::Error) -> (FailureKind, Stage) {
 }
 
 /// Classifies an error hyper returned for a request sent on an established
-/// HTTP/1 connection, with the same rules as [`classify_client_error`].
+/// connection (an endpoint's HTTP/1 or h2c), with the same rules as
+/// [`classify_client_error`].
 pub fn classify_send_error(err: &hyper::Error) -> (FailureKind, Stage) {
     classify_chain(Some(err))
 }
