@@ -171,9 +171,14 @@ impl Proxy {
 
     /// Handles one request routed as `dest` says (the explicit proxy, inside
     /// a CONNECT tunnel, or on a transparently captured connection).
+    ///
+    /// One function from the span's start to its end, the phases in a
+    /// labelled block: each nested async fn would put its whole future
+    /// (about 5 KiB here) inside its caller's, and it is copied on the way
+    /// in, on every request.
     pub(crate) async fn handle_routed(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         dest: Destination,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let _in_flight = self.metrics.in_flight.enter();
@@ -181,7 +186,117 @@ impl Proxy {
         // A gRPC client gets its local answers as gRPC statuses. gRPC is
         // HTTP/2 only, so an HTTP/1 request costs no header lookup here.
         let grpc = req.version() == http::Version::HTTP_2 && prepare::is_grpc(req.headers());
-        let response = self.serve(req, &mut span, &dest, grpc).await;
+        let response = 'serve: {
+            let started = Instant::now();
+            // 1. Route. Looked up per request, so a long-lived connection follows
+            // reloads (new endpoints, changed policies).
+            let routes = self.routes.load_full();
+            let host = route::request_host(&req);
+            let by_host = || host.and_then(|h| routes.upstream(h)).cloned();
+            let found = match &dest {
+                Destination::Host => by_host(),
+                Destination::Tunnel(name) => by_host().or_else(|| routes.upstream(name).cloned()),
+                Destination::Original(addr) => match routes.upstream_at(addr) {
+                    Some(u) => Some(Arc::clone(u)),
+                    // The address left the configuration after the connection
+                    // was captured: the request goes where the app sent it, once.
+                    None => {
+                        break 'serve forward::forward_to(&self.passthrough, req, *addr, &span)
+                            .await
+                    }
+                },
+            };
+            let Some(upstream) = found else {
+                let Some(host) = host else {
+                    break 'serve Local::MissingHost.answer(grpc);
+                };
+                self.metrics
+                    .unknown_upstream
+                    .fetch_add(1, Ordering::Relaxed);
+                if routes.config.proxy.forward_unknown_hosts {
+                    break 'serve forward::forward(&self.passthrough, req, &span).await;
+                }
+                break 'serve Local::UnknownUpstream(host).answer(grpc);
+            };
+            span.routed(&upstream.config.name);
+            if req.method() == Method::CONNECT {
+                break 'serve tunnel::connect(req, upstream, Arc::clone(&self));
+            }
+            upstream.budget.record_request();
+            let upgrade = hop_by_hop::is_upgrade(req.headers());
+            let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+            let (parts, body) = req.into_parts();
+            let mut template = prepare::template(parts, &upstream, upgrade, grpc);
+
+            // 2. Admit.
+            let facts = RequestFacts {
+                method: template.method.as_str(),
+                path: template.path_and_query.path(),
+                host: template.authority.as_ref().map_or("", |a| a.host()),
+                headers: &template.headers,
+            };
+            let admitted = admit::admit(&routes, &upstream, &facts, upgrade, &self.metrics);
+
+            // 3. Prepare the body: buffered only when a retry is possible.
+            let retry_policy = admitted
+                .plan
+                .skip
+                .is_none()
+                .then_some(admitted.plan.policy)
+                .flatten();
+            let body = match prepare::body(
+                body,
+                retry_policy,
+                &template,
+                &self.reservation,
+                &upstream.config.name,
+            )
+            .await
+            {
+                Ok(b) => b,
+                Err(local) => break 'serve local.answer(grpc),
+            };
+            // With retries possible, the client's gRPC deadline bounds them: past
+            // it the client has given up.
+            if grpc && retry_policy.is_some_and(|p| p.enabled()) {
+                template.grpc_deadline =
+                    retry::attempt::parse_grpc_timeout(&template.headers).map(|d| started + d);
+            }
+            let method = template.method.clone();
+            let path = template.path_and_query.clone();
+
+            // 4. Forward, with retries.
+            let plan: Plan<'_> = admitted.plan;
+            let (fin, report) =
+                retry::run(&upstream, template, body, plan, &span, &mut ThreadRandom).await;
+            upstream.metrics.record_outcome(report.outcome);
+            span.record_outcome(
+                &report,
+                admitted.chosen.map(|c| c.source),
+                admitted.max_retries() + 1,
+            );
+
+            // 5. Respond.
+            let response =
+                respond::respond(fin, &report, client_upgrade, &upstream, &self.tunnels, grpc);
+            // The filter is checked first: with `reprise::request=off` the entry's
+            // strings (endpoint list, rule, trace id) are not built at all.
+            if routes.config.proxy.access_log && AccessLog::enabled() {
+                self.access_log.request(
+                    &upstream,
+                    &method,
+                    &path,
+                    admitted.chosen.map(|c| c.source),
+                    admitted.max_retries(),
+                    &report,
+                    response.status(),
+                    grpc.then(|| body::grpc_code(response.headers())).flatten(),
+                    started,
+                    span.trace_id(),
+                );
+            }
+            response
+        };
         let local_error = response
             .headers()
             .get(ERROR_HEADER)
@@ -192,120 +307,5 @@ impl Proxy {
             grpc.then(|| body::grpc_code(response.headers())).flatten(),
         );
         Ok(response)
-    }
-
-    async fn serve(
-        self: &Arc<Self>,
-        mut req: Request<Incoming>,
-        span: &mut RequestSpan,
-        dest: &Destination,
-        grpc: bool,
-    ) -> Response<ProxyBody> {
-        let started = Instant::now();
-        // 1. Route. Looked up per request, so a long-lived connection follows
-        // reloads (new endpoints, changed policies).
-        let routes = self.routes.load_full();
-        let host = route::request_host(&req);
-        let by_host = || host.and_then(|h| routes.upstream(h)).cloned();
-        let found = match dest {
-            Destination::Host => by_host(),
-            Destination::Tunnel(name) => by_host().or_else(|| routes.upstream(name).cloned()),
-            Destination::Original(addr) => match routes.upstream_at(addr) {
-                Some(u) => Some(Arc::clone(u)),
-                // The address left the configuration after the connection
-                // was captured: the request goes where the app sent it, once.
-                None => return forward::forward_to(&self.passthrough, req, *addr, span).await,
-            },
-        };
-        let Some(upstream) = found else {
-            let Some(host) = host else {
-                return Local::MissingHost.answer(grpc);
-            };
-            self.metrics
-                .unknown_upstream
-                .fetch_add(1, Ordering::Relaxed);
-            if routes.config.proxy.forward_unknown_hosts {
-                return forward::forward(&self.passthrough, req, span).await;
-            }
-            return Local::UnknownUpstream(host).answer(grpc);
-        };
-        span.routed(&upstream.config.name);
-        if req.method() == Method::CONNECT {
-            return tunnel::connect(req, upstream, Arc::clone(self));
-        }
-        upstream.budget.record_request();
-        let upgrade = hop_by_hop::is_upgrade(req.headers());
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-        let (parts, body) = req.into_parts();
-        let mut template = prepare::template(parts, &upstream, upgrade, grpc);
-
-        // 2. Admit.
-        let facts = RequestFacts {
-            method: template.method.as_str(),
-            path: template.path_and_query.path(),
-            host: template.authority.as_ref().map_or("", |a| a.host()),
-            headers: &template.headers,
-        };
-        let admitted = admit::admit(&routes, &upstream, &facts, upgrade, &self.metrics);
-
-        // 3. Prepare the body: buffered only when a retry is possible.
-        let retry_policy = admitted
-            .plan
-            .skip
-            .is_none()
-            .then_some(admitted.plan.policy)
-            .flatten();
-        let body = match prepare::body(
-            body,
-            retry_policy,
-            &template,
-            &self.reservation,
-            &upstream.config.name,
-        )
-        .await
-        {
-            Ok(b) => b,
-            Err(local) => return local.answer(grpc),
-        };
-        // With retries possible, the client's gRPC deadline bounds them: past
-        // it the client has given up.
-        if grpc && retry_policy.is_some_and(|p| p.enabled()) {
-            template.grpc_deadline =
-                retry::attempt::parse_grpc_timeout(&template.headers).map(|d| started + d);
-        }
-        let method = template.method.clone();
-        let path = template.path_and_query.clone();
-
-        // 4. Forward, with retries.
-        let plan: Plan<'_> = admitted.plan;
-        let (fin, report) =
-            retry::run(&upstream, template, body, plan, span, &mut ThreadRandom).await;
-        upstream.metrics.record_outcome(report.outcome);
-        span.record_outcome(
-            &report,
-            admitted.chosen.map(|c| c.source),
-            admitted.max_retries() + 1,
-        );
-
-        // 5. Respond.
-        let response =
-            respond::respond(fin, &report, client_upgrade, &upstream, &self.tunnels, grpc);
-        // The filter is checked first: with `reprise::request=off` the entry's
-        // strings (endpoint list, rule, trace id) are not built at all.
-        if routes.config.proxy.access_log && AccessLog::enabled() {
-            self.access_log.request(
-                &upstream,
-                &method,
-                &path,
-                admitted.chosen.map(|c| c.source),
-                admitted.max_retries(),
-                &report,
-                response.status(),
-                grpc.then(|| body::grpc_code(response.headers())).flatten(),
-                started,
-                span.trace_id(),
-            );
-        }
-        response
     }
 }
