@@ -5,7 +5,9 @@
 //! - Requests share one connection. The first request dials it, and so does
 //!   the first after it closed (the endpoint went away, or sent GOAWAY and
 //!   its streams finished); requests arriving during a dial wait for that
-//!   dial instead of opening connections of their own.
+//!   dial instead of opening connections of their own, and share its
+//!   failure when it fails (a dead endpoint costs one connect timeout per
+//!   burst, not one per waiting request in turn).
 //! - A request the connection never took (it had closed and hyper had not
 //!   told us yet) goes on a fresh connection inside the same call, so the
 //!   retry engine sees no failure; on a fresh connection the same thing is
@@ -51,6 +53,9 @@ struct Shared {
     last_used: Instant,
     /// True while a reaper task watches `last_used`.
     reaping: bool,
+    /// Dials finished so far, and how the latest failed, if it did.
+    dials: u64,
+    failed: Option<(FailureKind, Stage)>,
 }
 
 impl Http2Endpoint {
@@ -63,6 +68,8 @@ impl Http2Endpoint {
                 send: None,
                 last_used: Instant::now(),
                 reaping: false,
+                dials: 0,
+                failed: None,
             }),
             dialing: tokio::sync::Mutex::new(()),
         })
@@ -118,11 +125,28 @@ impl Http2Endpoint {
     /// A sender on an open connection: the one another request just dialled,
     /// or a new one.
     async fn connected(self: &Arc<Self>) -> Result<SendRequest<AttemptBody>, (FailureKind, Stage)> {
+        let seen = lock(&self.shared).dials;
         let _dialing = self.dialing.lock().await;
         if let Some(send) = self.current() {
             return Ok(send);
         }
-        let send = self.connect().await?;
+        // A dial that ended while this request waited failed: its failure is
+        // this request's too (nothing was sent, so it is a connect-stage one).
+        {
+            let shared = lock(&self.shared);
+            if shared.dials != seen {
+                if let Some(failed) = shared.failed {
+                    return Err(failed);
+                }
+            }
+        }
+        let dialled = self.connect().await;
+        {
+            let mut shared = lock(&self.shared);
+            shared.dials += 1;
+            shared.failed = dialled.as_ref().err().copied();
+        }
+        let send = dialled?;
         self.keep(send.clone());
         Ok(send)
     }
@@ -306,6 +330,47 @@ mod tests {
         );
         assert_eq!(fetch(&endpoint, addr).await, "2");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn requests_waiting_on_a_dial_that_times_out_share_its_failure() {
+        // A listener that never accepts, with a backlog of 0 (one pending
+        // connection) already taken: the kernel drops further SYNs, so a
+        // dial hangs until the connect timeout.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("addr"))
+            .expect("bind");
+        let listener = socket.listen(0).expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut held = Vec::new();
+        while let Ok(Ok(stream)) =
+            tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await
+        {
+            held.push(stream);
+        }
+        let endpoint = Http2Endpoint::new(addr, Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let endpoint = Arc::clone(&endpoint);
+                tokio::spawn(async move { endpoint.send(get(addr)).await.map(|_| ()) })
+            })
+            .collect();
+        for call in calls {
+            assert_eq!(
+                call.await.expect("task"),
+                Err((FailureKind::ConnectTimeout, Stage::Connect))
+            );
+        }
+        // One timeout for the burst: eight in turn would take 2.4 s.
+        assert_eq!(lock(&endpoint.shared).dials, 1);
+        assert!(
+            started.elapsed() < Duration::from_millis(1200),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(held);
     }
 
     #[tokio::test]
