@@ -31,7 +31,7 @@ use reprise_crds::Protocol;
 
 use self::http1::{Http1Pool, Lease};
 use self::http2::Http2Endpoint;
-use crate::retry::failure::{FailureKind, Stage};
+use crate::retry::failure::{classify_connect_error, classify_send_error, FailureKind, Stage};
 use crate::retry::replay_body::AttemptBody;
 
 /// How long an unused connection stays open, for every client: hyper-util's
@@ -125,6 +125,36 @@ impl Body for EndpointBody {
 impl Drop for EndpointBody {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+/// Dials an endpoint within `timeout`, with TCP_NODELAY: a request or
+/// response smaller than a segment goes out at once instead of waiting up
+/// to 40 ms for the peer's delayed ACK.
+async fn dial(
+    addr: std::net::SocketAddr,
+    timeout: Duration,
+) -> Result<tokio::net::TcpStream, (FailureKind, Stage)> {
+    let stream = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return Err(classify_connect_error(&e)),
+        Err(_) => return Err((FailureKind::ConnectTimeout, Stage::Connect)),
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// How a request failed on a connection dialled for it: one hyper gave back
+/// unsent never reached the endpoint, so it failed at the connect stage
+/// (safe to retry under any boundary).
+fn fresh_connection_failure(
+    e: &hyper::client::conn::TrySendError<Request<AttemptBody>>,
+) -> (FailureKind, Stage) {
+    let (kind, stage) = classify_send_error(e.error());
+    if e.message().is_some() {
+        (kind, Stage::Connect)
+    } else {
+        (kind, stage)
     }
 }
 

@@ -33,11 +33,10 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{Builder, SendRequest};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::IDLE_TIMEOUT;
-use crate::retry::failure::{classify_connect_error, classify_send_error, FailureKind, Stage};
+use crate::retry::failure::{classify_send_error, FailureKind, Stage};
 use crate::retry::replay_body::AttemptBody;
 
 /// The idle connections of one HTTP/1 endpoint.
@@ -103,14 +102,7 @@ impl Http1Pool {
         let mut send = Box::pin(self.connect()).await?;
         match send.try_send_request(request).await {
             Ok(response) => Ok((response, self.lease(send))),
-            Err(e) => {
-                let (kind, stage) = classify_send_error(e.error());
-                Err(if e.message().is_some() {
-                    (kind, Stage::Connect)
-                } else {
-                    (kind, stage)
-                })
-            }
+            Err(e) => Err(super::fresh_connection_failure(&e)),
         }
     }
 
@@ -140,15 +132,7 @@ impl Http1Pool {
 
     /// Dials the endpoint and starts the connection's task.
     async fn connect(&self) -> Result<SendRequest<AttemptBody>, (FailureKind, Stage)> {
-        let stream =
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => return Err(classify_connect_error(&e)),
-                Err(_) => return Err((FailureKind::ConnectTimeout, Stage::Connect)),
-            };
-        // A request or response smaller than a segment goes out at once
-        // instead of waiting up to 40 ms for the peer's delayed ACK.
-        let _ = stream.set_nodelay(true);
+        let stream = super::dial(self.addr, self.connect_timeout).await?;
         let (send, conn) = Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -238,7 +222,7 @@ mod tests {
     use bytes::Bytes;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
 

@@ -29,11 +29,10 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::IDLE_TIMEOUT;
-use crate::retry::failure::{classify_connect_error, classify_send_error, FailureKind, Stage};
+use crate::retry::failure::{classify_send_error, FailureKind, Stage};
 use crate::retry::replay_body::AttemptBody;
 
 /// The connection to one h2c endpoint.
@@ -98,14 +97,7 @@ impl Http2Endpoint {
         let mut send = Box::pin(self.connected()).await?;
         match send.try_send_request(request).await {
             Ok(response) => Ok(response),
-            Err(e) => {
-                let (kind, stage) = classify_send_error(e.error());
-                Err(if e.message().is_some() {
-                    (kind, Stage::Connect)
-                } else {
-                    (kind, stage)
-                })
-            }
+            Err(e) => Err(super::fresh_connection_failure(&e)),
         }
     }
 
@@ -166,13 +158,7 @@ impl Http2Endpoint {
 
     /// Dials the endpoint, shakes hands and starts the connection's task.
     async fn connect(&self) -> Result<SendRequest<AttemptBody>, (FailureKind, Stage)> {
-        let stream =
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => return Err(classify_connect_error(&e)),
-                Err(_) => return Err((FailureKind::ConnectTimeout, Stage::Connect)),
-            };
-        let _ = stream.set_nodelay(true);
+        let stream = super::dial(self.addr, self.connect_timeout).await?;
         let (send, conn) = Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .handshake(TokioIo::new(stream))
@@ -234,7 +220,7 @@ mod tests {
     use bytes::Bytes;
     use http_body_util::{BodyExt, Full};
     use hyper::service::service_fn;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
 
