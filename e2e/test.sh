@@ -42,15 +42,20 @@ REPRISE_GRPC_PYTHON="$(bash e2e/python-grpc.sh)"
 export REPRISE_GRPC_PYTHON
 # The transparent-mode tests (sidecar/tests/transparent) build network
 # namespaces with `ip`, install rules with iptables/ip6tables (nft and
-# legacy) and run Node's fetch as a client: Debian's packages, installed when
-# missing, as root (without root those tests skip and say so).
+# legacy) and run Node's fetch as a client; the differential tests
+# (sidecar/tests/differential.rs) compare the sidecar's HTTP/1 framing with
+# nginx's and HAProxy's (under CI a missing one fails them). Debian's
+# packages, installed when missing, as root (without root the transparent-mode
+# tests skip and say so).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   PATH="$PATH:/usr/sbin:/sbin" command -v ip >/dev/null || need+=(iproute2)
   PATH="$PATH:/usr/sbin:/sbin" command -v iptables-legacy >/dev/null || need+=(iptables)
   [ -x /usr/bin/node ] || [ -x /usr/local/bin/node ] || need+=(nodejs)
+  PATH="$PATH:/usr/sbin:/sbin" command -v nginx >/dev/null || need+=(nginx)
+  PATH="$PATH:/usr/sbin:/sbin" command -v haproxy >/dev/null || need+=(haproxy)
   if [ "${#need[@]}" -gt 0 ]; then
-    echo "== apt-get install ${need[*]} (the transparent-mode tests)"
+    echo "== apt-get install ${need[*]} (the transparent-mode and differential tests)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null 2>&1 || {
       DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 || true
       DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null

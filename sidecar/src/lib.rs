@@ -30,6 +30,10 @@ pub mod retry;
 pub mod run;
 pub mod server;
 
+/// The HTTP/1.1 codec towards endpoints, public only for the fuzz targets
+/// (`fuzz/fuzz_targets/http1_response.rs`).
+#[doc(hidden)]
+pub use balance::client::http1::codec as http1_codec;
 pub use observe::metrics::{EndpointStats, UpstreamStats};
 pub use proxy::local::ERROR_HEADER;
 pub use proxy::Proxy;

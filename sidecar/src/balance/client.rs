@@ -7,9 +7,10 @@
 //! it ([`FailureKind`] and how far the request got). A request that never
 //! left the sidecar (a pooled connection had closed while idle) is sent again
 //! on another connection inside the same call, so the engine never counts it
-//! as a failure. HTTP/1 endpoints use the sidecar's own pool ([`http1`]):
-//! last-in-first-out, one short lock per checkout and return, the connection
-//! back in the pool as soon as the response body ends. h2c endpoints
+//! as a failure. HTTP/1 endpoints use the sidecar's own pool and HTTP/1.1
+//! codec ([`http1`]): last-in-first-out, one short lock per checkout and
+//! return, the connection back in the pool as soon as the response body
+//! ends. h2c endpoints
 //! multiplex every request over one connection of their own ([`http2`]).
 
 pub(crate) mod http1;
@@ -29,10 +30,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use reprise_crds::Protocol;
 
-use self::http1::{Http1Pool, Lease};
+use self::http1::codec::WireError;
+use self::http1::conn::Http1Body;
+use self::http1::Http1Pool;
 use self::http2::Http2Endpoint;
+use crate::proxy::tunnel::prefixed::Prefixed;
 use crate::retry::failure::{classify_connect_error, classify_send_error, FailureKind, Stage};
-use crate::retry::replay_body::AttemptBody;
+use crate::retry::replay_body::{AttemptBody, BoxError};
 
 /// How long an unused connection stays open, for every client: hyper-util's
 /// default, kept from before the endpoints' clients were the sidecar's own.
@@ -59,72 +63,76 @@ impl EndpointClient {
         request: Request<AttemptBody>,
     ) -> Result<Response<EndpointBody>, (FailureKind, Stage)> {
         match self {
-            EndpointClient::Http1(pool) => {
-                let (response, lease) = pool.send(request).await?;
-                Ok(response.map(|inner| EndpointBody {
-                    inner,
-                    lease: Some(lease),
-                }))
-            }
+            EndpointClient::Http1(pool) => Ok(pool.send(request).await?.map(EndpointBody::Http1)),
             EndpointClient::H2c(endpoint) => {
-                let response = endpoint.send(request).await?;
-                Ok(response.map(|inner| EndpointBody { inner, lease: None }))
+                Ok(endpoint.send(request).await?.map(EndpointBody::H2c))
             }
         }
     }
 }
 
-/// An endpoint's response body. Over HTTP/1 it holds the connection until
-/// the body ends (its last frame, or the body dropped), then gives it back
-/// to the endpoint's pool in the same call, without a task or a wait.
+/// An endpoint's response body. Over HTTP/1 it owns the connection until
+/// the body ends, then gives it back to the endpoint's pool in the same
+/// call ([`Http1Body`]).
 #[derive(Debug)]
-pub(crate) struct EndpointBody {
-    inner: Incoming,
-    lease: Option<Lease>,
+pub(crate) enum EndpointBody {
+    /// Read off an HTTP/1.1 connection by the sidecar's codec.
+    Http1(Http1Body),
+    /// A stream of the h2c connection.
+    H2c(Incoming),
 }
 
 impl EndpointBody {
-    fn release(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            lease.release();
+    /// After a `101`: the endpoint's connection, now speaking the upgraded
+    /// protocol (its first bytes included).
+    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<tokio::net::TcpStream>> {
+        match self {
+            EndpointBody::Http1(body) => body.take_upgrade(),
+            EndpointBody::H2c(_) => None,
         }
     }
 }
 
 impl Body for EndpointBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Pending => {}
-            Poll::Ready(Some(Ok(_))) if !this.inner.is_end_stream() => {}
-            // A broken exchange: the connection is never lent again.
-            Poll::Ready(Some(Err(_))) => this.lease = None,
-            // The last frame (hyper's server stops polling once the body
-            // says it has ended, so this is the moment, not the `None`).
-            Poll::Ready(_) => this.release(),
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            EndpointBody::Http1(body) => Pin::new(body).poll_frame(cx),
+            EndpointBody::H2c(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|e| Box::new(e) as BoxError),
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match self {
+            EndpointBody::Http1(body) => body.is_end_stream(),
+            EndpointBody::H2c(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self {
+            EndpointBody::Http1(body) => body.size_hint(),
+            EndpointBody::H2c(body) => body.size_hint(),
+        }
     }
 }
 
-impl Drop for EndpointBody {
-    fn drop(&mut self) {
-        self.release();
+/// How a response body's failure before its first frame counts: the
+/// endpoint's close is a closed connection, anything else a reset.
+pub(crate) fn early_body_failure(e: &BoxError) -> (FailureKind, Stage) {
+    if let Some(wire) = e.downcast_ref::<WireError>() {
+        return (wire.kind, Stage::AfterWrite);
+    }
+    match e.downcast_ref::<hyper::Error>() {
+        Some(h) if h.is_incomplete_message() => (FailureKind::ConnectionClosed, Stage::AfterWrite),
+        _ => (FailureKind::StreamReset, Stage::AfterWrite),
     }
 }
 

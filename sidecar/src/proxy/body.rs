@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 
 use crate::balance::upstream::UpstreamState;
 use crate::retry::attempt::UpstreamBody;
+use crate::retry::replay_body::BoxError;
 
 /// A response body towards the client.
 #[derive(Debug)]
@@ -43,15 +44,17 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Local(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            ProxyBody::Passthrough(inner) => Pin::new(inner).poll_frame(cx),
+            ProxyBody::Passthrough(inner) => Pin::new(inner)
+                .poll_frame(cx)
+                .map_err(|e| Box::new(e) as BoxError),
             ProxyBody::Upstream {
                 inner,
                 upstream,

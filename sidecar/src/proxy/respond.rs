@@ -13,6 +13,7 @@ use super::hop_by_hop;
 use super::local::Local;
 use super::tunnel::{self, Tunnels};
 use crate::balance::upstream::UpstreamState;
+use crate::retry::attempt::UpstreamBody;
 use crate::retry::{verdict, Final, Report};
 
 /// The response to the client for `fin`; `grpc` for a gRPC request (its
@@ -31,33 +32,16 @@ pub(crate) fn respond(
             endpoint,
         } => match client_upgrade {
             Some(client) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                let server = hyper::upgrade::on(&mut response);
-                tunnel::bridge(client, server, tunnels);
-                let (parts, _) = response.into_parts();
-                Response::from_parts(parts, ProxyBody::Local(None))
-            }
-            _ => {
-                if grpc {
-                    if let Some((code, _)) = verdict::grpc_status(&response) {
-                        if response.body().early_trailers().is_none() {
-                            // Trailers-Only: the status is in the headers. A
-                            // status in trailers is counted as they pass.
-                            upstream.metrics.record_grpc_status(code);
-                        }
+                match response.body_mut().take_upgrade() {
+                    Some(server) => {
+                        tunnel::bridge(client, server, tunnels);
+                        let (parts, _) = response.into_parts();
+                        Response::from_parts(parts, ProxyBody::Local(None))
                     }
+                    None => forward(response, upstream, endpoint, grpc),
                 }
-                let (mut parts, inner) = response.into_parts();
-                hop_by_hop::strip(&mut parts.headers, false);
-                Response::from_parts(
-                    parts,
-                    ProxyBody::Upstream {
-                        inner,
-                        upstream: Arc::clone(upstream),
-                        endpoint,
-                        grpc,
-                    },
-                )
             }
+            _ => forward(response, upstream, endpoint, grpc),
         },
         Final::Local(kind) => Local::Failed {
             upstream: &upstream.config.name,
@@ -67,4 +51,34 @@ pub(crate) fn respond(
         .answer(grpc),
         Final::NoEndpoint => Local::NoEndpoint(&upstream.config.name).answer(grpc),
     }
+}
+
+/// An endpoint's response on its way to the client: hop-by-hop headers
+/// removed, the body watched.
+fn forward(
+    response: Response<UpstreamBody>,
+    upstream: &Arc<UpstreamState>,
+    endpoint: usize,
+    grpc: bool,
+) -> Response<ProxyBody> {
+    if grpc {
+        if let Some((code, _)) = verdict::grpc_status(&response) {
+            if response.body().early_trailers().is_none() {
+                // Trailers-Only: the status is in the headers. A status in
+                // trailers is counted as they pass.
+                upstream.metrics.record_grpc_status(code);
+            }
+        }
+    }
+    let (mut parts, inner) = response.into_parts();
+    hop_by_hop::strip(&mut parts.headers, false);
+    Response::from_parts(
+        parts,
+        ProxyBody::Upstream {
+            inner,
+            upstream: Arc::clone(upstream),
+            endpoint,
+            grpc,
+        },
+    )
 }

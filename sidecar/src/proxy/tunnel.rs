@@ -149,15 +149,17 @@ where
     relay::copy(&mut io, &mut stream).await;
 }
 
-/// Joins the client's upgraded connection to the endpoint's, once both sides
-/// have switched protocols.
-pub(crate) fn bridge(client: OnUpgrade, server: OnUpgrade, tunnels: &Tunnels) {
+/// Joins the client's upgraded connection, once it has switched protocols,
+/// to the endpoint's (already switched: its `101` has arrived).
+pub(crate) fn bridge<S>(client: OnUpgrade, mut server: S, tunnels: &Tunnels)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let guard = tunnels.open();
     tokio::spawn(async move {
         let _open = guard;
-        if let (Ok(client), Ok(server)) = (client.await, server.await) {
+        if let Ok(client) = client.await {
             let mut client = TokioIo::new(client);
-            let mut server = TokioIo::new(server);
             let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
         }
     });

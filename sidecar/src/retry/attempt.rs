@@ -18,10 +18,11 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::failure::{FailureKind, Stage};
-use super::replay_body::AttemptBody;
-use crate::balance::client::EndpointBody;
+use super::replay_body::{AttemptBody, BoxError};
+use crate::balance::client::{early_body_failure, EndpointBody};
 use crate::balance::upstream::UpstreamState;
 use crate::observe::spans::{AttemptSpan, RequestSpan};
+use crate::proxy::tunnel::prefixed::Prefixed;
 
 /// Request header carrying the attempt number (1 for the first) on retryable
 /// requests, like Envoy's `x-envoy-attempt-count`.
@@ -50,6 +51,11 @@ impl UpstreamBody {
         Self { first: None, rest }
     }
 
+    /// After a `101`: the endpoint's connection in its new protocol.
+    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<tokio::net::TcpStream>> {
+        self.rest.take_upgrade()
+    }
+
     /// The trailers, when they came first (no message before them).
     pub(crate) fn early_trailers(&self) -> Option<&HeaderMap> {
         self.first.as_deref().and_then(Frame::trailers_ref)
@@ -58,12 +64,12 @@ impl UpstreamBody {
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Some(frame) = this.first.take() {
             return Poll::Ready(Some(Ok(*frame)));
@@ -186,13 +192,7 @@ async fn await_first_frame(
         Some(Some(Ok(frame))) => Some(Box::new(frame)),
         // The body failed before any of it reached the client: an attempt
         // failure like a reset before headers, not a mid-stream error.
-        Some(Some(Err(e))) => {
-            return Err(if e.is_incomplete_message() {
-                (FailureKind::ConnectionClosed, Stage::AfterWrite)
-            } else {
-                (FailureKind::StreamReset, Stage::AfterWrite)
-            })
-        }
+        Some(Some(Err(e))) => return Err(early_body_failure(&e)),
         Some(None) | None => None,
     };
     Ok(Response::from_parts(parts, UpstreamBody { first, rest }))

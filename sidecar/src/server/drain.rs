@@ -140,12 +140,12 @@ impl ServedBody {
 
 impl Body for ServedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = crate::retry::replay_body::BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         Pin::new(&mut self.get_mut().inner).poll_frame(cx)
     }
 

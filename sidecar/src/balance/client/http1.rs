@@ -1,5 +1,6 @@
 //! One endpoint's HTTP/1.1 connections: a last-in-first-out stack of idle
-//! `hyper::client::conn::http1` senders.
+//! connections, each driven by the request that uses it ([`conn`]) through
+//! the sidecar's own HTTP/1.1 codec ([`codec`]).
 //!
 //! The contract:
 //! - A request takes the most recently returned connection that is still
@@ -7,36 +8,37 @@
 //!   timeout). Last-in-first-out keeps the few connections a steady load
 //!   needs warm and lets the rest reach [`IDLE_TIMEOUT`], after which the
 //!   reaper closes them.
-//! - A pooled connection that closed while idle and hyper had not noticed
-//!   yet gives the request back unsent (hyper guarantees not a byte of it was
-//!   written); it is sent on the next connection, and the retry engine never
-//!   sees a failure. Once any of it may have been written, an error is the
-//!   attempt's, classified like any other. On a fresh connection a request
-//!   given back unsent is a failure at the connect stage: nothing reached
-//!   the endpoint, so it is safe to retry under any boundary.
-//! - The connection comes back when the response body ends ([`Lease`]),
-//!   synchronously when hyper is ready for the next request then (the usual
-//!   case); a body dropped before its end, or a request body still
-//!   streaming, is finished by a small task that returns the connection only
-//!   if hyper drains it cleanly.
+//! - A pooled connection the endpoint closed while it was idle is noticed
+//!   at checkout (the reactor has recorded the close: no system call in the
+//!   usual case) and skipped. One that fails before a byte of the request
+//!   was written gives the request back, and it goes on the next
+//!   connection; the retry engine never sees a failure. Once any of it may
+//!   have been written, an error is the attempt's, classified like any
+//!   other. On a fresh connection a request that never left is a failure
+//!   at the connect stage: nothing reached the endpoint, so it is safe to
+//!   retry under any boundary.
+//! - The connection comes back in the poll that yields the response body's
+//!   last frame, or when a body dropped early had its rest buffered already;
+//!   otherwise it closes.
 //!
 //! No hashing and no shared pool across endpoints: the retry loop already
 //! knows which endpoint it wants. The stack sits behind one `std` mutex held
 //! for a push or a pop (an uncontended lock is one atomic exchange each way;
 //! nothing awaits while holding it).
 
+pub mod codec;
+pub(crate) mod conn;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{Builder, SendRequest};
-use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
+use self::conn::{Conn, Failed, Http1Body};
 use super::IDLE_TIMEOUT;
-use crate::retry::failure::{classify_send_error, FailureKind, Stage};
+use crate::retry::failure::{FailureKind, Stage};
 use crate::retry::replay_body::AttemptBody;
 
 /// The idle connections of one HTTP/1 endpoint.
@@ -57,15 +59,8 @@ struct Idle {
 
 #[derive(Debug)]
 struct IdleConn {
-    send: SendRequest<AttemptBody>,
+    conn: Box<Conn>,
     since: Instant,
-}
-
-/// A connection lent to one exchange, given back by [`Lease::release`].
-#[derive(Debug)]
-pub(crate) struct Lease {
-    pool: Arc<Http1Pool>,
-    send: SendRequest<AttemptBody>,
 }
 
 impl Http1Pool {
@@ -83,26 +78,24 @@ impl Http1Pool {
     pub(crate) async fn send(
         self: &Arc<Self>,
         mut request: Request<AttemptBody>,
-    ) -> Result<(Response<Incoming>, Lease), (FailureKind, Stage)> {
-        while let Some(mut send) = self.checkout() {
-            match send.try_send_request(request).await {
-                Ok(response) => return Ok((response, self.lease(send))),
-                Err(mut e) => match e.take_message() {
-                    // Closed while idle: nothing was written, the next one gets it.
-                    Some(unsent) => {
-                        tracing::trace!(endpoint = %self.addr, "pooled connection had closed; request not sent, trying another");
-                        request = unsent;
-                    }
-                    None => return Err(classify_send_error(e.error())),
-                },
+    ) -> Result<Response<Http1Body>, (FailureKind, Stage)> {
+        while let Some(conn) = self.checkout() {
+            match conn::send(conn, request, self).await {
+                Ok(response) => return Ok(response),
+                Err(Failed::Unsent(unsent, e)) => {
+                    tracing::trace!(endpoint = %self.addr, error = %e, "pooled connection failed before the request left; trying another");
+                    request = *unsent;
+                }
+                Err(Failed::Sent(e)) => return Err((e.kind, e.stage)),
             }
         }
         // Boxed: dialling is the rare path, and its timer and socket futures
         // would otherwise enlarge (and be copied with) every request's future.
-        let mut send = Box::pin(self.connect()).await?;
-        match send.try_send_request(request).await {
-            Ok(response) => Ok((response, self.lease(send))),
-            Err(e) => Err(super::fresh_connection_failure(&e)),
+        let conn = Box::pin(self.connect()).await?;
+        match conn::send(conn, request, self).await {
+            Ok(response) => Ok(response),
+            Err(Failed::Unsent(_, e)) => Err((e.kind, Stage::Connect)),
+            Err(Failed::Sent(e)) => Err((e.kind, e.stage)),
         }
     }
 
@@ -112,74 +105,34 @@ impl Http1Pool {
         lock(&self.idle).conns.len()
     }
 
-    /// The newest idle connection still open.
-    fn checkout(&self) -> Option<SendRequest<AttemptBody>> {
-        let mut idle = lock(&self.idle);
-        while let Some(conn) = idle.conns.pop() {
-            if !conn.send.is_closed() {
-                return Some(conn.send);
+    /// The newest idle connection still open (checked outside the lock).
+    fn checkout(&self) -> Option<Box<Conn>> {
+        loop {
+            let conn = lock(&self.idle).conns.pop()?.conn;
+            if conn.is_open() {
+                return Some(conn);
             }
         }
-        None
     }
 
-    fn lease(self: &Arc<Self>, send: SendRequest<AttemptBody>) -> Lease {
-        Lease {
-            pool: Arc::clone(self),
-            send,
-        }
-    }
-
-    /// Dials the endpoint and starts the connection's task.
-    async fn connect(&self) -> Result<SendRequest<AttemptBody>, (FailureKind, Stage)> {
+    /// Dials the endpoint.
+    async fn connect(&self) -> Result<Box<Conn>, (FailureKind, Stage)> {
         let stream = super::dial(self.addr, self.connect_timeout).await?;
-        let (send, conn) = Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| (classify_send_error(&e).0, Stage::Connect))?;
-        let addr = self.addr;
-        tokio::spawn(async move {
-            // With upgrades: a `101` hands the socket to the WebSocket bridge.
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(endpoint = %addr, error = %e, "upstream connection ended with an error");
-            }
-        });
-        Ok(send)
+        Ok(Conn::new(stream))
     }
 
     /// Puts a connection ready for its next request on top of the stack.
-    fn put(self: &Arc<Self>, send: SendRequest<AttemptBody>) {
+    pub(crate) fn put(self: &Arc<Self>, conn: Box<Conn>) {
         let start_reaper = {
             let mut idle = lock(&self.idle);
             idle.conns.push(IdleConn {
-                send,
+                conn,
                 since: Instant::now(),
             });
             !std::mem::replace(&mut idle.reaping, true)
         };
         if start_reaper {
             tokio::spawn(reap(Arc::downgrade(self)));
-        }
-    }
-}
-
-impl Lease {
-    /// The exchange is over for the caller: the connection goes back now if
-    /// hyper is ready for another request, later if it is still finishing
-    /// this one, never if it closed.
-    pub(crate) fn release(self) {
-        let Lease { pool, mut send } = self;
-        if send.is_ready() {
-            pool.put(send);
-        } else if !send.is_closed() {
-            let pool = Arc::downgrade(&pool);
-            tokio::spawn(async move {
-                if send.ready().await.is_ok() {
-                    if let Some(pool) = pool.upgrade() {
-                        pool.put(send);
-                    }
-                }
-            });
         }
     }
 }
@@ -196,7 +149,7 @@ async fn reap(pool: Weak<Http1Pool>) {
             let mut idle = lock(&pool.idle);
             let now = Instant::now();
             idle.conns
-                .retain(|c| now.duration_since(c.since) < IDLE_TIMEOUT && !c.send.is_closed());
+                .retain(|c| now.duration_since(c.since) < IDLE_TIMEOUT && c.conn.is_open());
             match idle.conns.first() {
                 Some(oldest) => oldest.since + IDLE_TIMEOUT,
                 None => {
@@ -289,11 +242,7 @@ mod tests {
 
     /// Sends a GET and reads its body to the end (the connection goes back).
     async fn fetch(pool: &Arc<Http1Pool>) -> String {
-        let (response, lease) = pool.send(get()).await.expect("response");
-        let mut body = super::super::EndpointBody {
-            inner: response.into_body(),
-            lease: Some(lease),
-        };
+        let mut body = pool.send(get()).await.expect("response").into_body();
         let mut text = Vec::new();
         while let Some(frame) = body.frame().await {
             if let Ok(data) = frame.expect("frame").into_data() {
@@ -323,14 +272,9 @@ mod tests {
         let (addr, accepted) = upstream().await;
         let pool = pool(addr);
         // Two exchanges at once need two connections.
-        let (first, lease1) = pool.send(get()).await.expect("response");
-        let (second, lease2) = pool.send(get()).await.expect("response");
+        let mut a = pool.send(get()).await.expect("response").into_body();
+        let mut b = pool.send(get()).await.expect("response").into_body();
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
-        let body = |r: Response<Incoming>, l| super::super::EndpointBody {
-            inner: r.into_body(),
-            lease: Some(l),
-        };
-        let (mut a, mut b) = (body(first, lease1), body(second, lease2));
         let text = |d: Bytes| String::from_utf8(d.to_vec()).expect("utf-8");
         let a_text = text(
             a.frame()
@@ -348,9 +292,9 @@ mod tests {
                 .into_data()
                 .expect("data"),
         );
+        assert_eq!(pool.idle_count(), 2, "back with their last frames");
         drop(a);
         drop(b);
-        assert_eq!(pool.idle_count(), 2);
         assert_eq!(fetch(&pool).await, b_text, "last in, first out");
         assert_eq!(fetch(&pool).await, b_text);
         assert_ne!(a_text, b_text);
@@ -395,40 +339,78 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "one request each");
     }
 
+    /// A connection whose peer has reset it (SO_LINGER 0) before any
+    /// request: its first write fails with nothing written.
+    fn reset_connection() -> Box<Conn> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        socket2::SockRef::from(&server)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger");
+        drop(server);
+        std::thread::sleep(Duration::from_millis(20));
+        client.set_nonblocking(true).expect("nonblocking");
+        Conn::new(TcpStream::from_std(client).expect("tokio"))
+    }
+
     #[tokio::test]
     async fn a_request_given_back_unsent_goes_on_another_connection() {
         let (addr, accepted) = upstream().await;
         let pool = pool(addr);
-        // A pooled connection whose peer has just closed, before hyper's
-        // task has run to see it: the request is queued on it, hyper reads
-        // the end of the stream first and hands the request back unwritten.
-        let (client, server) = tokio::io::duplex(1024);
-        let (send, conn) = Builder::new()
-            .handshake::<_, AttemptBody>(TokioIo::new(client))
-            .await
-            .expect("handshake");
-        tokio::spawn(conn);
-        pool.put(send);
-        drop(server);
+        // A pooled connection the peer reset before the request (SO_LINGER
+        // 0): the first write fails, nothing of the request left.
+        let conn = reset_connection();
+        // The runtime has not run since: the reactor has not seen the reset,
+        // so the checkout takes the connection and its first write fails.
+        assert!(conn.is_open());
+        pool.put(conn);
         assert_eq!(fetch(&pool).await, "1", "sent once, on a fresh connection");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_body_was_taken_is_never_sent_again_truncated() {
+        let (addr, accepted) = upstream().await;
+        let pool = pool(addr);
+        pool.put(reset_connection());
+        // The body's bytes go behind the head in the one write that fails:
+        // resending this attempt would send the head with no body.
+        let post = Request::builder()
+            .method(http::Method::POST)
+            .uri("/")
+            .header(http::header::HOST, "api")
+            .body(AttemptBody::Full(Some(Bytes::from_static(b"hello")), None))
+            .expect("request");
+        let err = pool
+            .send(post)
+            .await
+            .expect_err("the reset connection fails");
+        assert_eq!(
+            err.1,
+            Stage::Connect,
+            "nothing reached the endpoint: {err:?}"
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            0,
+            "not resent on another connection"
+        );
     }
 
     #[tokio::test]
     async fn a_body_dropped_before_its_end_is_drained_and_the_connection_reused() {
         let (addr, accepted) = upstream().await;
         let pool = pool(addr);
-        let (response, lease) = pool.send(get()).await.expect("response");
-        drop(super::super::EndpointBody {
-            inner: response.into_body(),
-            lease: Some(lease),
-        });
-        for _ in 0..50 {
-            if pool.idle_count() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let response = pool.send(get()).await.expect("response");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(response);
+        assert_eq!(
+            pool.idle_count(),
+            1,
+            "the buffered rest is read past at once"
+        );
         assert_eq!(fetch(&pool).await, "1");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
@@ -463,15 +445,11 @@ mod tests {
     async fn a_body_dropped_mid_stream_never_returns_its_connection() {
         let (addr, accepted) = truncating_upstream(false).await;
         let pool = pool(addr);
-        let (response, lease) = pool.send(get()).await.expect("response");
-        let mut body = super::super::EndpointBody {
-            inner: response.into_body(),
-            lease: Some(lease),
-        };
+        let mut body = pool.send(get()).await.expect("response").into_body();
         let first = body.frame().await.expect("frame").expect("data");
         assert_eq!(first.into_data().expect("data"), "partial");
-        // 993 bytes are still owed: hyper cannot reuse this connection, so
-        // the pool must not get it back, now or once hyper has closed it.
+        // 993 bytes are still owed and not buffered: the connection cannot
+        // carry another request, so the pool must not get it back.
         drop(body);
         assert_eq!(pool.idle_count(), 0, "a connection mid-body was pooled");
         for _ in 0..10 {
@@ -487,11 +465,7 @@ mod tests {
     async fn a_body_that_fails_mid_stream_never_returns_its_connection() {
         let (addr, accepted) = truncating_upstream(true).await;
         let pool = pool(addr);
-        let (response, lease) = pool.send(get()).await.expect("response");
-        let mut body = super::super::EndpointBody {
-            inner: response.into_body(),
-            lease: Some(lease),
-        };
+        let mut body = pool.send(get()).await.expect("response").into_body();
         let mut failed = false;
         while let Some(frame) = body.frame().await {
             if frame.is_err() {
@@ -500,7 +474,10 @@ mod tests {
             }
         }
         assert!(failed, "the endpoint closed 993 bytes short");
-        assert!(body.lease.is_none(), "the lease is given up at the error");
+        assert!(
+            body.conn_is_gone(),
+            "the connection is given up at the error"
+        );
         assert_eq!(pool.idle_count(), 0, "a failed connection was pooled");
         drop(body);
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -521,17 +498,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_connections_close_after_the_idle_timeout() {
         let pool = pool("127.0.0.1:1".parse().expect("addr"));
-        // In-memory connections: nothing here depends on real time.
-        let (mut ends, mut servers) = (Vec::new(), Vec::new());
+        // Connections made without the runtime (a loopback connect completes
+        // in the kernel): nothing here waits on real time.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut servers = Vec::new();
         for _ in 0..2 {
-            let (client, server) = tokio::io::duplex(1024);
-            let (send, conn) = Builder::new()
-                .handshake::<_, AttemptBody>(TokioIo::new(client))
-                .await
-                .expect("handshake");
-            ends.push(tokio::spawn(conn));
-            servers.push(server);
-            pool.put(send);
+            let client = std::net::TcpStream::connect(listener.local_addr().expect("addr"))
+                .expect("connect");
+            servers.push(listener.accept().expect("accept").0);
+            client.set_nonblocking(true).expect("nonblocking");
+            pool.put(Conn::new(TcpStream::from_std(client).expect("tokio")));
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
         // The first went in 60 s ago, the second 30 s ago.
@@ -539,6 +515,12 @@ mod tests {
         assert_eq!(pool.idle_count(), 2);
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(pool.idle_count(), 1, "the oldest is gone after 90 s");
+        let mut first = &servers[0];
+        assert_eq!(
+            std::io::Read::read(&mut first, &mut [0u8; 1]).expect("read"),
+            0,
+            "and its socket is closed"
+        );
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert_eq!(pool.idle_count(), 0);
         assert!(
