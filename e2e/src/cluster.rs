@@ -114,6 +114,45 @@ impl Cluster {
         self.kubectl(&["-n", &self.ns, "apply", "-f", path.to_str().expect("path")])
     }
 
+    /// Waits until the API server's admission chain reaches the injecting
+    /// webhook: a server-side dry-run Pod in this (labelled) namespace comes
+    /// back with the sidecar. `helm install --wait` returns once the
+    /// controller is Ready, but the API server reaches it a moment later (the
+    /// caBundle the controller patches in reaches the API server's webhook
+    /// cache, kube-proxy programs the Service); with failurePolicy Ignore a
+    /// Pod created in that window is admitted without the sidecar (seen once
+    /// in CI, 2.5 s after install).
+    pub fn until_injecting(&self, limit: Duration) {
+        let path = self.work.join(format!("dry-run-{}.yaml", rand_suffix()));
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Pod\nmetadata: { name: injection-probe }\nspec:\n  containers: [{ name: app, image: app:1 }]\n",
+        )
+        .expect("write yaml");
+        let path = path.to_str().expect("path");
+        let mut last = String::new();
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            let out = self.kubectl(&[
+                "-n",
+                &self.ns,
+                "create",
+                "--dry-run=server",
+                "-f",
+                path,
+                "-o",
+                "jsonpath={.spec.initContainers[*].name}",
+            ]);
+            match out {
+                Ok(names) if names.split_whitespace().any(|n| n == "reprise-sidecar") => return,
+                Ok(names) => last = format!("init containers [{names}]"),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("timed out after {limit:?} waiting for the webhook to inject a dry-run Pod in {}: {last}", self.ns);
+    }
+
     pub fn until(&self, what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
         let start = Instant::now();
         while start.elapsed() < limit {

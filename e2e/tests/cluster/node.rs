@@ -210,6 +210,7 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
     step("2. injected app, Service with a flaky pod");
     c.kubectl(&["label", "namespace", &c.ns, "reprise.dev/inject=enabled"])
         .expect("label");
+    c.until_injecting(Duration::from_secs(60));
     c.apply(&node_app_yaml("api-0", 50)).expect("app");
     c.apply(NODE_POLICY).expect("policy");
     c.until("three Ready api pods", Duration::from_secs(120), || {
@@ -691,6 +692,7 @@ async fn a_transparent_pod_without_http_proxy_gets_its_requests_retried() {
     step("2. a transparent web pod, Service api with a flaky pod");
     c.kubectl(&["label", "namespace", &c.ns, "reprise.dev/inject=enabled"])
         .expect("label");
+    c.until_injecting(Duration::from_secs(60));
     c.apply(&reprise_e2e::cluster::node_transparent_app_yaml(
         "api-0", 50,
     ))
