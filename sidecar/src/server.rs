@@ -35,8 +35,10 @@ use crate::proxy::Proxy;
 
 /// How long a new connection may stay silent before its first bytes, and then
 /// how long a client gets to send each whole HTTP/1 request head (request line
-/// and headers); past it the connection is closed without an answer, so a slow
-/// or silent client cannot hold a connection open indefinitely.
+/// and headers), counted from the connection's start or its previous
+/// response's end (so an idle keep-alive connection closes after it too);
+/// past it the connection is closed without an answer, so a slow or silent
+/// client cannot hold a connection open indefinitely.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long, after the drain starts, an idle HTTP/1 keep-alive connection (or
@@ -219,7 +221,7 @@ async fn serve_http(
     builder: Arc<HttpBuilders>,
     drain: watch::Receiver<Drain>,
 ) {
-    let conn_drain = (protocol == Protocol::Http1).then(|| Arc::new(ConnDrain::default()));
+    let conn_drain = (protocol == Protocol::Http1).then(|| Arc::new(ConnDrain::new()));
     let responses = conn_drain.clone();
     // Boxed per request: hyper keeps the service's future in the
     // connection's own allocation for as long as the connection lives, so an
@@ -263,13 +265,13 @@ pub(crate) struct HttpBuilders {
 
 impl HttpBuilders {
     /// Request heads up to `max_head` bytes (at least hyper's 8 KiB buffer
-    /// on HTTP/1; HPACK's list size on HTTP/2), HTTP/1 heads read within
-    /// [`HEADER_READ_TIMEOUT`].
+    /// on HTTP/1; HPACK's list size on HTTP/2).
     fn new(max_head: usize) -> Self {
         let mut http1 = http1::Builder::new();
+        // hyper's own header read timeout is off: [`drive`] keeps the same
+        // deadline with one timer per connection (see `ConnDrain::idle`).
         http1
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .header_read_timeout(None)
             .max_buf_size(max_head.max(8192));
         let mut http2 = http2::Builder::new(TokioExecutor::new());
         http2
@@ -302,6 +304,15 @@ where
             c.quiet(d.started_ms, d.grace).await;
         }
     };
+    // HTTP/1: a client gets HEADER_READ_TIMEOUT from the connection's start
+    // or its last response's end to send a whole request head; past it the
+    // connection closes without an answer (there is no request to answer).
+    let idle = async {
+        match &conn_drain {
+            Some(c) => c.idle(HEADER_READ_TIMEOUT).await,
+            None => std::future::pending().await,
+        }
+    };
     // Biased: the connection is polled before any shutdown, which would
     // otherwise cancel it while hyper is still reading its preface.
     tokio::select! {
@@ -312,6 +323,10 @@ where
             // response; sends GOAWAY on HTTP/2.
             shutdown(conn.as_mut());
             conn.await
+        }
+        () = idle => {
+            tracing::debug!("no whole request head within the header read timeout: closing");
+            Ok(())
         }
     }
 }

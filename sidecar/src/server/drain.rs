@@ -60,12 +60,13 @@ pub(crate) async fn reached(drain: &mut watch::Receiver<Drain>, at: DrainPhase) 
     let _ = drain.wait_for(|d| d.phase >= at).await;
 }
 
-/// One HTTP/1 connection's responses, as far as the drain cares.
-#[derive(Debug, Default)]
+/// One HTTP/1 connection's responses, as far as the drain and the idle
+/// deadline care.
+#[derive(Debug)]
 pub(crate) struct ConnDrain {
     /// Requests whose response has not ended yet (body sent or dropped).
     open: AtomicU32,
-    /// When the last response ended, recorded only once someone watches.
+    /// When the last response ended, or the connection was taken in.
     quiet_since_ms: AtomicU64,
     /// Set when the connection task waits on `changed`.
     watching: AtomicBool,
@@ -77,6 +78,46 @@ pub(crate) struct ConnDrain {
 pub(crate) struct ResponseGuard(Arc<ConnDrain>);
 
 impl ConnDrain {
+    /// A connection taken in now.
+    pub(crate) fn new() -> Self {
+        Self {
+            open: AtomicU32::new(0),
+            quiet_since_ms: AtomicU64::new(clock::now_ms()),
+            watching: AtomicBool::new(false),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Resolves once no request has been open for `limit`, counted from the
+    /// connection's start or its last response's end: the client took that
+    /// long to send a whole request head, or sent none. This is hyper's
+    /// header read timeout (which ran from the end of one response to the
+    /// next head, so it also closed idle keep-alive connections) at one timer
+    /// per connection instead of one per request: hyper armed and dropped a
+    /// boxed sleep for every head, about 700 of the 29,400 instructions a
+    /// proxied request cost (callgrind, `instructions.sh`); here a response's
+    /// end only stores the time, and the timer wakes once per `limit`.
+    pub(crate) async fn idle(&self, limit: Duration) {
+        let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            let now = clock::now_ms();
+            let wait = if self.open.load(Ordering::Acquire) > 0 {
+                // A request in flight has no deadline here; look again later.
+                limit_ms
+            } else {
+                let until = self
+                    .quiet_since_ms
+                    .load(Ordering::Acquire)
+                    .saturating_add(limit_ms);
+                if until <= now {
+                    return;
+                }
+                until - now
+            };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+    }
+
     /// A request arrived; the guard marks its response's end.
     pub(crate) fn request(self: &Arc<Self>) -> ResponseGuard {
         self.open.fetch_add(1, Ordering::AcqRel);
@@ -112,11 +153,8 @@ impl ConnDrain {
 impl Drop for ResponseGuard {
     fn drop(&mut self) {
         let conn = &self.0;
-        // Before the drain the end time is never read: the signal comes later.
-        if conn.watching.load(Ordering::Acquire) {
-            conn.quiet_since_ms
-                .store(clock::now_ms(), Ordering::Release);
-        }
+        conn.quiet_since_ms
+            .store(clock::now_ms(), Ordering::Release);
         conn.open.fetch_sub(1, Ordering::AcqRel);
         if conn.watching.load(Ordering::Acquire) {
             conn.changed.notify_waiters();
@@ -163,8 +201,43 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
+    async fn a_connection_is_idle_a_limit_after_its_start_or_last_response() {
+        let limit = Duration::from_secs(30);
+        let conn = Arc::new(ConnDrain::new());
+        let started = clock::now_ms();
+        conn.idle(limit).await;
+        assert_eq!(
+            clock::now_ms() - started,
+            30_000,
+            "from the connection's start"
+        );
+
+        let conn = Arc::new(ConnDrain::new());
+        tokio::time::advance(Duration::from_secs(20)).await;
+        // A request 20 s in, answered for 100 s: never idle while it is open.
+        let answering = conn.request();
+        let ended = async {
+            tokio::time::sleep(Duration::from_secs(100)).await;
+            drop(answering);
+        };
+        let idle = conn.idle(limit);
+        tokio::pin!(idle);
+        tokio::select! {
+            () = &mut idle => panic!("idle while a response was open"),
+            () = ended => {}
+        }
+        let ended_at = clock::now_ms();
+        idle.await;
+        assert_eq!(
+            clock::now_ms() - ended_at,
+            30_000,
+            "a full limit after the response ended"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_connection_is_quiet_a_grace_after_its_last_response_ends() {
-        let conn = Arc::new(ConnDrain::default());
+        let conn = Arc::new(ConnDrain::new());
         tokio::time::advance(Duration::from_millis(10)).await;
         let streaming = conn.request();
         let signal = clock::now_ms();
@@ -191,7 +264,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_gets_the_grace_from_the_signal() {
-        let conn = Arc::new(ConnDrain::default());
+        let conn = Arc::new(ConnDrain::new());
         tokio::time::advance(Duration::from_millis(10)).await;
         drop(conn.request());
         tokio::time::advance(Duration::from_secs(5)).await;

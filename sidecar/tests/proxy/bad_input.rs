@@ -493,7 +493,7 @@ async fn slowloris(sidecar: &Sidecar, prefix: &[u8], endless: bool) -> (Duration
 async fn slow_and_silent_clients_are_cut_off_at_the_header_read_timeout() {
     let (up, sidecar) = plain_sidecar().await;
     // All at once, so the test waits for the timeout once.
-    let ((headers, headers_sent), (preface, _), (silent, silent_sent)) = tokio::join!(
+    let ((headers, headers_sent), (preface, _), (silent, silent_sent), (idle, idle_sent)) = tokio::join!(
         // Headers one byte at a time, never finished.
         slowloris(&sidecar, b"GET / HTTP/1.1\r\nhost: api\r\nx-slow: ", true),
         // All but the last byte of the HTTP/2 preface: the protocol is never decided.
@@ -505,6 +505,17 @@ async fn slow_and_silent_clients_are_cut_off_at_the_header_read_timeout() {
             let bytes = until_closed(&mut s, "a silent").await;
             (started.elapsed(), bytes)
         },
+        // One request answered, then a keep-alive connection that stays idle:
+        // the next head's deadline runs from the response's end.
+        async {
+            let mut s = TcpStream::connect(sidecar.addr).await.expect("connect");
+            s.write_all(b"GET /once HTTP/1.1\r\nhost: api\r\n\r\n")
+                .await
+                .expect("write");
+            let started = Instant::now();
+            let bytes = until_closed(&mut s, "an idle keep-alive").await;
+            (started.elapsed(), bytes)
+        },
     );
     let window =
         HEADER_READ_TIMEOUT - Duration::from_secs(1)..HEADER_READ_TIMEOUT + Duration::from_secs(5);
@@ -512,11 +523,21 @@ async fn slow_and_silent_clients_are_cut_off_at_the_header_read_timeout() {
         ("slow headers", headers),
         ("slow h2 preface", preface),
         ("silent", silent),
+        ("idle after a response", idle),
     ] {
         assert!(window.contains(&took), "{what}: closed after {took:?}");
     }
     // Closed without an answer: there is no request to answer.
     assert_eq!(String::from_utf8_lossy(&headers_sent), "");
     assert_eq!(String::from_utf8_lossy(&silent_sent), "");
-    assert_eq!(up.count(), 0);
+    let answered = String::from_utf8_lossy(&idle_sent);
+    assert!(
+        answered.starts_with("HTTP/1.1 200") && answered.matches("HTTP/1.1").count() == 1,
+        "one answer, then the close: {answered}"
+    );
+    assert_eq!(
+        up.count(),
+        1,
+        "only the idle connection's one request went up"
+    );
 }
