@@ -91,6 +91,16 @@ impl EndpointBody {
             EndpointBody::H2c(_) => None,
         }
     }
+
+    /// The response head may still hold hop-by-hop fields. HTTP/2 forbids
+    /// connection-specific fields, but `TE` and names the h2 crate lets
+    /// through are stripped as before.
+    pub(crate) fn hop_by_hop_in_head(&self) -> bool {
+        match self {
+            EndpointBody::Http1(body) => body.hop_by_hop_in_head(),
+            EndpointBody::H2c(_) => true,
+        }
+    }
 }
 
 impl Body for EndpointBody {

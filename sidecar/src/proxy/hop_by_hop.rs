@@ -75,6 +75,11 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// True for a field that is always hop-by-hop (`Connection` may name more).
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    hop_index(name).is_some()
+}
+
 /// `name`'s index in [`HOP_BY_HOP`], if it is one. Its length rules out all
 /// but at most two candidates, so an ordinary header (Host, Date,
 /// Content-Type...) costs one length check instead of seven name comparisons

@@ -56,6 +56,11 @@ impl UpstreamBody {
         self.rest.take_upgrade()
     }
 
+    /// The response head may still hold hop-by-hop fields to strip.
+    pub(crate) fn hop_by_hop_in_head(&self) -> bool {
+        self.rest.hop_by_hop_in_head()
+    }
+
     /// The trailers, when they came first (no message before them).
     pub(crate) fn early_trailers(&self) -> Option<&HeaderMap> {
         self.first.as_deref().and_then(Frame::trailers_ref)

@@ -40,6 +40,8 @@ use http::{HeaderMap, Method, StatusCode, Version};
 
 use crate::retry::failure::{FailureKind, Stage};
 
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
 /// Header fields a response head may carry (hyper's client default).
 pub const MAX_HEADERS: usize = 100;
 
@@ -270,6 +272,11 @@ pub struct ResponseHead {
     pub keep_alive: bool,
     /// A `101`: the bytes after the head belong to the new protocol.
     pub upgrade: bool,
+    /// `headers` still hold hop-by-hop fields for the proxy to strip. A
+    /// `Connection` of just `keep-alive` or `close` (what nginx and most
+    /// servers send) and `Keep-Alive` are left out here, where their names
+    /// are at hand anyway, so the usual head needs no strip pass at all.
+    pub hop_by_hop: bool,
 }
 
 /// Where each field's name and value sit in a head (offsets), kept by the
@@ -336,6 +343,7 @@ pub fn parse_response(
         let mut headers = HeaderMap::with_capacity(spans.len());
         let mut keep_alive = version == Version::HTTP_11;
         let mut saw_close = false;
+        let mut hop_by_hop = false;
         let (mut lengths, mut length, mut transfer_encoding) = (0u32, None, false);
         for &[n0, n1, v0, v1] in spans.iter() {
             let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
@@ -350,15 +358,28 @@ pub fn parse_response(
                 length = digits(value.as_bytes());
             } else if name == header::TRANSFER_ENCODING {
                 transfer_encoding = true;
+                hop_by_hop = true;
             } else if name == header::CONNECTION {
+                let v = value.as_bytes();
+                let close = v.eq_ignore_ascii_case(b"close");
+                let plain = close || v.eq_ignore_ascii_case(b"keep-alive");
                 // Once any `Connection` line asks to close, a later
                 // `keep-alive` does not undo it.
-                if saw_close || has_token(&value, "close") {
+                if saw_close || close || (!plain && has_token(&value, "close")) {
                     saw_close = true;
                     keep_alive = false;
                 } else if !keep_alive {
-                    keep_alive = has_token(&value, "keep-alive");
+                    keep_alive = plain || has_token(&value, "keep-alive");
                 }
+                if plain {
+                    // Names no other field: nothing for the proxy to do.
+                    continue;
+                }
+                hop_by_hop = true;
+            } else if name == KEEP_ALIVE {
+                continue;
+            } else if crate::proxy::hop_by_hop::is_hop_by_hop(&name) {
+                hop_by_hop = true;
             }
             headers.append(name, value);
         }
@@ -371,6 +392,7 @@ pub fn parse_response(
                 framing: Framing::Length(0),
                 keep_alive: false,
                 upgrade: true,
+                hop_by_hop,
             }));
         }
         if (100..200).contains(&code) {
@@ -407,6 +429,7 @@ pub fn parse_response(
             framing,
             keep_alive,
             upgrade: false,
+            hop_by_hop,
         }));
     }
 }
@@ -838,6 +861,38 @@ mod tests {
             "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n"
         ));
         assert!(!keep("HTTP/1.1 200 OK\r\n\r\n"), "read to the close");
+    }
+
+    #[test]
+    fn plain_connection_and_keep_alive_fields_are_left_out_and_the_rest_flagged() {
+        let head = |s: &str| {
+            parse(s.as_bytes(), Method::GET)
+                .expect("parsed")
+                .expect("complete")
+        };
+        // nginx's usual head: nothing hop-by-hop is kept, no strip needed.
+        let h = head("HTTP/1.1 200 OK\r\nserver: nginx\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\ncontent-length: 0\r\n\r\n");
+        assert!(!h.hop_by_hop && h.keep_alive);
+        let names: Vec<&str> = h.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["server", "content-length"]);
+        let h = head("HTTP/1.1 200 OK\r\nConnection: Close\r\ncontent-length: 0\r\n\r\n");
+        assert!(!h.hop_by_hop && !h.keep_alive && !h.headers.contains_key("connection"));
+        // A Connection naming another field stays for the strip, flagged.
+        let h = head("HTTP/1.1 200 OK\r\nconnection: close, x-secret\r\nx-secret: 1\r\ncontent-length: 0\r\n\r\n");
+        assert!(h.hop_by_hop && !h.keep_alive);
+        assert!(h.headers.contains_key("connection") && h.headers.contains_key("x-secret"));
+        for kept in [
+            "transfer-encoding: chunked",
+            "te: trailers",
+            "upgrade: h2c",
+            "proxy-connection: keep-alive",
+            "proxy-authorization: Basic eA==",
+        ] {
+            let h = head(&format!(
+                "HTTP/1.1 200 OK\r\n{kept}\r\ncontent-length: 0\r\n\r\n"
+            ));
+            assert!(h.hop_by_hop, "{kept} is flagged for the strip");
+        }
     }
 
     #[test]

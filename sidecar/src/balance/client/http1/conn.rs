@@ -220,6 +220,7 @@ pub(crate) async fn send(
         decoder: Decoder::new(head.framing),
         keep_alive: head.keep_alive && !close,
         upgrade: head.upgrade,
+        hop_by_hop: head.hop_by_hop,
         conn: Some(conn),
         out,
         pool: Arc::clone(pool),
@@ -411,6 +412,8 @@ pub(crate) struct Http1Body {
     decoder: Decoder,
     keep_alive: bool,
     upgrade: bool,
+    /// The head still holds hop-by-hop fields (the codec's `ResponseHead::hop_by_hop`).
+    hop_by_hop: bool,
     /// `None` once the body ended or failed.
     conn: Option<Box<Conn>>,
     /// The request body, when it was still being written at the response.
@@ -419,6 +422,11 @@ pub(crate) struct Http1Body {
 }
 
 impl Http1Body {
+    /// The response head still holds hop-by-hop fields to strip.
+    pub(crate) fn hop_by_hop_in_head(&self) -> bool {
+        self.hop_by_hop
+    }
+
     /// The connection after a `101`, with the bytes of the new protocol
     /// that came behind the head.
     pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<TcpStream>> {
