@@ -36,7 +36,14 @@ pub(crate) fn template(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    if !parts.headers.contains_key(HOST) {
+    // One lookup: the `Host` is read here and again below only when it was
+    // missing and came from the request target.
+    let host = parts
+        .headers
+        .get(HOST)
+        .and_then(|h| Authority::try_from(h.as_bytes()).ok());
+    let has_host = host.is_some() || parts.headers.contains_key(HOST);
+    if !has_host {
         if let Some(authority) = parts.uri.authority() {
             if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
                 parts.headers.insert(HOST, v);
@@ -56,11 +63,7 @@ pub(crate) fn template(
     hop_by_hop::strip(&mut parts.headers, upgrade);
     // The host the client addressed travels as HTTP/2's :authority or HTTP/1's
     // Host; an HTTP/2 request must not also carry a different Host (RFC 9113 §8.3.1).
-    let authority = parts
-        .headers
-        .get(HOST)
-        .and_then(|h| Authority::try_from(h.as_bytes()).ok())
-        .or_else(|| parts.uri.authority().cloned());
+    let authority = host.or_else(|| parts.uri.authority().cloned());
     let version = match upstream.config.protocol {
         Protocol::Http1 => Version::HTTP_11,
         Protocol::H2c => {
