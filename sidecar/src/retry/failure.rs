@@ -165,6 +165,19 @@ fn classify_connect(io: Option<&io::Error>) -> (FailureKind, Stage) {
     (kind, Stage::Connect)
 }
 
+/// A socket error on an open connection, by its kind (hyper's client and
+/// the sidecar's own HTTP/1 codec alike).
+pub(crate) fn classify_io(e: &io::Error) -> FailureKind {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionAborted => FailureKind::ConnectionReset,
+        io::ErrorKind::UnexpectedEof => FailureKind::ConnectionClosed,
+        io::ErrorKind::TimedOut => FailureKind::ReadTimeout,
+        _ => FailureKind::Other,
+    }
+}
+
 /// The first error in `source`'s chain that says what happened.
 fn classify_chain(mut source: Option<&(dyn StdError + 'static)>) -> (FailureKind, Stage) {
     while let Some(e) = source {
@@ -183,17 +196,7 @@ fn classify_chain(mut source: Option<&(dyn StdError + 'static)>) -> (FailureKind
             }
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
-            return (
-                match io.kind() {
-                    io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::ConnectionAborted => FailureKind::ConnectionReset,
-                    io::ErrorKind::UnexpectedEof => FailureKind::ConnectionClosed,
-                    io::ErrorKind::TimedOut => FailureKind::ReadTimeout,
-                    _ => FailureKind::Other,
-                },
-                Stage::AfterWrite,
-            );
+            return (classify_io(io), Stage::AfterWrite);
         }
         if let Some(h2) = e.downcast_ref::<h2::Error>() {
             if h2.is_reset() || h2.is_go_away() {

@@ -99,17 +99,10 @@ impl WireError {
         }
     }
 
-    /// A socket error, classified by its kind like the kernel's errors
-    /// always were.
+    /// A socket error, classified by its kind as on hyper's connections
+    /// (`classify_io`).
     pub fn io(what: &'static str, e: io::Error) -> Self {
-        let kind = match e.kind() {
-            io::ErrorKind::ConnectionReset
-            | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::ConnectionAborted => FailureKind::ConnectionReset,
-            io::ErrorKind::UnexpectedEof => FailureKind::ConnectionClosed,
-            io::ErrorKind::TimedOut => FailureKind::ReadTimeout,
-            _ => FailureKind::Other,
-        };
+        let kind = crate::retry::failure::classify_io(&e);
         Self {
             kind,
             stage: Stage::AfterWrite,
