@@ -230,10 +230,10 @@ impl Proxy {
 
             // 2. Admit.
             let facts = RequestFacts {
-                method: template.method.as_str(),
-                path: template.path_and_query.path(),
+                method: template.head.method.as_str(),
+                path: template.head.path_and_query.path(),
                 host: template.authority.as_ref().map_or("", |a| a.host()),
-                headers: &template.headers,
+                headers: &template.head.headers,
             };
             let admitted = admit::admit(&routes, &upstream, &facts, upgrade, &self.metrics);
 
@@ -260,10 +260,10 @@ impl Proxy {
             // it the client has given up.
             if grpc && retry_policy.is_some_and(|p| p.enabled()) {
                 template.grpc_deadline =
-                    retry::attempt::parse_grpc_timeout(&template.headers).map(|d| started + d);
+                    retry::attempt::parse_grpc_timeout(&template.head.headers).map(|d| started + d);
             }
-            let method = template.method.clone();
-            let path = template.path_and_query.clone();
+            let method = template.head.method.clone();
+            let path = template.head.path_and_query.clone();
 
             // 4. Forward, with retries.
             let plan: Plan<'_> = admitted.plan;

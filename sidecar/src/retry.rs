@@ -135,6 +135,9 @@ pub(crate) async fn run(
     };
     // With nothing to retry the only attempt may take the template's headers.
     let single = plan.skip.is_some() || plan.policy.is_none_or(|p| !p.enabled());
+    if !single {
+        template.number_attempts();
+    }
     loop {
         state.begin(endpoint);
         let timeout = state.attempt_timeout();
@@ -144,19 +147,16 @@ pub(crate) async fn run(
             // enclosing future on every request, hedged or not.
             Some(delay) => {
                 Box::pin(hedge::race(
-                    &mut state,
-                    &mut template,
-                    &body,
-                    endpoint,
-                    delay,
-                    trace,
-                    random,
+                    &mut state, &template, &body, endpoint, delay, trace, random,
                 ))
                 .await
             }
             None => {
-                let (request, span) =
-                    template.request(up, endpoint, body.next(), single, trace, false);
+                let (request, span) = if single {
+                    template.only_request(up, endpoint, body.next(), trace)
+                } else {
+                    template.request(up, endpoint, body.next(), trace, false)
+                };
                 attempt::send(up, endpoint, request, span, timeout, state.first_frame).await
             }
         };

@@ -10,8 +10,6 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 
 struct Extract<'a>(&'a HeaderMap);
 
-struct Inject<'a>(&'a mut HeaderMap);
-
 impl Extractor for Extract<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         let value = self.0.get(key).and_then(|v| v.to_str().ok())?;
@@ -25,23 +23,6 @@ impl Extractor for Extract<'_> {
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(HeaderName::as_str).collect()
-    }
-}
-
-impl Injector for Inject<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        let Ok(name) = HeaderName::try_from(key) else {
-            return;
-        };
-        // The propagator writes an empty `tracestate` when there is none; send none.
-        if value.is_empty() {
-            self.0.remove(name);
-            return;
-        }
-        if let Ok(value) = HeaderValue::try_from(value) {
-            // `insert` replaces: the upstream sees this attempt's context only.
-            self.0.insert(name, value);
-        }
     }
 }
 
@@ -59,12 +40,72 @@ pub fn extract(headers: &HeaderMap) -> Context {
     TraceContextPropagator::new().extract(&Extract(headers))
 }
 
+/// One attempt's trace context as header values: `traceparent`, and
+/// `tracestate` when the span carries one.
+#[derive(Debug, Clone)]
+pub struct TraceFields {
+    /// `traceparent`.
+    pub traceparent: HeaderValue,
+    /// `tracestate`; `None` when empty (none is sent then).
+    pub tracestate: Option<HeaderValue>,
+}
+
+/// The SDK's propagator writes into this: the values kept as they are made,
+/// so an HTTP/1 attempt can encode them without a header map.
+#[derive(Default)]
+struct Collect {
+    traceparent: Option<HeaderValue>,
+    tracestate: Option<HeaderValue>,
+}
+
+impl Injector for Collect {
+    fn set(&mut self, key: &str, value: String) {
+        // The propagator writes an empty `tracestate` when there is none; send none.
+        let value = Some(value)
+            .filter(|v| !v.is_empty())
+            .and_then(|v| HeaderValue::try_from(v).ok());
+        match key {
+            "traceparent" => self.traceparent = value,
+            "tracestate" => self.tracestate = value,
+            _ => {}
+        }
+    }
+}
+
+/// `span`'s context as the fields an outgoing request carries; `None` for
+/// an invalid span context (nothing is injected then).
+pub fn trace_fields(span: &SpanContext) -> Option<TraceFields> {
+    let cx = Context::new().with_remote_span_context(span.clone());
+    let mut out = Collect::default();
+    TraceContextPropagator::new().inject_context(&cx, &mut out);
+    Some(TraceFields {
+        traceparent: out.traceparent?,
+        tracestate: out.tracestate,
+    })
+}
+
 /// Writes `span`'s `traceparent` (and `tracestate`) into `headers`, replacing
 /// whatever the application sent.
 pub fn inject(span: &SpanContext, headers: &mut HeaderMap) {
-    let cx = Context::new().with_remote_span_context(span.clone());
-    TraceContextPropagator::new().inject_context(&cx, &mut Inject(headers));
+    let Some(fields) = trace_fields(span) else {
+        return;
+    };
+    // `insert` replaces: the upstream sees this attempt's context only.
+    headers.insert(TRACEPARENT, fields.traceparent);
+    match fields.tracestate {
+        Some(v) => {
+            headers.insert(TRACESTATE, v);
+        }
+        None => {
+            headers.remove(TRACESTATE);
+        }
+    }
 }
+
+/// W3C's request header names.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// See [`TRACEPARENT`].
+pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 #[cfg(test)]
 mod tests {
@@ -115,6 +156,18 @@ mod tests {
         ] {
             assert!(parent(&bad).is_none(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn an_invalid_span_context_has_no_fields_and_injects_nothing() {
+        assert!(trace_fields(&SpanContext::empty_context()).is_none());
+        let mut h = HeaderMap::new();
+        h.insert("traceparent", "00-app".parse().expect("header"));
+        inject(&SpanContext::empty_context(), &mut h);
+        assert_eq!(
+            h.get("traceparent").map(|v| v.as_bytes()),
+            Some(&b"00-app"[..])
+        );
     }
 
     #[test]

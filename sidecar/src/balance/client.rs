@@ -35,6 +35,7 @@ use self::http1::conn::Http1Body;
 use self::http1::Http1Pool;
 use self::http2::Http2Endpoint;
 use crate::proxy::tunnel::prefixed::Prefixed;
+use crate::retry::attempt::AttemptRequest;
 use crate::retry::failure::{classify_connect_error, classify_send_error, FailureKind, Stage};
 use crate::retry::replay_body::{AttemptBody, BoxError};
 
@@ -60,13 +61,14 @@ impl EndpointClient {
     /// Sends one attempt and waits for its response headers.
     pub(crate) async fn request(
         &self,
-        request: Request<AttemptBody>,
+        request: AttemptRequest<'_>,
     ) -> Result<Response<EndpointBody>, (FailureKind, Stage)> {
         match self {
             EndpointClient::Http1(pool) => Ok(pool.send(request).await?.map(EndpointBody::Http1)),
-            EndpointClient::H2c(endpoint) => {
-                Ok(endpoint.send(request).await?.map(EndpointBody::H2c))
-            }
+            EndpointClient::H2c(endpoint) => Ok(endpoint
+                .send(request.into_http2())
+                .await?
+                .map(EndpointBody::H2c)),
         }
     }
 }

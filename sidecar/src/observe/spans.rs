@@ -131,18 +131,19 @@ impl RequestSpan {
     }
 
     /// Starts the CLIENT span of an attempt to `endpoint` for `authority` (the
-    /// host the client addressed; an HTTP/1 request's URI has none) and puts
-    /// its context in `request`'s `traceparent`. `resends` is the number of
-    /// attempts before this one (hedges included).
-    pub fn attempt<B>(
+    /// host the client addressed; an HTTP/1 request's URI has none), and the
+    /// trace fields the attempt carries ([`AttemptSpan::trace_fields`]).
+    /// `resends` is the number of attempts before this one (hedges included).
+    pub fn attempt(
         &self,
         endpoint: &Endpoint,
         authority: &str,
-        request: &mut Request<B>,
+        method: &Method,
+        path: &str,
         resends: u32,
         hedge: bool,
     ) -> AttemptSpan {
-        self.client_span(Some(authority), request, |attributes| {
+        self.client_span(method, authority, path, |attributes| {
             attributes.push(KeyValue::new(
                 SERVER_ADDRESS,
                 endpoint.addr.ip().to_string(),
@@ -164,31 +165,40 @@ impl RequestSpan {
     /// every upstream (`authority` as the application addressed it) and puts
     /// its context in `request`'s `traceparent`.
     pub fn forwarded<B>(&self, authority: &str, request: &mut Request<B>) -> AttemptSpan {
-        self.client_span(Some(authority), request, |attributes| {
-            let (host, port) = match authority.rsplit_once(':') {
-                Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
-                    (h, p.parse::<i64>().unwrap_or(80))
-                }
-                _ => (authority, 80),
-            };
-            attributes.push(KeyValue::new(
-                SERVER_ADDRESS,
-                host.trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .to_string(),
-            ));
-            attributes.push(KeyValue::new(SERVER_PORT, port));
-        })
+        let span = self.client_span(
+            request.method(),
+            authority,
+            request.uri().path(),
+            |attributes| {
+                let (host, port) = match authority.rsplit_once(':') {
+                    Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+                        (h, p.parse::<i64>().unwrap_or(80))
+                    }
+                    _ => (authority, 80),
+                };
+                attributes.push(KeyValue::new(
+                    SERVER_ADDRESS,
+                    host.trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_string(),
+                ));
+                attributes.push(KeyValue::new(SERVER_PORT, port));
+            },
+        );
+        if let Some(s) = &span.0 {
+            propagation::inject(s.span_context(), request.headers_mut());
+        }
+        span
     }
 
     /// A CLIENT span under the SERVER span, with the method and `url.full`
-    /// (for `authority`, else the request URI's) plus what `more` adds, its
-    /// context injected into `request`. Attributes are built only when the
-    /// trace is sampled.
-    fn client_span<B>(
+    /// (`http://{authority}{path}`) plus what `more` adds. Attributes are
+    /// built only when the trace is sampled.
+    fn client_span(
         &self,
-        authority: Option<&str>,
-        request: &mut Request<B>,
+        method: &Method,
+        authority: &str,
+        path: &str,
         more: impl FnOnce(&mut Vec<KeyValue>),
     ) -> AttemptSpan {
         let Some(inner) = &self.0 else {
@@ -200,24 +210,16 @@ impl RequestSpan {
             .with_kind(SpanKind::Client);
         if inner.recording {
             let mut attributes = Vec::with_capacity(8);
-            method_attributes(request.method(), &mut attributes);
+            method_attributes(method, &mut attributes);
             // The query is left out: it may carry credentials.
-            let authority = authority
-                .or_else(|| request.uri().authority().map(|a| a.as_str()))
-                .unwrap_or("");
-            attributes.push(KeyValue::new(
-                URL_FULL,
-                format!("http://{authority}{}", request.uri().path()),
-            ));
+            attributes.push(KeyValue::new(URL_FULL, format!("http://{authority}{path}")));
             rpc_attributes(inner.rpc.as_ref(), &mut attributes);
             more(&mut attributes);
             builder = builder.with_attributes(attributes);
         }
         // Even an unsampled attempt gets its own span id, so the upstream's
         // spans still hang off this attempt.
-        let span = builder.start_with_context(&inner.tracer, &inner.cx);
-        propagation::inject(span.span_context(), request.headers_mut());
-        AttemptSpan(Some(span))
+        AttemptSpan(Some(builder.start_with_context(&inner.tracer, &inner.cx)))
     }
 
     /// A retry will be sent after `delay`.
@@ -317,6 +319,12 @@ impl RequestSpan {
 }
 
 impl AttemptSpan {
+    /// The `traceparent` (and `tracestate`) the attempt sends, replacing the
+    /// application's; `None` while tracing is off (the application's pass).
+    pub fn trace_fields(&self) -> Option<propagation::TraceFields> {
+        propagation::trace_fields(self.0.as_ref()?.span_context())
+    }
+
     /// The endpoint answered with a status the policy does not retry;
     /// `grpc_status` when a gRPC response's status is already known.
     pub fn responded(mut self, status: u16, grpc_status: Option<u8>) {

@@ -13,7 +13,7 @@ use reprise_crds::{Protocol, RetryPolicy};
 use super::hop_by_hop;
 use super::local::Local;
 use crate::balance::upstream::UpstreamState;
-use crate::retry::attempt::RequestTemplate;
+use crate::retry::attempt::{RequestHead, RequestTemplate};
 use crate::retry::replay_body::{ReplayBody, ReplayReservation};
 use crate::retry::BodySource;
 
@@ -76,16 +76,12 @@ pub(crate) fn template(
             Version::HTTP_2
         }
     };
-    RequestTemplate {
+    let head = RequestHead {
         method: parts.method,
         path_and_query: path,
-        version,
         headers: parts.headers,
-        attempts_sent: 0,
-        grpc,
-        grpc_deadline: None,
-        authority,
-    }
+    };
+    RequestTemplate::new(head, version, authority, grpc)
 }
 
 /// The body as the retry loop will send it: buffered for replay under
@@ -102,6 +98,7 @@ pub(crate) async fn body(
         return Ok(BodySource::Direct(Some(body)));
     };
     let length = template
+        .head
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -19,7 +19,7 @@ use crate::random::Random;
 /// for health and reporting) and the later one is returned.
 pub(crate) async fn race(
     state: &mut RetryState<'_>,
-    template: &mut RequestTemplate,
+    template: &RequestTemplate,
     body: &BodySource,
     endpoint: usize,
     delay: Duration,
@@ -30,7 +30,7 @@ pub(crate) async fn race(
         unreachable!("hedging needs a buffered body");
     };
     let up = state.up;
-    let (request, span) = template.request(up, endpoint, replay.for_attempt(), false, trace, false);
+    let (request, span) = template.request(up, endpoint, replay.for_attempt(), trace, false);
     let first = attempt::send(
         up,
         endpoint,
@@ -52,14 +52,7 @@ pub(crate) async fn race(
         }
     };
     state.hedging(second_endpoint, delay, trace);
-    let (request, span) = template.request(
-        up,
-        second_endpoint,
-        replay.for_attempt(),
-        false,
-        trace,
-        true,
-    );
+    let (request, span) = template.request(up, second_endpoint, replay.for_attempt(), trace, true);
     let second = attempt::send(
         up,
         second_endpoint,

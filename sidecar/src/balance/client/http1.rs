@@ -33,13 +33,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::Response;
 use tokio::time::Instant;
 
 use self::conn::{Conn, Failed, Http1Body};
 use super::IDLE_TIMEOUT;
+use crate::retry::attempt::AttemptRequest;
 use crate::retry::failure::{FailureKind, Stage};
-use crate::retry::replay_body::AttemptBody;
 
 /// The idle connections of one HTTP/1 endpoint.
 #[derive(Debug)]
@@ -73,11 +73,11 @@ impl Http1Pool {
         })
     }
 
-    /// Sends `request` (origin-form URI, `Host` set) on a pooled connection or
+    /// Sends `request` on a pooled connection or
     /// a new one, and waits for the response headers.
     pub(crate) async fn send(
         self: &Arc<Self>,
-        mut request: Request<AttemptBody>,
+        mut request: AttemptRequest<'_>,
     ) -> Result<Response<Http1Body>, (FailureKind, Stage)> {
         while let Some(conn) = self.checkout() {
             match conn::send(conn, request, self).await {
@@ -178,6 +178,7 @@ mod tests {
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
+    use crate::retry::replay_body::AttemptBody;
 
     /// A loopback upstream that hands each accepted connection, with its
     /// number (from 1), to `serve`; counts connections.
@@ -232,12 +233,8 @@ mod tests {
         .await
     }
 
-    fn get() -> Request<AttemptBody> {
-        Request::builder()
-            .uri("/")
-            .header(http::header::HOST, "api")
-            .body(AttemptBody::Empty)
-            .expect("request")
+    fn get() -> AttemptRequest<'static> {
+        AttemptRequest::fixture(http::Method::GET, "/", "api", AttemptBody::Empty)
     }
 
     /// Sends a GET and reads its body to the end (the connection goes back).
@@ -377,12 +374,12 @@ mod tests {
         pool.put(reset_connection());
         // The body's bytes go behind the head in the one write that fails:
         // resending this attempt would send the head with no body.
-        let post = Request::builder()
-            .method(http::Method::POST)
-            .uri("/")
-            .header(http::header::HOST, "api")
-            .body(AttemptBody::Full(Some(Bytes::from_static(b"hello")), None))
-            .expect("request");
+        let post = AttemptRequest::fixture(
+            http::Method::POST,
+            "/",
+            "api",
+            AttemptBody::Full(Some(Bytes::from_static(b"hello")), None),
+        );
         let err = pool
             .send(post)
             .await

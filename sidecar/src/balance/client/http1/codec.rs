@@ -48,8 +48,8 @@ use http::HeaderMap;
 
 pub use self::body::{Decoded, Decoder, Framing};
 pub use self::request::{
-    declared_trailers, encode_chunk_size, encode_head, encode_last_chunk, request_encoding,
-    Encoding,
+    declared_trailers, encode_chunk_size, encode_field, encode_fields, encode_head,
+    encode_last_chunk, encode_request_line, request_framing, Encoding, RequestFraming,
 };
 pub use self::response::{parse_response, ResponseHead, Spans};
 use crate::retry::failure::{FailureKind, Stage};

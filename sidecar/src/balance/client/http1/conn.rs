@@ -29,7 +29,7 @@ use std::task::{ready, Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderName};
-use http::{Request, Response};
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
@@ -37,6 +37,7 @@ use tokio::net::TcpStream;
 use super::codec::{self, Decoded, Decoder, Encoding, WireError};
 use super::Http1Pool;
 use crate::proxy::tunnel::prefixed::Prefixed;
+use crate::retry::attempt::{AttemptFields, AttemptRequest, RequestHead};
 use crate::retry::failure::Stage;
 use crate::retry::replay_body::{AttemptBody, BoxError};
 
@@ -114,35 +115,43 @@ impl Conn {
 
 /// Why [`send`] returned no response.
 #[derive(Debug)]
-pub(crate) enum Failed {
+pub(crate) enum Failed<'t> {
     /// Not a byte of the request was written: it may go on another
     /// connection as if this one had never been tried.
-    Unsent(Box<Request<AttemptBody>>, WireError),
+    Unsent(Box<AttemptRequest<'t>>, WireError),
     /// The request may have reached the endpoint.
     Sent(WireError),
 }
 
-/// Sends `request` on `conn` and waits for the response head.
-pub(crate) async fn send(
+/// Sends `request` on `conn` and waits for the response head. The head is
+/// encoded from the template's fields and the attempt's own, with no copy
+/// of the header map.
+pub(crate) async fn send<'t>(
     mut conn: Box<Conn>,
-    request: Request<AttemptBody>,
+    request: AttemptRequest<'t>,
     pool: &Arc<Http1Pool>,
-) -> Result<Response<Http1Body>, Failed> {
-    let (mut parts, body) = request.into_parts();
+) -> Result<Response<Http1Body>, Failed<'t>> {
+    let AttemptRequest {
+        head: template,
+        fields,
+        authority,
+        body,
+    } = request;
+    let head = &*template;
     let hint = if body.is_end_stream() {
         None
     } else {
         Some(body.size_hint().exact())
     };
-    let encoding = codec::request_encoding(&parts.method, &mut parts.headers, hint);
-    let close = parts
+    let framing = codec::request_framing(&head.method, &head.headers, hint);
+    let encoding = framing.encoding;
+    let close = head
         .headers
         .get_all(header::CONNECTION)
         .iter()
         .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut out = Outgoing::new(std::mem::take(&mut conn.out), encoding, &parts.headers);
-    codec::encode_head(&mut out.buf, &parts.method, target, &parts.headers);
+    let mut out = Outgoing::new(std::mem::take(&mut conn.out), encoding, &head.headers);
+    encode_head(&mut out.buf, head, &framing, &fields);
     // A body the head says is empty is never read (hyper's rule for a GET
     // whose body length is unknown).
     let mut body = Some(body).filter(|_| encoding != Encoding::Length(0));
@@ -150,7 +159,7 @@ pub(crate) async fn send(
 
     let mut writing = true;
     let mut write_failure: Option<WireError> = None;
-    let method = &parts.method;
+    let method = &head.method;
     let head = poll_fn(|cx| {
         if writing {
             match out.poll_write(&mut conn.io, cx) {
@@ -204,7 +213,12 @@ pub(crate) async fn send(
             }
             let body = out.body.take().unwrap_or(AttemptBody::Empty);
             return Err(Failed::Unsent(
-                Box::new(Request::from_parts(parts, body)),
+                Box::new(AttemptRequest {
+                    head: template,
+                    fields,
+                    authority,
+                    body,
+                }),
                 e,
             ));
         }
@@ -229,6 +243,29 @@ pub(crate) async fn send(
     *response.version_mut() = head.version;
     *response.headers_mut() = head.headers;
     Ok(response)
+}
+
+/// Encodes the head into `dst`: the request line, the template's fields
+/// less those the framing drops or the attempt replaces, then the attempt's
+/// and the framing's.
+fn encode_head(
+    dst: &mut Vec<u8>,
+    head: &RequestHead,
+    framing: &codec::RequestFraming,
+    fields: &AttemptFields,
+) {
+    let target = head.path_and_query.as_str();
+    let target = if target.is_empty() { "/" } else { target };
+    dst.reserve(160 + target.len() + head.headers.len() * 32);
+    codec::encode_request_line(dst, &head.method, target);
+    codec::encode_fields(dst, &head.headers, |name| {
+        framing.drop.as_ref() == Some(name) || fields.replaces(name)
+    });
+    fields.for_each(|name, value| codec::encode_field(dst, name, value));
+    if let Some((name, value)) = &framing.add {
+        codec::encode_field(dst, name, value);
+    }
+    dst.extend_from_slice(b"\r\n");
 }
 
 /// The request on its way out: the bytes queued (head, chunk framing, small
@@ -563,5 +600,82 @@ impl Drop for Http1Body {
                 Ok(Decoded::More) | Err(_) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use http::header::HeaderValue;
+    use http::Method;
+
+    use super::*;
+
+    /// The head's fields, each as `name: value`, sorted.
+    fn fields(head: &[u8]) -> Vec<String> {
+        let text = std::str::from_utf8(head).expect("ascii");
+        let mut lines: Vec<String> = text
+            .split("\r\n")
+            .skip(1)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn an_attempts_fields_replace_the_templates_on_http1_as_on_http2() {
+        // The application sent its own trace context and attempt header, and
+        // a length that does not parse; a retry sends its own, once each.
+        let mut request = AttemptRequest::fixture(
+            Method::POST,
+            "/a?b=1",
+            "api",
+            AttemptBody::Full(Some(Bytes::from_static(b"abc")), None),
+        );
+        let Cow::Owned(head) = &mut request.head else {
+            unreachable!("the fixture owns its head");
+        };
+        for (name, value) in [
+            ("traceparent", "00-app"),
+            ("tracestate", "app=1"),
+            ("x-reprise-attempt", "7"),
+            ("content-length", "x"),
+            ("x-app", "kept"),
+        ] {
+            head.headers.append(name, HeaderValue::from_static(value));
+        }
+        request.fields = AttemptFields::fixture(2, "00-mine");
+        let framing = codec::request_framing(&head.method, &head.headers, Some(Some(3)));
+        let mut out = Vec::new();
+        encode_head(&mut out, head, &framing, &request.fields);
+        assert!(out.starts_with(b"POST /a?b=1 HTTP/1.1\r\n"), "{out:?}");
+        assert!(out.ends_with(b"\r\n\r\n"));
+        let want = [
+            "content-length: 3",
+            "host: api",
+            "traceparent: 00-mine",
+            "x-app: kept",
+            "x-reprise-attempt: 2",
+        ];
+        assert_eq!(fields(&out), want);
+        // HTTP/2: the same fields but the length (h2 frames the body itself).
+        let h2 = request.into_http2();
+        let mut h2_fields: Vec<String> = h2
+            .headers()
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", v.to_str().expect("ascii")))
+            .filter(|f| !f.starts_with("content-length"))
+            .collect();
+        h2_fields.sort();
+        let want_h2: Vec<&str> = want
+            .iter()
+            .copied()
+            .filter(|f| !f.starts_with("content-length"))
+            .collect();
+        assert_eq!(h2_fields, want_h2);
+        assert_eq!(h2.uri().to_string(), "http://api/a?b=1");
     }
 }

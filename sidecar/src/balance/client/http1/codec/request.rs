@@ -13,67 +13,131 @@ pub enum Encoding {
     Chunked,
 }
 
-/// Decides the request's framing from its headers and its body (`None` when
-/// the body has already ended, else its exact length if known), adjusting
-/// the headers as hyper's client does.
-pub fn request_encoding(
-    method: &Method,
-    headers: &mut HeaderMap,
-    body: Option<Option<u64>>,
-) -> Encoding {
-    let Some(length) = body else {
-        headers.remove(header::TRANSFER_ENCODING);
-        return Encoding::Length(0);
-    };
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        // The sidecar strips the client's `Transfer-Encoding` (hop-by-hop);
-        // one set here is chunked, and chunked leaves no room for a length.
-        headers.remove(header::CONTENT_LENGTH);
-        if !is_chunked(headers) {
-            headers.append(
-                header::TRANSFER_ENCODING,
-                HeaderValue::from_static("chunked"),
-            );
-        }
-        return Encoding::Chunked;
-    }
-    if let Some(declared) = content_length(headers) {
-        return Encoding::Length(declared);
-    }
-    match length {
-        Some(n) => {
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-            Encoding::Length(n)
-        }
-        // GET, HEAD and CONNECT almost never have bodies (hyper's rule).
-        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
-            Encoding::Length(0)
-        }
-        None => {
-            headers.remove(header::CONTENT_LENGTH);
-            headers.insert(
-                header::TRANSFER_ENCODING,
-                HeaderValue::from_static("chunked"),
-            );
-            Encoding::Chunked
+/// A request's framing: how its body goes, and the one field the head drops
+/// and the one it adds for that.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFraming {
+    /// How the body goes on the wire.
+    pub encoding: Encoding,
+    /// Every field of this name in the headers is left out.
+    pub drop: Option<HeaderName>,
+    /// Sent after the headers.
+    pub add: Option<(HeaderName, HeaderValue)>,
+}
+
+impl RequestFraming {
+    fn new(encoding: Encoding) -> Self {
+        Self {
+            encoding,
+            drop: None,
+            add: None,
         }
     }
 }
 
-/// Appends the request head (`HTTP/1.1`, lowercase names as the map keeps
-/// them) to `dst`. Method, target and values are already validated by
-/// `http`'s types, none of which can hold a CR or LF.
-pub fn encode_head(dst: &mut Vec<u8>, method: &Method, target: &str, headers: &HeaderMap) {
-    dst.reserve(32 + target.len() + headers.len() * 32);
+/// Decides the request's framing from its headers and its body (`None` when
+/// the body has already ended, else its exact length if known), as hyper's
+/// client does, without touching the headers: the change to them is
+/// returned, for the encoder to apply.
+pub fn request_framing(
+    method: &Method,
+    headers: &HeaderMap,
+    body: Option<Option<u64>>,
+) -> RequestFraming {
+    let Some(length) = body else {
+        let mut f = RequestFraming::new(Encoding::Length(0));
+        if headers.contains_key(header::TRANSFER_ENCODING) {
+            f.drop = Some(header::TRANSFER_ENCODING);
+        }
+        return f;
+    };
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        // The sidecar strips the client's `Transfer-Encoding` (hop-by-hop);
+        // one set here is chunked, and chunked leaves no room for a length.
+        let mut f = RequestFraming::new(Encoding::Chunked);
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            f.drop = Some(header::CONTENT_LENGTH);
+        }
+        if !is_chunked(headers) {
+            f.add = Some((
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            ));
+        }
+        return f;
+    }
+    if let Some(declared) = content_length(headers) {
+        return RequestFraming::new(Encoding::Length(declared));
+    }
+    match length {
+        Some(n) => {
+            // A `Content-Length` that did not parse is replaced.
+            let mut f = RequestFraming::new(Encoding::Length(n));
+            if headers.contains_key(header::CONTENT_LENGTH) {
+                f.drop = Some(header::CONTENT_LENGTH);
+            }
+            f.add = Some((header::CONTENT_LENGTH, HeaderValue::from(n)));
+            f
+        }
+        // GET, HEAD and CONNECT almost never have bodies (hyper's rule).
+        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
+            RequestFraming::new(Encoding::Length(0))
+        }
+        None => {
+            let mut f = RequestFraming::new(Encoding::Chunked);
+            if headers.contains_key(header::CONTENT_LENGTH) {
+                f.drop = Some(header::CONTENT_LENGTH);
+            }
+            f.add = Some((
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            ));
+            f
+        }
+    }
+}
+
+/// Appends the request line (`HTTP/1.1`). Method and target are already
+/// validated by `http`'s types, neither of which can hold a CR or LF.
+pub fn encode_request_line(dst: &mut Vec<u8>, method: &Method, target: &str) {
     dst.extend_from_slice(method.as_str().as_bytes());
     dst.push(b' ');
     dst.extend_from_slice(target.as_bytes());
     dst.extend_from_slice(b" HTTP/1.1\r\n");
+}
+
+/// Appends one field (lowercase, as `http` keeps names; values validated
+/// by `HeaderValue`, which holds no CR or LF).
+pub fn encode_field(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    dst.extend_from_slice(name.as_str().as_bytes());
+    dst.extend_from_slice(b": ");
+    dst.extend_from_slice(value.as_bytes());
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// Appends every field of `headers` but those `skip` names.
+pub fn encode_fields(dst: &mut Vec<u8>, headers: &HeaderMap, skip: impl Fn(&HeaderName) -> bool) {
     for (name, value) in headers {
-        dst.extend_from_slice(name.as_str().as_bytes());
-        dst.extend_from_slice(b": ");
-        dst.extend_from_slice(value.as_bytes());
-        dst.extend_from_slice(b"\r\n");
+        if !skip(name) {
+            encode_field(dst, name, value);
+        }
+    }
+}
+
+/// Appends a whole request head: line, `headers` less the field `framing`
+/// drops, the one it adds, the blank line.
+pub fn encode_head(
+    dst: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    framing: &RequestFraming,
+) {
+    dst.reserve(32 + target.len() + headers.len() * 32);
+    encode_request_line(dst, method, target);
+    encode_fields(dst, headers, |name| framing.drop.as_ref() == Some(name));
+    if let Some((name, value)) = &framing.add {
+        encode_field(dst, name, value);
     }
     dst.extend_from_slice(b"\r\n");
 }
@@ -91,10 +155,7 @@ pub fn encode_last_chunk(dst: &mut Vec<u8>, trailers: Option<&HeaderMap>, declar
     if let Some(trailers) = trailers {
         for (name, value) in trailers {
             if declared.contains(name) {
-                dst.extend_from_slice(name.as_str().as_bytes());
-                dst.extend_from_slice(b": ");
-                dst.extend_from_slice(value.as_bytes());
-                dst.extend_from_slice(b"\r\n");
+                encode_field(dst, name, value);
             }
         }
     }
@@ -118,6 +179,7 @@ mod tests {
 
     #[test]
     fn request_framing_is_hyper_clients() {
+        // The head as it goes out, its fields sorted.
         let enc = |method: Method, headers: &[(&str, &str)], body: Option<Option<u64>>| {
             let mut map = HeaderMap::new();
             for (k, v) in headers {
@@ -126,13 +188,18 @@ mod tests {
                     HeaderValue::from_str(v).expect("value"),
                 );
             }
-            let e = request_encoding(&method, &mut map, body);
-            let mut names: Vec<String> = map
-                .iter()
-                .map(|(k, v)| format!("{k}={}", v.to_str().expect("ascii")))
+            let framing = request_framing(&method, &map, body);
+            let mut head = Vec::new();
+            encode_head(&mut head, &method, "/", &map, &framing);
+            let head = String::from_utf8(head).expect("ascii");
+            let mut names: Vec<String> = head
+                .split("\r\n")
+                .skip(1)
+                .filter(|l| !l.is_empty())
+                .map(|l| l.replacen(": ", "=", 1))
                 .collect();
             names.sort();
-            (e, names)
+            (framing.encoding, names)
         };
         assert_eq!(enc(Method::GET, &[], None), (Encoding::Length(0), vec![]));
         assert_eq!(
@@ -172,10 +239,23 @@ mod tests {
                 ]
             )
         );
+        // A length that does not parse gives way to the body's, or to chunked.
+        assert_eq!(
+            enc(Method::POST, &[("content-length", "x")], Some(Some(3))),
+            (Encoding::Length(3), vec!["content-length=3".to_owned()])
+        );
+        assert_eq!(
+            enc(Method::POST, &[("content-length", "x")], Some(None)),
+            (
+                Encoding::Chunked,
+                vec!["transfer-encoding=chunked".to_owned()]
+            )
+        );
         let mut head = Vec::new();
         let mut headers = HeaderMap::new();
         headers.insert(header::HOST, HeaderValue::from_static("api"));
-        encode_head(&mut head, &Method::GET, "/a?b", &headers);
+        let framing = request_framing(&Method::GET, &headers, None);
+        encode_head(&mut head, &Method::GET, "/a?b", &headers, &framing);
         assert_eq!(head, b"GET /a?b HTTP/1.1\r\nhost: api\r\n\r\n");
         let mut last = Vec::new();
         let mut trailers = HeaderMap::new();
