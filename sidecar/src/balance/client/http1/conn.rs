@@ -21,25 +21,32 @@
 //!   part of its body was already taken to go behind the head: then it is a
 //!   failure at the connect stage (nothing reached the endpoint), and the
 //!   retry engine's next attempt replays the body whole.
+//!
+//! The parts: this file holds the connection and [`send`]; `outgoing` writes
+//! the request (head, body, chunk framing) and `body` reads the response
+//! body and returns the connection.
 
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
 
-use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderName};
+use bytes::BytesMut;
+use http::header;
 use http::Response;
-use http_body::{Body, Frame, SizeHint};
-use tokio::io::AsyncWrite;
+use http_body::Body;
 use tokio::net::TcpStream;
 
-use super::codec::{self, Decoded, Decoder, Encoding, WireError};
+mod body;
+mod outgoing;
+
+pub(crate) use self::body::Http1Body;
+use self::outgoing::Outgoing;
+use super::codec::{self, Decoder, Encoding, WireError};
 use super::Http1Pool;
-use crate::proxy::tunnel::prefixed::Prefixed;
 use crate::retry::attempt::{AttemptFields, AttemptRequest, RequestHead};
 use crate::retry::failure::Stage;
-use crate::retry::replay_body::{AttemptBody, BoxError};
+use crate::retry::replay_body::AttemptBody;
 
 /// First read buffer of a connection: one response head and a small body
 /// (hyper's 8 KiB).
@@ -50,10 +57,6 @@ const READ_INIT: usize = 8 * 1024;
 /// download through the sidecar ran at 878 MiB/s against 1,055 with hyper's
 /// client (`e2e/bench/results/2026-12-01-2030.md`, scenario 5).
 const READ_MAX: usize = 256 * 1024;
-
-/// Body bytes copied behind the head (or a chunk-size line) into one write;
-/// larger frames are written from their own buffer.
-const COALESCE: usize = 16 * 1024;
 
 /// One connection: the socket and the bytes read from it not yet consumed.
 #[derive(Debug)]
@@ -268,345 +271,11 @@ fn encode_head(
     dst.extend_from_slice(b"\r\n");
 }
 
-/// The request on its way out: the bytes queued (head, chunk framing, small
-/// frames), a large frame written from its own buffer, then the rest of the
-/// body as it arrives.
-#[derive(Debug)]
-struct Outgoing {
-    buf: Vec<u8>,
-    pos: usize,
-    data: Bytes,
-    /// A chunk's CRLF is owed after `data`.
-    data_crlf: bool,
-    body: Option<AttemptBody>,
-    encoding: Encoding,
-    /// Body bytes the declared length still allows.
-    left: u64,
-    /// Trailer fields the request declared (sent only for chunked bodies).
-    trailers: Vec<HeaderName>,
-    wrote_any: bool,
-    /// A frame of the body has been taken (so the request cannot be handed
-    /// back unsent).
-    read_body: bool,
-}
-
-impl Outgoing {
-    fn new(mut buf: Vec<u8>, encoding: Encoding, headers: &http::HeaderMap) -> Self {
-        buf.clear();
-        let trailers = if encoding == Encoding::Chunked && headers.contains_key(header::TRAILER) {
-            codec::declared_trailers(headers)
-        } else {
-            Vec::new()
-        };
-        Self {
-            buf,
-            pos: 0,
-            data: Bytes::new(),
-            data_crlf: false,
-            body: None,
-            encoding,
-            left: match encoding {
-                Encoding::Length(n) => n,
-                Encoding::Chunked => 0,
-            },
-            trailers,
-            wrote_any: false,
-            read_body: false,
-        }
-    }
-
-    fn into_buffer(mut self) -> Vec<u8> {
-        self.buf.clear();
-        std::mem::take(&mut self.buf)
-    }
-
-    /// Writes everything queued and the body's frames as they come; ready
-    /// once the body has ended and every byte is written.
-    fn poll_write(
-        &mut self,
-        io: &mut TcpStream,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), WireError>> {
-        loop {
-            // Gather what the body has ready behind the queued bytes.
-            if self.data.is_empty() && self.buf.len() - self.pos < COALESCE {
-                if let Some(body) = self.body.as_mut() {
-                    if let Poll::Ready(frame) = Pin::new(body).poll_frame(cx) {
-                        self.read_body = true;
-                        self.queue(frame)?;
-                        continue;
-                    }
-                }
-            }
-            if self.pos < self.buf.len() {
-                let n = ready!(Pin::new(&mut *io).poll_write(cx, &self.buf[self.pos..]))
-                    .map_err(|e| WireError::io("writing the request", e))?;
-                if n == 0 {
-                    return Poll::Ready(Err(WireError::closed(
-                        "endpoint stopped reading the request",
-                    )));
-                }
-                self.wrote_any = true;
-                self.pos += n;
-                if self.pos == self.buf.len() {
-                    self.buf.clear();
-                    self.pos = 0;
-                }
-                continue;
-            }
-            if !self.data.is_empty() {
-                let n = ready!(Pin::new(&mut *io).poll_write(cx, &self.data))
-                    .map_err(|e| WireError::io("writing the request body", e))?;
-                if n == 0 {
-                    return Poll::Ready(Err(WireError::closed(
-                        "endpoint stopped reading the request",
-                    )));
-                }
-                self.wrote_any = true;
-                self.data.advance(n);
-                if self.data.is_empty() && std::mem::take(&mut self.data_crlf) {
-                    self.buf.extend_from_slice(b"\r\n");
-                }
-                continue;
-            }
-            // Nothing queued: done, or the body's waker is registered.
-            return if self.body.is_none() {
-                Poll::Ready(Ok(()))
-            } else {
-                Poll::Pending
-            };
-        }
-    }
-
-    /// Queues one polled body frame (or the body's end).
-    fn queue(&mut self, frame: Option<Result<Frame<Bytes>, BoxError>>) -> Result<(), WireError> {
-        let chunked = self.encoding == Encoding::Chunked;
-        match frame {
-            None => {
-                self.body = None;
-                if chunked {
-                    codec::encode_last_chunk(&mut self.buf, None, &[]);
-                } else if self.left != 0 {
-                    return Err(WireError::request_length(
-                        "request body shorter than its Content-Length",
-                    ));
-                }
-            }
-            Some(Err(e)) => {
-                self.body = None;
-                return Err(WireError::request_body(e));
-            }
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) if data.is_empty() => {}
-                Ok(data) => {
-                    if chunked {
-                        codec::encode_chunk_size(&mut self.buf, data.len());
-                    } else {
-                        let len = data.len() as u64;
-                        if len > self.left {
-                            self.body = None;
-                            return Err(WireError::request_length(
-                                "request body longer than its Content-Length",
-                            ));
-                        }
-                        self.left -= len;
-                    }
-                    if data.len() <= COALESCE / 2 {
-                        self.buf.extend_from_slice(&data);
-                        if chunked {
-                            self.buf.extend_from_slice(b"\r\n");
-                        }
-                    } else {
-                        self.data = data;
-                        self.data_crlf = chunked;
-                    }
-                }
-                Err(frame) => {
-                    // Trailers end the body; only chunked can carry them.
-                    self.body = None;
-                    if chunked {
-                        codec::encode_last_chunk(
-                            &mut self.buf,
-                            frame.trailers_ref(),
-                            &self.trailers,
-                        );
-                    } else if self.left != 0 {
-                        return Err(WireError::request_length(
-                            "request body shorter than its Content-Length",
-                        ));
-                    }
-                }
-            },
-        }
-        Ok(())
-    }
-}
-
-/// A response body read straight off its connection; the connection goes
-/// back to the pool as the body ends.
-#[derive(Debug)]
-pub(crate) struct Http1Body {
-    decoder: Decoder,
-    keep_alive: bool,
-    upgrade: bool,
-    /// The head still holds hop-by-hop fields (the codec's `ResponseHead::hop_by_hop`).
-    hop_by_hop: bool,
-    /// `None` once the body ended or failed.
-    conn: Option<Box<Conn>>,
-    /// The request body, when it was still being written at the response.
-    out: Option<Box<Outgoing>>,
-    pool: Arc<Http1Pool>,
-}
-
-impl Http1Body {
-    /// The response head still holds hop-by-hop fields to strip.
-    pub(crate) fn hop_by_hop_in_head(&self) -> bool {
-        self.hop_by_hop
-    }
-
-    /// The connection after a `101`, with the bytes of the new protocol
-    /// that came behind the head.
-    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<TcpStream>> {
-        if !self.upgrade {
-            return None;
-        }
-        let conn = self.conn.take()?;
-        let Conn { io, mut read, .. } = *conn;
-        Some(Prefixed::new(read.split().freeze(), io))
-    }
-
-    /// The connection is no longer this body's.
-    #[cfg(test)]
-    pub(crate) fn conn_is_gone(&self) -> bool {
-        self.conn.is_none()
-    }
-
-    /// The body has ended: the connection goes back if it can carry
-    /// another request, else it closes here.
-    fn finish(&mut self) {
-        let Some(conn) = self.conn.take() else {
-            return;
-        };
-        if self.keep_alive && self.out.is_none() && conn.read.is_empty() {
-            self.pool.put(conn);
-        }
-    }
-
-    /// Drives the rest of the request body, if any, without waiting on it.
-    fn poll_request_body(&mut self, cx: &mut Context<'_>) {
-        let (Some(out), Some(conn)) = (self.out.as_mut(), self.conn.as_mut()) else {
-            return;
-        };
-        match out.poll_write(&mut conn.io, cx) {
-            Poll::Pending => {}
-            Poll::Ready(Ok(())) => {
-                if let Some(out) = self.out.take() {
-                    conn.out = out.into_buffer();
-                }
-            }
-            // The response stands; the connection is not reused.
-            Poll::Ready(Err(_)) => {
-                self.keep_alive = false;
-                self.out = None;
-            }
-        }
-    }
-}
-
-impl Body for Http1Body {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        this.poll_request_body(cx);
-        loop {
-            let Some(conn) = this.conn.as_mut() else {
-                return Poll::Ready(None);
-            };
-            match this.decoder.decode(&mut conn.read) {
-                Ok(Decoded::Data(data)) => {
-                    if this.decoder.is_done() {
-                        this.finish();
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Ok(Decoded::Trailers(trailers)) => {
-                    this.finish();
-                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-                }
-                Ok(Decoded::End) => {
-                    this.finish();
-                    return Poll::Ready(None);
-                }
-                Ok(Decoded::More) => {}
-                Err(e) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(Box::new(e))));
-                }
-            }
-            let read = ready!(conn.poll_fill(cx));
-            match read {
-                Ok(0) => {
-                    let end = this.decoder.eof();
-                    // Ended by the close: never reused.
-                    this.conn = None;
-                    return Poll::Ready(match end {
-                        Ok(_) => None,
-                        Err(e) => Some(Err(Box::new(e))),
-                    });
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(Box::new(WireError::io(
-                        "reading the response body",
-                        e,
-                    )))));
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.decoder.is_done()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self.decoder.remaining() {
-            Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
-        }
-    }
-}
-
-impl Drop for Http1Body {
-    fn drop(&mut self) {
-        if self.conn.is_none() || self.decoder.is_done() {
-            // Ended (the connection already went back), or the body had no
-            // bytes and nobody polled it.
-            self.finish();
-            return;
-        }
-        // Dropped early (a retried 503, say): its rest is usually in the
-        // buffer already; read past it and the connection goes back.
-        while let Some(conn) = self.conn.as_mut() {
-            match self.decoder.decode(&mut conn.read) {
-                Ok(Decoded::Data(_)) => {}
-                Ok(Decoded::Trailers(_) | Decoded::End) => return self.finish(),
-                Ok(Decoded::More) | Err(_) => return,
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::borrow::Cow;
 
+    use bytes::Bytes;
     use http::header::HeaderValue;
     use http::Method;
 
