@@ -78,9 +78,40 @@ pub struct SnapshotPolicy {
 
 /// FNV-1a, 64 bit: a stable, fast, non-cryptographic hash.
 pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    let mut h = Fnv1a::default();
+    for b in bytes {
+        h.write_byte(b);
+    }
+    h.0
+}
+
+/// FNV-1a as a [`std::hash::Hasher`], for maps whose keys all come from the
+/// configuration (never from a request, so no one can choose colliding keys).
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv1a(u64);
+
+impl Fnv1a {
+    fn write_byte(&mut self, b: u8) {
+        self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+}
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv1a {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_byte(*b);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 impl Snapshot {

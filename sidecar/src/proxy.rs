@@ -232,7 +232,10 @@ impl Proxy {
             let facts = RequestFacts {
                 method: template.head.method.as_str(),
                 path: template.head.path_and_query.path(),
-                host: template.authority.as_ref().map_or("", |a| a.host()),
+                host: template
+                    .authority
+                    .as_ref()
+                    .map_or("", route::authority_host),
                 headers: &template.head.headers,
             };
             let admitted = admit::admit(&routes, &upstream, &facts, upgrade, &self.metrics);

@@ -131,7 +131,9 @@ impl EndpointState {
 
     /// True while passive health has this endpoint ejected.
     pub fn is_ejected(&self) -> bool {
-        self.ejected_until_ms.load(Ordering::Relaxed) > clock::now_ms()
+        // 0: never ejected, and no clock read (the picker asks twice a request).
+        let until = self.ejected_until_ms.load(Ordering::Relaxed);
+        until != 0 && until > clock::now_ms()
     }
 
     /// Times this endpoint has been ejected.
