@@ -14,10 +14,11 @@
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{watch, Notify};
 
@@ -71,6 +72,57 @@ pub(crate) struct ConnDrain {
     /// Set when the connection task waits on `changed`.
     watching: AtomicBool,
     changed: Notify,
+}
+
+/// Futures polled beside a connection only after one of their own wakers
+/// fired, not on every wake of the connection's task. Each poll registers
+/// the task's waker first and then takes the flag, so a wake that comes
+/// while they are being polled is kept for the next poll, never lost.
+pub(crate) struct SideWake {
+    flag: Arc<Flag>,
+    waker: Waker,
+}
+
+struct Flag {
+    fired: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.fired.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl SideWake {
+    /// Fired at first, so the side futures get their first poll.
+    pub(crate) fn new() -> Self {
+        let flag = Arc::new(Flag {
+            fired: AtomicBool::new(true),
+            task: AtomicWaker::new(),
+        });
+        let waker = Waker::from(Arc::clone(&flag));
+        Self { flag, waker }
+    }
+
+    /// Runs `poll` with the side futures' waker if it fired since the last
+    /// time; `Pending` otherwise.
+    pub(crate) fn poll_fired<T>(
+        &self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        self.flag.task.register(cx.waker());
+        if !self.flag.fired.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        poll(&mut Context::from_waker(&self.waker))
+    }
 }
 
 /// Held from a request's arrival to the end of its response.
@@ -198,7 +250,56 @@ impl Body for ServedBody {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Mutex;
+
     use super::*;
+
+    /// Counts its wakes.
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn side_futures_are_polled_only_after_their_own_waker_fired() {
+        let task = Arc::new(Wakes::default());
+        let task_waker = Waker::from(Arc::clone(&task));
+        let mut cx = Context::from_waker(&task_waker);
+        let side = SideWake::new();
+        let polls = AtomicUsize::new(0);
+        let kept: Mutex<Option<Waker>> = Mutex::new(None);
+        // The side future: counts its polls, keeps the waker it was given.
+        let mut poll = |side: &SideWake, cx: &mut Context<'_>| {
+            side.poll_fired(cx, |cx| {
+                polls.fetch_add(1, Ordering::SeqCst);
+                *kept.lock().expect("lock") = Some(cx.waker().clone());
+                Poll::<()>::Pending
+            })
+        };
+        assert!(poll(&side, &mut cx).is_pending());
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            1,
+            "the first poll goes through"
+        );
+        // The connection's own wakes (its socket) do not reach the side.
+        for _ in 0..3 {
+            assert!(poll(&side, &mut cx).is_pending());
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 1);
+        // The side's waker (a timer, the drain signal) wakes the task, and
+        // the next poll reaches the side, once.
+        kept.lock().expect("lock").take().expect("waker").wake();
+        assert_eq!(task.0.load(Ordering::SeqCst), 1, "the task was woken");
+        assert!(poll(&side, &mut cx).is_pending());
+        assert!(poll(&side, &mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_is_idle_a_limit_after_its_start_or_last_response() {
