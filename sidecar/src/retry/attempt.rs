@@ -1,7 +1,9 @@
-//! One attempt: the request built from the client's (each attempt a fresh
-//! copy carrying its own attempt number and trace context, and for gRPC
-//! `grpc-previous-rpc-attempts` and the time left in `grpc-timeout`), sent to
-//! one endpoint, awaited up to its timeout. For a gRPC request whose policy
+//! One attempt: the request built from the client's (the template's head,
+//! shared by every attempt, and the fields this attempt sets over it: its
+//! number, its trace context, and for gRPC `grpc-previous-rpc-attempts` and
+//! the time left in `grpc-timeout`; HTTP/1 encodes the two together, HTTP/2
+//! applies the fields to a copy), sent to one endpoint, awaited up to its
+//! timeout. For a gRPC request whose policy
 //! retries gRPC statuses, the response's first frame is awaited too (within
 //! what is left of that timeout): trailers before any message are a status
 //! the gates may retry; a message commits the response.
