@@ -274,7 +274,7 @@ mod tests {
         let polls = AtomicUsize::new(0);
         let kept: Mutex<Option<Waker>> = Mutex::new(None);
         // The side future: counts its polls, keeps the waker it was given.
-        let mut poll = |side: &SideWake, cx: &mut Context<'_>| {
+        let poll = |side: &SideWake, cx: &mut Context<'_>| {
             side.poll_fired(cx, |cx| {
                 polls.fetch_add(1, Ordering::SeqCst);
                 *kept.lock().expect("lock") = Some(cx.waker().clone());
