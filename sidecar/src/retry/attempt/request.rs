@@ -1,0 +1,402 @@
+//! An attempt's request: the head every attempt repeats
+//! ([`RequestTemplate`], built once from the client's request) and the
+//! fields one attempt sets over it ([`AttemptFields`]: its number, its trace
+//! context, and for gRPC `grpc-previous-rpc-attempts` and the time left in
+//! `grpc-timeout`), each replacing the template's field of the same name.
+//! HTTP/1 encodes the two together without copying the head; HTTP/2 applies
+//! the fields to a copy ([`AttemptRequest::into_http2`]).
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderMap, Method, Request, Uri, Version};
+use tokio::time::Instant;
+
+use crate::balance::upstream::UpstreamState;
+use crate::observe::spans::{AttemptSpan, RequestSpan};
+use crate::retry::replay_body::AttemptBody;
+use reprise_telemetry::propagation::{TraceFields, TRACEPARENT, TRACESTATE};
+
+/// Request header carrying the attempt number (1 for the first) on retryable
+/// requests, like Envoy's `x-envoy-attempt-count`.
+pub const ATTEMPT_HEADER: http::HeaderName = http::HeaderName::from_static("x-reprise-attempt");
+
+/// gRFC A6: how many attempts preceded this one, on every gRPC retry and hedge.
+const PREVIOUS_ATTEMPTS: http::HeaderName =
+    http::HeaderName::from_static("grpc-previous-rpc-attempts");
+
+/// The client's gRPC deadline (`grpc-timeout`), rewritten on each attempt to
+/// the time left.
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+/// The request head every attempt repeats.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestHead {
+    /// Method.
+    pub(crate) method: Method,
+    /// Path and query.
+    pub(crate) path_and_query: PathAndQuery,
+    /// End-to-end headers (hop-by-hop ones already removed).
+    pub(crate) headers: HeaderMap,
+}
+
+/// The parts of the client's request every attempt repeats.
+#[derive(Debug)]
+pub(crate) struct RequestTemplate {
+    /// Method, path and headers.
+    pub(crate) head: RequestHead,
+    /// Version towards the endpoint.
+    pub(crate) version: Version,
+    /// Attempts built so far (numbers the attempt header). Atomic only so a
+    /// hedge can be built while the first attempt borrows the template.
+    attempts_sent: AtomicU32,
+    /// Attempts carry their number ([`ATTEMPT_HEADER`]): the request may be
+    /// retried or hedged.
+    numbered: bool,
+    /// The host the client addressed: HTTP/2's `:authority` towards the endpoint
+    /// (the connector dials the endpoint whatever it says). `None` uses the endpoint's address.
+    pub(crate) authority: Option<http::uri::Authority>,
+    /// A gRPC request (`content-type: application/grpc...`).
+    pub(crate) grpc: bool,
+    /// When the client's `grpc-timeout` runs out, if it sent one.
+    pub(crate) grpc_deadline: Option<Instant>,
+}
+
+/// One attempt's request: the template's head, borrowed (or, for the only
+/// attempt, owned), the fields this attempt sets over it, and its body.
+/// HTTP/1 encodes it straight onto the connection; HTTP/2 makes a
+/// [`Request`] of it ([`AttemptRequest::into_http2`]).
+#[derive(Debug)]
+pub(crate) struct AttemptRequest<'t> {
+    /// Method, path and the template's headers.
+    pub(crate) head: Cow<'t, RequestHead>,
+    /// Header fields this attempt sends instead of the template's.
+    pub(crate) fields: AttemptFields,
+    /// The `:authority` of an HTTP/2 request.
+    pub(crate) authority: &'t http::uri::Authority,
+    /// The body.
+    pub(crate) body: AttemptBody,
+}
+
+/// The header fields one attempt sets. Each replaces the template's fields
+/// of the same name, except `host`, which is only ever added (the template
+/// had none).
+#[derive(Debug, Default)]
+pub(crate) struct AttemptFields {
+    attempt: Option<HeaderValue>,
+    previous_attempts: Option<HeaderValue>,
+    grpc_timeout: Option<HeaderValue>,
+    host: Option<HeaderValue>,
+    trace: Option<TraceFields>,
+}
+
+impl AttemptFields {
+    /// Fields as a retry sends them: `attempt`, and the trace context.
+    #[cfg(test)]
+    pub(crate) fn fixture(attempt: u32, traceparent: &'static str) -> Self {
+        AttemptFields {
+            attempt: Some(attempt_number(attempt)),
+            trace: Some(TraceFields {
+                traceparent: HeaderValue::from_static(traceparent),
+                tracestate: None,
+            }),
+            ..AttemptFields::default()
+        }
+    }
+
+    /// True when the template's field `name` gives way to one of these.
+    pub(crate) fn replaces(&self, name: &HeaderName) -> bool {
+        (self.attempt.is_some() && name == ATTEMPT_HEADER)
+            || (self.trace.is_some() && (name == TRACEPARENT || name == TRACESTATE))
+            || (self.grpc_timeout.is_some() && name == GRPC_TIMEOUT)
+            || (self.previous_attempts.is_some() && name == PREVIOUS_ATTEMPTS)
+    }
+
+    /// Calls `f` with each field to send after the template's.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&HeaderName, &HeaderValue)) {
+        if let Some(v) = &self.host {
+            f(&http::header::HOST, v);
+        }
+        if let Some(v) = &self.attempt {
+            f(&ATTEMPT_HEADER, v);
+        }
+        if let Some(v) = &self.previous_attempts {
+            f(&PREVIOUS_ATTEMPTS, v);
+        }
+        if let Some(v) = &self.grpc_timeout {
+            f(&GRPC_TIMEOUT, v);
+        }
+        if let Some(t) = &self.trace {
+            f(&TRACEPARENT, &t.traceparent);
+            if let Some(v) = &t.tracestate {
+                f(&TRACESTATE, v);
+            }
+        }
+    }
+
+    /// Sets the fields in `headers`, as [`AttemptFields::replaces`] says.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        if let Some(v) = self.host {
+            headers.entry(http::header::HOST).or_insert(v);
+        }
+        if let Some(v) = self.attempt {
+            headers.insert(ATTEMPT_HEADER, v);
+        }
+        if let Some(v) = self.previous_attempts {
+            headers.insert(PREVIOUS_ATTEMPTS, v);
+        }
+        if let Some(v) = self.grpc_timeout {
+            headers.insert(GRPC_TIMEOUT, v);
+        }
+        if let Some(t) = self.trace {
+            headers.insert(TRACEPARENT, t.traceparent);
+            match t.tracestate {
+                Some(v) => headers.insert(TRACESTATE, v),
+                None => headers.remove(TRACESTATE),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+impl AttemptRequest<'static> {
+    /// A request of its own (no template) to `host`: a fixture for the
+    /// clients' tests.
+    pub(crate) fn fixture(
+        method: Method,
+        path: &'static str,
+        host: &'static str,
+        body: AttemptBody,
+    ) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::HOST, HeaderValue::from_static(host));
+        let authority: &'static http::uri::Authority =
+            Box::leak(Box::new(http::uri::Authority::from_static(host)));
+        AttemptRequest {
+            head: Cow::Owned(RequestHead {
+                method,
+                path_and_query: PathAndQuery::from_static(path),
+                headers,
+            }),
+            fields: AttemptFields::default(),
+            authority,
+            body,
+        }
+    }
+}
+
+impl AttemptRequest<'_> {
+    /// The request for an HTTP/2 connection: scheme and authority for its
+    /// pseudo-headers, the fields applied to the template's headers (copied
+    /// unless this attempt owns them).
+    pub(crate) fn into_http2(self) -> Request<AttemptBody> {
+        let (method, path_and_query, mut headers) = match self.head {
+            Cow::Owned(head) => (head.method, head.path_and_query, head.headers),
+            Cow::Borrowed(head) => (
+                head.method.clone(),
+                head.path_and_query.clone(),
+                head.headers.clone(),
+            ),
+        };
+        self.fields.apply(&mut headers);
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(Scheme::HTTP);
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(path_and_query);
+        let mut request = Request::new(self.body);
+        *request.method_mut() = method;
+        *request.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
+        *request.version_mut() = Version::HTTP_2;
+        *request.headers_mut() = headers;
+        request
+    }
+}
+impl RequestTemplate {
+    /// A template of `head`, sent as `version`.
+    pub(crate) fn new(
+        head: RequestHead,
+        version: Version,
+        authority: Option<http::uri::Authority>,
+        grpc: bool,
+    ) -> Self {
+        Self {
+            head,
+            version,
+            attempts_sent: AtomicU32::new(0),
+            numbered: false,
+            authority,
+            grpc,
+            grpc_deadline: None,
+        }
+    }
+
+    /// The request may be retried or hedged: each attempt carries its
+    /// number. On HTTP/2 the field goes into the template now, so that each
+    /// copy already has the entry and an attempt only overwrites its value
+    /// (inserting a new name into a fresh copy would grow it).
+    pub(crate) fn number_attempts(&mut self) {
+        self.numbered = true;
+        if self.version == Version::HTTP_2 {
+            self.head.headers.insert(ATTEMPT_HEADER, attempt_number(1));
+        }
+    }
+
+    /// The request for one attempt to `endpoint`, and the attempt's CLIENT
+    /// span under `trace`, whose context it carries.
+    pub(crate) fn request<'t>(
+        &'t self,
+        up: &'t UpstreamState,
+        endpoint: usize,
+        body: AttemptBody,
+        trace: &RequestSpan,
+        hedge: bool,
+    ) -> (AttemptRequest<'t>, AttemptSpan) {
+        self.attempt(Cow::Borrowed(&self.head), up, endpoint, body, trace, hedge)
+    }
+
+    /// The request of the only attempt there will be: over HTTP/2 it takes
+    /// the template's headers instead of copying them (HTTP/1 never copies).
+    pub(crate) fn only_request<'t>(
+        &'t mut self,
+        up: &'t UpstreamState,
+        endpoint: usize,
+        body: AttemptBody,
+        trace: &RequestSpan,
+    ) -> (AttemptRequest<'t>, AttemptSpan) {
+        if self.version != Version::HTTP_2 {
+            return self.request(up, endpoint, body, trace, false);
+        }
+        let head = RequestHead {
+            method: self.head.method.clone(),
+            path_and_query: self.head.path_and_query.clone(),
+            headers: std::mem::take(&mut self.head.headers),
+        };
+        let this: &'t Self = self;
+        this.attempt(Cow::Owned(head), up, endpoint, body, trace, false)
+    }
+
+    fn attempt<'t>(
+        &'t self,
+        head: Cow<'t, RequestHead>,
+        up: &'t UpstreamState,
+        endpoint: usize,
+        body: AttemptBody,
+        trace: &RequestSpan,
+        hedge: bool,
+    ) -> (AttemptRequest<'t>, AttemptSpan) {
+        let n = self.attempts_sent.fetch_add(1, Ordering::Relaxed) + 1;
+        let endpoint_authority = &up.endpoints[endpoint].authority;
+        let authority = self.authority.as_ref().unwrap_or(endpoint_authority);
+        let mut fields = AttemptFields::default();
+        if self.numbered && (n > 1 || self.version != Version::HTTP_2) {
+            fields.attempt = Some(attempt_number(n));
+            if self.grpc && n > 1 {
+                fields.previous_attempts = Some(attempt_number(n - 1));
+            }
+        }
+        if let Some(deadline) = self.grpc_deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            fields.grpc_timeout = HeaderValue::try_from(grpc_timeout_value(left)).ok();
+        }
+        if self.version != Version::HTTP_2
+            && self.authority.is_none()
+            && !head.headers.contains_key(http::header::HOST)
+        {
+            // A client that named no host at all (HTTP/1.0): the endpoint's
+            // address, as HTTP/1.1 requires a `Host`.
+            fields.host = HeaderValue::from_str(endpoint_authority.as_str()).ok();
+        }
+        let span = trace.attempt(
+            &up.endpoints[endpoint].endpoint,
+            authority.as_str(),
+            &head.method,
+            head.path_and_query.path(),
+            n - 1,
+            hedge,
+        );
+        fields.trace = span.trace_fields();
+        let request = AttemptRequest {
+            head,
+            fields,
+            authority,
+            body,
+        };
+        (request, span)
+    }
+}
+
+/// `grpc-timeout` for `left`: milliseconds (8 digits at most, as the spec
+/// allows), else seconds.
+fn grpc_timeout_value(left: Duration) -> String {
+    let ms = left.as_millis();
+    if ms < 100_000_000 {
+        format!("{ms}m")
+    } else {
+        format!("{}S", left.as_secs().min(99_999_999))
+    }
+}
+
+/// A client's `grpc-timeout` (gRPC over HTTP/2: 1-8 digits and a unit of
+/// H, M, S, m, u or n); `None` when absent or malformed.
+pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(GRPC_TIMEOUT)?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The attempt header's value; the usual numbers without an allocation.
+fn attempt_number(n: u32) -> http::HeaderValue {
+    const SMALL: [&str; 10] = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10"];
+    match n.checked_sub(1).and_then(|i| SMALL.get(i as usize)) {
+        Some(s) => http::HeaderValue::from_static(s),
+        None => http::HeaderValue::from(n),
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_in_every_unit_and_garbage_is_ignored() {
+        let t = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(GRPC_TIMEOUT, v.parse().expect("value"));
+            parse_grpc_timeout(&h)
+        };
+        assert_eq!(t("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(t("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(t("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(t("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(t("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(t("5n"), Some(Duration::from_nanos(5)));
+        for bad in ["", "m", "123456789m", "10x", "-1S", "1.5S"] {
+            assert_eq!(t(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout_value(Duration::from_millis(1500)), "1500m");
+        assert_eq!(grpc_timeout_value(Duration::from_secs(200_000)), "200000S");
+    }
+
+    #[test]
+    fn attempt_numbers_read_as_decimal_from_zero_to_past_the_table() {
+        for n in [0, 1, 2, 9, 10, 11, 4_000_000_000] {
+            assert_eq!(
+                super::attempt_number(n).to_str().ok(),
+                Some(n.to_string().as_str())
+            );
+        }
+    }
+}
