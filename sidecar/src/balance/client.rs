@@ -22,9 +22,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -33,10 +32,10 @@ use reprise_crds::Protocol;
 use self::http1::codec::WireError;
 use self::http1::conn::Http1Body;
 use self::http1::Http1Pool;
-use self::http2::Http2Endpoint;
+use self::http2::{H2Body, Http2Endpoint};
 use crate::proxy::tunnel::prefixed::Prefixed;
 use crate::retry::attempt::AttemptRequest;
-use crate::retry::failure::{classify_connect_error, classify_send_error, FailureKind, Stage};
+use crate::retry::failure::{classify_connect_error, FailureKind, Stage};
 use crate::retry::replay_body::{AttemptBody, BoxError};
 
 /// How long an unused connection stays open, for every client: hyper-util's
@@ -81,7 +80,7 @@ pub(crate) enum EndpointBody {
     /// Read off an HTTP/1.1 connection by the sidecar's codec.
     Http1(Http1Body),
     /// A stream of the h2c connection.
-    H2c(Incoming),
+    H2c(H2Body),
 }
 
 impl EndpointBody {
@@ -115,9 +114,7 @@ impl Body for EndpointBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             EndpointBody::Http1(body) => Pin::new(body).poll_frame(cx),
-            EndpointBody::H2c(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map_err(|e| Box::new(e) as BoxError),
+            EndpointBody::H2c(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
@@ -162,20 +159,6 @@ async fn dial(
     };
     let _ = stream.set_nodelay(true);
     Ok(stream)
-}
-
-/// How a request failed on a connection dialled for it: one hyper gave back
-/// unsent never reached the endpoint, so it failed at the connect stage
-/// (safe to retry under any boundary).
-fn fresh_connection_failure(
-    e: &hyper::client::conn::TrySendError<Request<AttemptBody>>,
-) -> (FailureKind, Stage) {
-    let (kind, stage) = classify_send_error(e.error());
-    if e.message().is_some() {
-        (kind, Stage::Connect)
-    } else {
-        (kind, stage)
-    }
 }
 
 /// The client of the endpoint at `addr`.

@@ -149,11 +149,15 @@ pub fn classify_connect_error(err: &io::Error) -> (FailureKind, Stage) {
     classify_connect(Some(err))
 }
 
-/// Classifies an error hyper returned for a request sent on an established
-/// connection (an endpoint's HTTP/1 or h2c), with the same rules as
-/// [`classify_client_error`].
-pub fn classify_send_error(err: &hyper::Error) -> (FailureKind, Stage) {
-    classify_chain(Some(err))
+/// How an h2c endpoint's stream or connection failed: its socket error
+/// when it had one (as hyper's client classified them before the endpoints'
+/// h2c connections were the h2 crate's own), else its reset or GOAWAY
+/// reason, with the same rules as [`classify_client_error`].
+pub(crate) fn classify_h2_error(err: &h2::Error) -> (FailureKind, Stage) {
+    match err.get_io() {
+        Some(io) => (classify_io(io), Stage::AfterWrite),
+        None => classify_chain(Some(err)),
+    }
 }
 
 fn classify_connect(io: Option<&io::Error>) -> (FailureKind, Stage) {

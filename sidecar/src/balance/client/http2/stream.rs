@@ -1,0 +1,152 @@
+//! One request's stream on an h2c connection: its response body as the
+//! engine reads it ([`H2Body`]), and the request body's pipe when it has one
+//! ([`pipe`]).
+//!
+//! The contract: response data is handed on frame by frame and its flow
+//! control window released as it goes (what the h2 crate's reader owes the
+//! endpoint); trailers end the body. A request body streams in a task of its
+//! own, as much as the stream's window allows, and stops with a reset when
+//! the response is dropped before it finished (the attempt was abandoned),
+//! when the body fails (`INTERNAL_ERROR`) or when the endpoint resets the
+//! stream.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use h2::{RecvStream, SendStream};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::sync::oneshot;
+
+use crate::retry::replay_body::{AttemptBody, BoxError};
+
+/// The response body of one h2c stream.
+#[derive(Debug)]
+pub(crate) struct H2Body {
+    recv: RecvStream,
+    /// The data has ended; trailers (or the end) are next.
+    data_done: bool,
+    /// Bytes the response's `content-length` still promises.
+    left: Option<u64>,
+    /// Dropped with the body: tells the request body's pipe, if any, to stop.
+    _cancel: Option<oneshot::Sender<()>>,
+}
+
+impl H2Body {
+    pub(super) fn new(
+        recv: RecvStream,
+        headers: &HeaderMap,
+        cancel: Option<oneshot::Sender<()>>,
+    ) -> Self {
+        let left = headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        Self {
+            recv,
+            data_done: false,
+            left,
+            _cancel: cancel,
+        }
+    }
+}
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if !this.data_done {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Released as soon as it is read: the reader's buffer is
+                    // the engine's, not the window's.
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    if let Some(left) = this.left.as_mut() {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(Box::new(e)))),
+                None => this.data_done = true,
+            }
+        }
+        match ready!(this.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.left {
+            Some(left) => SizeHint::with_exact(left),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+/// Streams `body` onto `send`: each data frame once the stream's window has
+/// room for it, then the trailers or the end. Stops, resetting the stream,
+/// when `cancel` fires or closes (the response was dropped) or the body
+/// fails; stops quietly when the endpoint reset the stream.
+pub(super) async fn pipe(
+    mut body: AttemptBody,
+    mut send: SendStream<Bytes>,
+    mut cancel: oneshot::Receiver<()>,
+) {
+    loop {
+        let frame = tokio::select! {
+            biased;
+            _ = &mut cancel => return send.send_reset(h2::Reason::CANCEL),
+            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return,
+            frame = body.frame() => frame,
+        };
+        let mut data = match frame {
+            None => {
+                let _ = send.send_data(Bytes::new(), true);
+                return;
+            }
+            Some(Err(_)) => return send.send_reset(h2::Reason::INTERNAL_ERROR),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        let _ = send.send_trailers(trailers);
+                        return;
+                    }
+                    continue;
+                }
+            },
+        };
+        while !data.is_empty() {
+            send.reserve_capacity(data.len());
+            let granted = tokio::select! {
+                biased;
+                _ = &mut cancel => return send.send_reset(h2::Reason::CANCEL),
+                granted = std::future::poll_fn(|cx| send.poll_capacity(cx)) => granted,
+            };
+            match granted {
+                Some(Ok(0)) => {}
+                Some(Ok(n)) => {
+                    let chunk = data.split_to(n.min(data.len()));
+                    if send.send_data(chunk, false).is_err() {
+                        return;
+                    }
+                }
+                // The stream was reset or the connection ended.
+                Some(Err(_)) | None => return,
+            }
+        }
+    }
+}
