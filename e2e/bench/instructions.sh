@@ -6,6 +6,7 @@
 #
 #   bash e2e/bench/instructions.sh            # after run.sh has installed and built
 #   REQUESTS=4000 bash e2e/bench/instructions.sh
+#   H2C_REQUESTS=0 bash e2e/bench/instructions.sh   # skip the h2c rows
 #
 # Method: each proxy runs under callgrind with one worker; h2load --h1 sends
 # N and then 3N requests (one keep-alive connection, so the event loop's
@@ -13,12 +14,18 @@
 # configuration files as run.sh) through it to nginx serving a 128-byte body;
 # (total(3N) - total(N)) / 2N leaves out start-up and shutdown. Envoy and
 # Traefik are left out: under valgrind they take minutes to start.
+# The h2c rows follow scenario 7's path: h2load with 4 connections x 64
+# streams of h2c prior knowledge (Host: h2) through Reprise and HAProxy to
+# HAProxy answering over h2c, N2 and 3 N2 requests (H2C_REQUESTS, 10,000 by
+# default: with 256 streams in flight, fewer leave the count dominated by
+# how the first batches happen to fall).
 set -euo pipefail
 
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${REPRISE_BENCH_CACHE:-$HOME/.cache/reprise-bench}"
 CONF="$BENCH_DIR/configs"
 N="${REQUESTS:-2000}"
+N2="${H2C_REQUESTS:-10000}"
 WORK="$(mktemp -d /tmp/reprise-instructions.XXXXXX)"
 chmod 755 "$WORK"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
@@ -43,8 +50,11 @@ total_instructions() {
   valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>"$WORK/valgrind.log" &
   local pid=$!
   for _ in $(seq 300); do curl -fso /dev/null -H 'Host: bench' "http://127.0.0.1:$port/" && break; sleep 0.2; done
-  h2load --h1 -n "$requests" -c 1 -H ':authority: bench' "http://127.0.0.1:$port/" \
-    | grep -q "$requests succeeded" || { echo "h2load through port $port failed" >&2; kill "$pid"; return 1; }
+  if [ "${LOAD:-h1}" = h2c ]; then
+    h2load -n "$requests" -c 4 -m 64 -t 1 -H ':authority: h2' "http://127.0.0.1:$port/"
+  else
+    h2load --h1 -n "$requests" -c 1 -H ':authority: bench' "http://127.0.0.1:$port/"
+  fi | grep -q "$requests succeeded" || { echo "h2load through port $port failed" >&2; kill "$pid"; return 1; }
   kill -TERM "$pid"
   sleep 2
   kill -INT "$pid" 2>/dev/null || true
@@ -57,10 +67,11 @@ per_request() {
   local name=$1 port=$2
   shift 2
   if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]]; then return 0; fi
-  local small large
-  small=$(total_instructions "$port" "$N" -- "$@")
-  large=$(total_instructions "$port" "$((3 * N))" -- "$@")
-  echo "$name $(( (large - small) / (2 * N) ))"
+  local small large n="$N"
+  [ "${LOAD:-h1}" = h2c ] && n="$N2"
+  small=$(total_instructions "$port" "$n" -- "$@")
+  large=$(total_instructions "$port" "$((3 * n))" -- "$@")
+  echo "$name $(( (large - small) / (2 * n) ))"
 }
 
 {
@@ -86,6 +97,14 @@ YAML
   per_request haproxy 17003 haproxy -db -f "$CONF/haproxy.cfg"
   per_request nginx 17004 nginx -p "$WORK/nginx/" -e stderr -c "$CONF/nginx-proxy.conf" -g 'master_process off;'
   per_request bare-forwarder 17021 "$CACHE/target/release/bench-bare-forwarder" 127.0.0.1:17021 127.0.0.1:18080
+  if [ "$N2" -gt 0 ]; then
+    haproxy -db -f "$CONF/haproxy-upstream-h2.cfg" 2>"$WORK/upstream-h2.log" &
+    for _ in $(seq 100); do curl -so /dev/null --http2-prior-knowledge -H 'Host: h2' http://127.0.0.1:18082/ && break; sleep 0.1; done
+    LOAD=h2c TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request reprise-h2c 17001 \
+      "$CACHE/target/release/reprise-sidecar" --config "$CONF/reprise.yaml" \
+      --listen 127.0.0.1:17001 --admin 127.0.0.1:17101
+    LOAD=h2c per_request haproxy-h2c 17003 haproxy -db -f "$CONF/haproxy.cfg"
+  fi
 } >"$WORK/results"
 
 nginx_count=$(awk '$1 == "nginx" {print $2}' "$WORK/results")
@@ -96,4 +115,4 @@ while read -r name count; do
   echo "| $name | $count | $(awk -v a="$count" -v b="$nginx_count" 'BEGIN {printf "%.2f×", a / b}') |"
 done <"$WORK/results"
 echo
-echo "callgrind, $N and $((3 * N)) requests per system (h2load --h1 -c 1), difference ÷ $((2 * N))."
+echo "callgrind, $N and $((3 * N)) requests per system (h2load --h1 -c 1), difference ÷ $((2 * N)); the -h2c rows $N2 and $((3 * N2)) (h2load -c 4 -m 64, h2c both sides; their ratio to nginx's HTTP/1 count is only a scale)."
