@@ -1,0 +1,299 @@
+//! The h2c client against real loopback h2c servers (hyper's), and its idle
+//! reaping under paused time.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// A loopback h2c upstream answering `200` with its connection's number
+/// (from 1) as the body; with `close_after_first`, each connection is
+/// shut down gracefully (GOAWAY) once its first response is out.
+async fn upstream(close_after_first: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+            let answered = Arc::new(tokio::sync::Notify::new());
+            let notify = Arc::clone(&answered);
+            let service = service_fn(move |_req| {
+                notify.notify_one();
+                async move { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(n.to_string())))) }
+            });
+            tokio::spawn(async move {
+                let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service);
+                tokio::pin!(conn);
+                if close_after_first {
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        () = answered.notified() => conn.as_mut().graceful_shutdown(),
+                    }
+                }
+                let _ = conn.await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+fn get(addr: SocketAddr) -> Request<AttemptBody> {
+    Request::builder()
+        .uri(format!("http://api.test:{}/", addr.port()))
+        .version(http::Version::HTTP_2)
+        .body(AttemptBody::Empty)
+        .expect("request")
+}
+
+async fn fetch(endpoint: &Arc<Http2Endpoint>, addr: SocketAddr) -> String {
+    let response = endpoint.send(get(addr)).await.expect("response");
+    assert_eq!(response.status(), 200);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    String::from_utf8(body.to_vec()).expect("utf-8")
+}
+
+#[tokio::test]
+async fn concurrent_requests_share_one_dial_and_one_connection() {
+    let (addr, accepted) = upstream(false).await;
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    // All sixteen start with no connection: one dials, fifteen wait for it.
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let endpoint = Arc::clone(&endpoint);
+            tokio::spawn(async move { fetch(&endpoint, addr).await })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.expect("task"), "1");
+    }
+    assert_eq!(fetch(&endpoint, addr).await, "1");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
+/// A loopback h2c upstream whose stream windows are 64 KiB: each request
+/// gets back what it sent, as `<bytes>/<trailer x-sum>`; with
+/// `answer_first`, the answer goes out before the body is read, and how
+/// the body ended afterwards is sent on the returned channel.
+async fn body_upstream(
+    answer_first: bool,
+) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (ended, endings) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let ended = ended.clone();
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let ended = ended.clone();
+                async move {
+                    let mut body = req.into_body();
+                    if answer_first {
+                        tokio::spawn(async move {
+                            let mut read = 0;
+                            let end = loop {
+                                match body.frame().await {
+                                    Some(Ok(f)) => {
+                                        read += f.data_ref().map_or(0, Bytes::len);
+                                    }
+                                    Some(Err(e)) => break format!("error after {read}: {e:?}"),
+                                    None => break format!("end after {read}"),
+                                }
+                            };
+                            let _ = ended.send(end);
+                        });
+                        return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("early"))));
+                    }
+                    let collected = body.collect().await.expect("body");
+                    let sum = collected
+                        .trailers()
+                        .and_then(|t| t.get("x-sum"))
+                        .map(|v| v.to_str().expect("ascii").to_owned())
+                        .unwrap_or_default();
+                    let answer = format!("{}/{sum}", collected.to_bytes().len());
+                    Ok(Response::new(Full::new(Bytes::from(answer))))
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .initial_stream_window_size(65_535)
+                    .initial_connection_window_size(65_535)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, endings)
+}
+
+fn post(addr: SocketAddr, len: usize) -> Request<AttemptBody> {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-sum", http::HeaderValue::from_static("42"));
+    Request::builder()
+        .method("POST")
+        .uri(format!("http://api.test:{}/", addr.port()))
+        .version(http::Version::HTTP_2)
+        .body(AttemptBody::Full(
+            Some(Bytes::from(vec![7u8; len])),
+            Some(trailers),
+        ))
+        .expect("request")
+}
+
+#[tokio::test]
+async fn a_body_larger_than_the_window_streams_whole_and_its_trailers_follow() {
+    let (addr, _) = body_upstream(false).await;
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    // 3 MiB through a 64 KiB window: the pipe waits for capacity ~48 times.
+    let response =
+        tokio::time::timeout(Duration::from_secs(10), endpoint.send(post(addr, 3 << 20)))
+            .await
+            .expect("in time")
+            .expect("response");
+    let body = response.into_body().collect().await.expect("body");
+    assert_eq!(body.to_bytes(), format!("{}/42", 3 << 20).as_bytes());
+}
+
+#[tokio::test]
+async fn dropping_the_response_resets_a_body_still_streaming() {
+    let (addr, mut endings) = body_upstream(true).await;
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let response = endpoint.send(post(addr, 3 << 20)).await.expect("response");
+    assert_eq!(response.status(), 200);
+    // The pipe is stalled on the 64 KiB window, the upstream reading.
+    drop(response);
+    let ended = tokio::time::timeout(Duration::from_secs(5), endings.recv())
+        .await
+        .expect("the upstream's body ended in time")
+        .expect("ending");
+    assert!(ended.starts_with("error after"), "{ended}");
+    assert!(ended.contains("CANCEL"), "reset as cancelled: {ended}");
+}
+
+#[tokio::test]
+async fn a_connection_the_endpoint_closed_is_dialled_again_without_a_failure() {
+    let (addr, accepted) = upstream(true).await;
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    assert_eq!(fetch(&endpoint, addr).await, "1");
+    // The GOAWAY reaches the client's connection task.
+    for _ in 0..200 {
+        if !endpoint.is_connected() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        !endpoint.is_connected(),
+        "the closed connection is seen as closed"
+    );
+    assert_eq!(fetch(&endpoint, addr).await, "2");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn requests_waiting_on_a_dial_that_times_out_share_its_failure() {
+    // A listener that never accepts, with a backlog of 0 (one pending
+    // connection) already taken: the kernel drops further SYNs, so a
+    // dial hangs until the connect timeout.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let listener = socket.listen(0).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let mut held = Vec::new();
+    while let Ok(Ok(stream)) =
+        tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await
+    {
+        held.push(stream);
+    }
+    let endpoint = Http2Endpoint::new(addr, Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let endpoint = Arc::clone(&endpoint);
+            tokio::spawn(async move { endpoint.send(get(addr)).await.map(|_| ()) })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(
+            call.await.expect("task"),
+            Err((FailureKind::ConnectTimeout, Stage::Connect))
+        );
+    }
+    // One timeout for the burst: eight in turn would take 2.4 s.
+    assert_eq!(lock(&endpoint.shared).dials, 1);
+    assert!(
+        started.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(held);
+}
+
+#[tokio::test]
+async fn a_refused_dial_is_a_connect_failure() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let err = endpoint.send(get(addr)).await.expect_err("refused");
+    assert_eq!(err, (FailureKind::ConnectRefused, Stage::Connect));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unused_connection_is_let_go_after_the_idle_timeout() {
+    let endpoint = Http2Endpoint::new("127.0.0.1:1".parse().expect("addr"), Duration::from_secs(1));
+    // An in-memory connection: nothing here depends on real time.
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let served = tokio::spawn(
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(
+            TokioIo::new(server),
+            service_fn(|_req| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+            }),
+        ),
+    );
+    let send = handshake(client, "127.0.0.1:1".parse().expect("addr"))
+        .await
+        .expect("handshake");
+    endpoint.keep(send);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    // A request 60 s in restarts the idle clock.
+    let response = endpoint
+        .send(get("127.0.0.1:1".parse().expect("addr")))
+        .await
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    drop(response);
+    tokio::time::sleep(IDLE_TIMEOUT - Duration::from_secs(1)).await;
+    assert!(
+        endpoint.is_connected(),
+        "89 s after the last request it is still held"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        lock(&endpoint.shared).send.is_none(),
+        "let go 90 s after the last request"
+    );
+    assert!(!lock(&endpoint.shared).reaping, "the reaper stops with it");
+    // With its last sender gone, the connection closes: the server's ends.
+    tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .expect("server connection ended")
+        .expect("task")
+        .expect("clean end");
+}
