@@ -1,22 +1,29 @@
-//! One h2c endpoint's connection: a single HTTP/2 connection of the h2
-//! crate that every request to the endpoint multiplexes over.
+//! One h2c endpoint's connections: HTTP/2 connections of the h2 crate that
+//! requests to the endpoint multiplex over, a new one opened when every
+//! stream the endpoint allows on the others is taken.
 //!
 //! The contract:
-//! - Requests share one connection. The first request dials it, and so does
-//!   the first after it closed (the endpoint went away, or sent GOAWAY and
-//!   its streams finished); requests arriving during a dial wait for that
-//!   dial instead of opening connections of their own, and share its
-//!   failure when it fails (a dead endpoint costs one connect timeout per
+//! - A request takes the first connection with a free stream: fewer streams
+//!   open than the endpoint's `SETTINGS_MAX_CONCURRENT_STREAMS` (counted by
+//!   the sidecar: a stream is open from the request until its response body
+//!   ends or is dropped). When none has one, it dials another, up to
+//!   [`MAX_CONNECTIONS`]; past that, or when a dial fails while a connection
+//!   is open, the stream waits in the h2 crate on the least loaded
+//!   connection. Envoy opens connections the same way; with one connection,
+//!   streams past HAProxy's default limit of 100, nginx's 128 or Go's 250
+//!   waited for a free one although the endpoint would take more on a new
+//!   connection.
+//! - Requests arriving during a dial wait for that dial instead of opening
+//!   connections of their own, and share its failure when it fails and no
+//!   connection is open (a dead endpoint costs one connect timeout per
 //!   burst, not one per waiting request in turn).
 //! - A request the connection can no longer take (it had closed and we had
-//!   not seen it yet) goes on a fresh connection inside the same call, so the
-//!   retry engine sees no failure; on a fresh connection the same thing is
-//!   a failure at the connect stage (nothing reached the endpoint).
-//! - Streams beyond the endpoint's `SETTINGS_MAX_CONCURRENT_STREAMS` wait in
-//!   the h2 crate for a free one.
-//! - A connection no request used for [`IDLE_TIMEOUT`] is let go: dropping
-//!   the last sender lets the connection finish the streams still open, then
-//!   close.
+//!   not seen it yet) goes on another connection inside the same call, so
+//!   the retry engine sees no failure; on a fresh connection the same thing
+//!   is a failure at the connect stage (nothing reached the endpoint).
+//! - A connection with no stream open and none started for [`IDLE_TIMEOUT`]
+//!   is let go: dropping its last sender lets it finish what is still in
+//!   flight, then close.
 //!
 //! The h2 crate is used directly, not through hyper's client: hyper's adds,
 //! per request, a dispatch channel to the connection's task, a oneshot for
@@ -31,7 +38,7 @@
 mod stream;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -55,7 +62,12 @@ const CONNECTION_WINDOW: u32 = 5 << 20;
 const MAX_HEADER_LIST: u32 = 16 << 10;
 const MAX_SEND_BUFFER: usize = 1 << 20;
 
-/// The connection to one h2c endpoint.
+/// Connections to one endpoint at most: 800 streams at HAProxy's default
+/// limit, more than one sidecar's application keeps in flight to one pod
+/// (Envoy's default circuit breaker allows 1,024 requests per cluster).
+pub(crate) const MAX_CONNECTIONS: usize = 8;
+
+/// The connections to one h2c endpoint.
 #[derive(Debug)]
 pub(crate) struct Http2Endpoint {
     addr: SocketAddr,
@@ -67,27 +79,71 @@ pub(crate) struct Http2Endpoint {
 
 #[derive(Debug)]
 struct Shared {
-    send: Option<Sender>,
-    /// When a request last took the connection.
-    last_used: Instant,
-    /// True while a reaper task watches `last_used`.
+    /// The connections held open, in the order they were dialled.
+    conns: Vec<Held>,
+    /// True while a reaper task watches `conns`.
     reaping: bool,
     /// Dials finished so far, and how the latest failed, if it did.
     dials: u64,
     failed: Option<(FailureKind, Stage)>,
 }
 
-/// A handle on one connection, and whether its task has ended.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
+struct Held {
+    sender: Sender,
+    /// When a request last took the connection.
+    last_used: Instant,
+}
+
+/// A handle on one connection, whether its task has ended, and the streams
+/// open on it.
+#[derive(Debug)]
 struct Sender {
     send: h2::client::SendRequest<Bytes>,
     closed: Arc<AtomicBool>,
+    open: Arc<AtomicUsize>,
 }
 
 impl Sender {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
+
+    fn open_streams(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Fewer streams open than the endpoint allows (unlimited until its
+    /// SETTINGS arrive, as the h2 crate counts).
+    fn has_room(&self) -> bool {
+        self.open_streams() < self.send.current_max_send_streams()
+    }
+
+    /// A handle for one more stream, counted until the slot is dropped.
+    fn take(&self) -> (h2::client::SendRequest<Bytes>, StreamSlot) {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        (self.send.clone(), StreamSlot(Arc::clone(&self.open)))
+    }
+}
+
+/// One stream counted against its connection until dropped (with the
+/// response body, or with the attempt when it fails first).
+#[derive(Debug)]
+pub(crate) struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How a request may take a connection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Take {
+    /// Only one with a free stream (a new one may be dialled).
+    Free,
+    /// The least loaded one if none has a free stream: no dial will help.
+    Any,
 }
 
 impl Http2Endpoint {
@@ -97,8 +153,7 @@ impl Http2Endpoint {
             addr,
             connect_timeout,
             shared: Mutex::new(Shared {
-                send: None,
-                last_used: Instant::now(),
+                conns: Vec::new(),
                 reaping: false,
                 dials: 0,
                 failed: None,
@@ -113,53 +168,63 @@ impl Http2Endpoint {
         self: &Arc<Self>,
         request: Request<AttemptBody>,
     ) -> Result<Response<H2Body>, (FailureKind, Stage)> {
-        if let Some(current) = self.current() {
-            match current.send.ready().await {
-                Ok(send) => return start(send, request).await,
+        if let Some((send, slot)) = self.current(Take::Free) {
+            match send.ready().await {
+                Ok(send) => return start(send, request, slot).await,
                 Err(e) => {
-                    tracing::trace!(endpoint = %self.addr, error = %e, "h2c connection had closed; request not sent, dialling again");
+                    tracing::trace!(endpoint = %self.addr, error = %e, "h2c connection had closed; request not sent, taking another");
                 }
             }
         }
         // Boxed: dialling is the rare path, and its futures would otherwise
         // enlarge (and be copied with) every request's future.
-        let fresh = Box::pin(self.connected()).await?;
-        match fresh.send.ready().await {
-            Ok(send) => start(send, request).await,
+        let (send, slot) = Box::pin(self.connected()).await?;
+        match send.ready().await {
+            Ok(send) => start(send, request, slot).await,
             Err(e) => Err((classify_h2_error(&e).0, Stage::Connect)),
         }
     }
 
-    /// The open connection's sender, stamped as used now.
-    fn current(&self) -> Option<Sender> {
+    /// A stream on an open connection, the connection stamped as used now:
+    /// the first with a free stream; with [`Take::Any`], or once
+    /// [`MAX_CONNECTIONS`] are open, the least loaded if none has one.
+    fn current(&self, take: Take) -> Option<(h2::client::SendRequest<Bytes>, StreamSlot)> {
         let mut shared = lock(&self.shared);
-        match &shared.send {
-            Some(send) if !send.is_closed() => {
-                let send = send.clone();
-                shared.last_used = Instant::now();
-                Some(send)
-            }
-            _ => None,
-        }
+        shared.conns.retain(|held| !held.sender.is_closed());
+        let index = shared
+            .conns
+            .iter()
+            .position(|held| held.sender.has_room())
+            .or_else(|| {
+                if take == Take::Free && shared.conns.len() < MAX_CONNECTIONS {
+                    return None;
+                }
+                (0..shared.conns.len()).min_by_key(|&i| shared.conns[i].sender.open_streams())
+            })?;
+        let held = &mut shared.conns[index];
+        held.last_used = Instant::now();
+        Some(held.sender.take())
     }
 
-    /// A sender on an open connection: the one another request just dialled,
-    /// or a new one.
-    async fn connected(self: &Arc<Self>) -> Result<Sender, (FailureKind, Stage)> {
+    /// A stream on an open connection: one another request just dialled, or
+    /// a new one.
+    async fn connected(
+        self: &Arc<Self>,
+    ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), (FailureKind, Stage)> {
         let seen = lock(&self.shared).dials;
         let _dialing = self.dialing.lock().await;
-        if let Some(send) = self.current() {
-            return Ok(send);
+        if let Some(stream) = self.current(Take::Free) {
+            return Ok(stream);
         }
         // A dial that ended while this request waited failed: its failure is
-        // this request's too (nothing was sent, so it is a connect-stage one).
-        {
+        // this request's too (nothing was sent, so it is a connect-stage
+        // one), unless a connection is open to wait on.
+        let failed = {
             let shared = lock(&self.shared);
-            if shared.dials != seen {
-                if let Some(failed) = shared.failed {
-                    return Err(failed);
-                }
-            }
+            shared.failed.filter(|_| shared.dials != seen)
+        };
+        if let Some(failed) = failed {
+            return self.current(Take::Any).ok_or(failed);
         }
         let dialled = self.connect().await;
         {
@@ -167,22 +232,28 @@ impl Http2Endpoint {
             shared.dials += 1;
             shared.failed = dialled.as_ref().err().copied();
         }
-        let send = dialled?;
-        self.keep(send.clone());
-        Ok(send)
+        match dialled {
+            Ok(sender) => Ok(self.keep(sender)),
+            Err(failed) => self.current(Take::Any).ok_or(failed),
+        }
     }
 
-    /// Holds `send`'s connection open for the next requests.
-    fn keep(self: &Arc<Self>, send: Sender) {
-        let start_reaper = {
+    /// Holds `sender`'s connection open for the next requests; a stream on
+    /// it for this one.
+    fn keep(self: &Arc<Self>, sender: Sender) -> (h2::client::SendRequest<Bytes>, StreamSlot) {
+        let (stream, start_reaper) = {
             let mut shared = lock(&self.shared);
-            shared.send = Some(send);
-            shared.last_used = Instant::now();
-            !std::mem::replace(&mut shared.reaping, true)
+            let stream = sender.take();
+            shared.conns.push(Held {
+                sender,
+                last_used: Instant::now(),
+            });
+            (stream, !std::mem::replace(&mut shared.reaping, true))
         };
         if start_reaper {
             tokio::spawn(reap(Arc::downgrade(self)));
         }
+        stream
     }
 
     /// Dials the endpoint and shakes hands.
@@ -191,13 +262,19 @@ impl Http2Endpoint {
         handshake(stream, self.addr).await
     }
 
+    /// Connections held open now (closed ones not yet seen included).
+    #[cfg(test)]
+    fn connections(&self) -> usize {
+        lock(&self.shared).conns.len()
+    }
+
     /// True while a connection is held open for the next request.
     #[cfg(test)]
     fn is_connected(&self) -> bool {
         lock(&self.shared)
-            .send
-            .as_ref()
-            .is_some_and(|s| !s.is_closed())
+            .conns
+            .iter()
+            .any(|held| !held.sender.is_closed())
     }
 }
 
@@ -224,7 +301,11 @@ where
         }
         ended.store(true, Ordering::Release);
     });
-    Ok(Sender { send, closed })
+    Ok(Sender {
+        send,
+        closed,
+        open: Arc::new(AtomicUsize::new(0)),
+    })
 }
 
 /// Opens `request`'s stream on a ready connection, starts its body's pipe if
@@ -232,6 +313,7 @@ where
 async fn start(
     mut send: h2::client::SendRequest<Bytes>,
     request: Request<AttemptBody>,
+    slot: StreamSlot,
 ) -> Result<Response<H2Body>, (FailureKind, Stage)> {
     let (head, body) = request.into_parts();
     let end_of_stream = body.is_end_stream();
@@ -248,13 +330,14 @@ async fn start(
     };
     let response = response.await.map_err(|e| classify_h2_error(&e))?;
     let (parts, recv) = response.into_parts();
-    let body = H2Body::new(recv, &parts.headers, cancel);
+    let body = H2Body::new(recv, &parts.headers, cancel, slot);
     Ok(Response::from_parts(parts, body))
 }
 
-/// Lets the connection go once no request took it for [`IDLE_TIMEOUT`] (or
-/// drops it as soon as it is seen closed), waking when that time would come;
-/// ends with the connection or the endpoint, and the next dial starts it again.
+/// Lets connections go once no stream is open on them and none started
+/// for [`IDLE_TIMEOUT`] (and drops those seen closed), waking when the next
+/// would expire; ends when none is held or the endpoint is gone, and the
+/// next dial starts it again.
 async fn reap(endpoint: Weak<Http2Endpoint>) {
     loop {
         let next = {
@@ -262,22 +345,29 @@ async fn reap(endpoint: Weak<Http2Endpoint>) {
                 return;
             };
             let mut shared = lock(&endpoint.shared);
-            let expires = shared.last_used + IDLE_TIMEOUT;
-            let closed = shared.send.as_ref().is_none_or(Sender::is_closed);
-            if closed || Instant::now() >= expires {
-                shared.send = None;
-                shared.reaping = false;
-                return;
+            let now = Instant::now();
+            shared.conns.retain_mut(|held| {
+                if held.sender.open_streams() > 0 {
+                    // In use: as good as used now.
+                    held.last_used = now;
+                }
+                !held.sender.is_closed() && now < held.last_used + IDLE_TIMEOUT
+            });
+            match shared.conns.iter().map(|held| held.last_used).min() {
+                Some(oldest) => oldest + IDLE_TIMEOUT,
+                None => {
+                    shared.reaping = false;
+                    return;
+                }
             }
-            expires
         };
         tokio::time::sleep_until(next).await;
     }
 }
 
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
-    // Every critical section is a clone, a store or a check: a panic inside
-    // one cannot leave the state inconsistent.
+    // Every critical section is a scan, a push or a trim: a panic inside one
+    // cannot leave the state inconsistent.
     shared.lock().unwrap_or_else(|e| e.into_inner())
 }
 

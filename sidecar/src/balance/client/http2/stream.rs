@@ -20,6 +20,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
+use super::StreamSlot;
 use crate::retry::replay_body::{AttemptBody, BoxError};
 
 /// The response body of one h2c stream.
@@ -32,6 +33,9 @@ pub(crate) struct H2Body {
     left: Option<u64>,
     /// Dropped with the body: tells the request body's pipe, if any, to stop.
     _cancel: Option<oneshot::Sender<()>>,
+    /// The stream counts against its connection until the body ends or
+    /// goes.
+    slot: Option<StreamSlot>,
 }
 
 impl H2Body {
@@ -39,6 +43,7 @@ impl H2Body {
         recv: RecvStream,
         headers: &HeaderMap,
         cancel: Option<oneshot::Sender<()>>,
+        slot: StreamSlot,
     ) -> Self {
         let left = headers
             .get(http::header::CONTENT_LENGTH)
@@ -49,6 +54,7 @@ impl H2Body {
             data_done: false,
             left,
             _cancel: cancel,
+            slot: Some(slot),
         }
     }
 }
@@ -73,11 +79,16 @@ impl Body for H2Body {
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Some(Err(e)) => return Poll::Ready(Some(Err(Box::new(e)))),
+                Some(Err(e)) => {
+                    this.slot = None;
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
                 None => this.data_done = true,
             }
         }
-        match ready!(this.recv.poll_trailers(cx)) {
+        let trailers = ready!(this.recv.poll_trailers(cx));
+        this.slot = None;
+        match trailers {
             Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
             Ok(None) => Poll::Ready(None),
             Err(e) => Poll::Ready(Some(Err(Box::new(e)))),

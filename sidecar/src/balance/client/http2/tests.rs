@@ -84,6 +84,120 @@ async fn concurrent_requests_share_one_dial_and_one_connection() {
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 }
 
+/// A loopback h2c upstream allowing `streams` concurrent streams per
+/// connection, answering each request with its connection's number once
+/// `release` has a permit for it; every request it receives is announced
+/// on the returned channel first.
+async fn limited_upstream(
+    streams: u32,
+    release: Arc<tokio::sync::Semaphore>,
+) -> (
+    SocketAddr,
+    Arc<AtomicUsize>,
+    tokio::sync::mpsc::UnboundedReceiver<usize>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    let (seen, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+            let (seen, release) = (seen.clone(), Arc::clone(&release));
+            let service = service_fn(move |_req| {
+                let _ = seen.send(n);
+                let release = Arc::clone(&release);
+                async move {
+                    release.acquire().await.expect("open").forget();
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(n.to_string()))))
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .max_concurrent_streams(streams)
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    (addr, accepted, arrivals)
+}
+
+/// Starts one request in its own task and waits until the upstream has it
+/// (so the client has read the connection's SETTINGS by the next one);
+/// `None` if it did not arrive within 300 ms (it waits for a stream).
+async fn start_held(
+    endpoint: &Arc<Http2Endpoint>,
+    addr: SocketAddr,
+    arrivals: &mut tokio::sync::mpsc::UnboundedReceiver<usize>,
+) -> (tokio::task::JoinHandle<String>, Option<usize>) {
+    let task = {
+        let endpoint = Arc::clone(endpoint);
+        tokio::spawn(async move { fetch(&endpoint, addr).await })
+    };
+    let arrived = tokio::time::timeout(Duration::from_millis(300), arrivals.recv())
+        .await
+        .ok()
+        .flatten();
+    (task, arrived)
+}
+
+#[tokio::test]
+async fn streams_past_the_endpoints_limit_go_on_another_connection() {
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let (addr, accepted, mut arrivals) = limited_upstream(2, Arc::clone(&release)).await;
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    // One request first: its connection's SETTINGS (2 streams) are known.
+    release.add_permits(1);
+    assert_eq!(fetch(&endpoint, addr).await, "1");
+    assert_eq!(arrivals.recv().await, Some(1));
+    // Five held at once: two on each of the first two connections, one on a
+    // third, none of them waiting for a stream.
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let (task, arrived) = start_held(&endpoint, addr, &mut arrivals).await;
+        held.push((task, arrived.expect("the request reached the upstream")));
+    }
+    let on: Vec<usize> = held.iter().map(|(_, conn)| *conn).collect();
+    assert_eq!(on, [1, 1, 2, 2, 3]);
+    assert_eq!(endpoint.connections(), 3);
+    release.add_permits(5);
+    for (task, conn) in held {
+        assert_eq!(task.await.expect("task"), conn.to_string());
+    }
+    // Free again: the next request takes the first connection.
+    release.add_permits(1);
+    assert_eq!(fetch(&endpoint, addr).await, "1");
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn past_the_connection_cap_a_stream_waits_on_the_least_loaded() {
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let (addr, accepted, mut arrivals) = limited_upstream(1, Arc::clone(&release)).await;
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    release.add_permits(1);
+    assert_eq!(fetch(&endpoint, addr).await, "1");
+    assert_eq!(arrivals.recv().await, Some(1));
+    let mut held = Vec::new();
+    for i in 1..=MAX_CONNECTIONS {
+        let (task, arrived) = start_held(&endpoint, addr, &mut arrivals).await;
+        assert_eq!(arrived, Some(i), "one stream per connection");
+        held.push(task);
+    }
+    // Every connection is full and no more may be dialled: this one waits.
+    let (late, arrived) = start_held(&endpoint, addr, &mut arrivals).await;
+    assert_eq!(arrived, None, "no stream was free for it");
+    assert_eq!(accepted.load(Ordering::SeqCst), MAX_CONNECTIONS);
+    release.add_permits(MAX_CONNECTIONS + 1);
+    for task in held {
+        task.await.expect("task");
+    }
+    let conn: usize = late.await.expect("task").parse().expect("number");
+    assert!((1..=MAX_CONNECTIONS).contains(&conn), "{conn}");
+    assert_eq!(accepted.load(Ordering::SeqCst), MAX_CONNECTIONS);
+}
+
 /// A loopback h2c upstream whose stream windows are 64 KiB: each request
 /// gets back what it sent, as `<bytes>/<trailer x-sum>`; with
 /// `answer_first`, the answer goes out before the body is read, and how
@@ -270,7 +384,8 @@ async fn an_unused_connection_is_let_go_after_the_idle_timeout() {
     let send = handshake(client, "127.0.0.1:1".parse().expect("addr"))
         .await
         .expect("handshake");
-    endpoint.keep(send);
+    // Kept with no stream open (the one `keep` hands back is dropped).
+    drop(endpoint.keep(send));
     tokio::time::sleep(Duration::from_secs(60)).await;
     // A request 60 s in restarts the idle clock.
     let response = endpoint
@@ -286,7 +401,7 @@ async fn an_unused_connection_is_let_go_after_the_idle_timeout() {
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        lock(&endpoint.shared).send.is_none(),
+        lock(&endpoint.shared).conns.is_empty(),
         "let go 90 s after the last request"
     );
     assert!(!lock(&endpoint.shared).reaping, "the reaper stops with it");
