@@ -30,11 +30,10 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::{Method, Request, Response};
-use hyper::body::Incoming;
 use reprise_crds::Config;
 use tokio::time::Instant;
 
-use self::body::ProxyBody;
+use self::body::{ClientBody, ProxyBody};
 use self::local::{Local, ERROR_HEADER};
 use self::route::{Destination, RequestFacts, Routes};
 use self::tunnel::Tunnels;
@@ -178,7 +177,7 @@ impl Proxy {
     /// in, on every request.
     pub(crate) async fn handle_routed(
         self: Arc<Self>,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
         dest: Destination,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let _in_flight = self.metrics.in_flight.enter();

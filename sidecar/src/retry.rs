@@ -29,7 +29,6 @@ pub(crate) mod verdict;
 use std::time::Duration;
 
 use http::Response;
-use hyper::body::Incoming;
 use reprise_crds::RetryPolicy;
 use tokio::time::Instant;
 
@@ -43,13 +42,14 @@ use self::verdict::Verdict;
 use crate::balance::picker::{self, Tried};
 use crate::balance::upstream::UpstreamState;
 use crate::observe::spans::RequestSpan;
+use crate::proxy::body::ClientBody;
 pub use crate::random::{Random, ThreadRandom};
 
 /// Where the request body comes from.
 #[derive(Debug)]
 pub(crate) enum BodySource {
     /// The client's body, sent once as it streams.
-    Direct(Option<Incoming>),
+    Direct(Option<ClientBody>),
     /// A body prepared for replay.
     Replay(ReplayBody),
 }

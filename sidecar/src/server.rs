@@ -5,6 +5,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod drain;
+mod h2c;
 mod sniff;
 mod transparent;
 
@@ -19,17 +20,19 @@ use futures_util::FutureExt;
 use http::header::{HeaderValue, CONNECTION};
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 pub use self::admin::{Admin, LogLevelSetter};
 use self::drain::{reached, ConnDrain, Drain, DrainPhase, ServedBody, SideWake};
+use self::h2c::H2cConnection;
 use self::sniff::Protocol;
 use self::transparent::OwnListeners;
 use crate::clock;
+use crate::proxy::body::ClientBody;
 use crate::proxy::route::Destination;
 use crate::proxy::Proxy;
 
@@ -221,16 +224,26 @@ async fn serve_http(
     builder: Arc<HttpBuilders>,
     drain: watch::Receiver<Drain>,
 ) {
-    let conn_drain = (protocol == Protocol::Http1).then(|| Arc::new(ConnDrain::new()));
-    let responses = conn_drain.clone();
+    // h2c: the h2 crate's server directly (see [`h2c`]). Boxed: HTTP/2's
+    // connection state is larger than HTTP/1's, and inline it would size
+    // every connection's task, HTTP/1 ones included, for the rarer protocol.
+    if protocol == Protocol::H2c {
+        let mut conn = Box::pin(H2cConnection::new(stream, &builder.h2, proxy, dest));
+        if let Err(e) = drive(conn.as_mut(), |c| c.graceful_shutdown(), drain, None).await {
+            tracing::debug!(error = %e, "client connection ended with an error");
+        }
+        return;
+    }
+    let conn_drain = Arc::new(ConnDrain::new());
+    let responses = Some(Arc::clone(&conn_drain));
     // Boxed per request: hyper keeps the service's future in the
     // connection's own allocation for as long as the connection lives, so an
     // unboxed future (over 5 KiB) would stay with every idle keep-alive
     // connection; boxed, only requests in flight hold it.
-    let service = service_fn(move |req| -> ServeFuture {
+    let service = service_fn(move |req: Request<Incoming>| -> ServeFuture {
         Box::pin(serve_request(
             Arc::clone(&proxy),
-            req,
+            req.map(ClientBody::Hyper),
             dest.clone(),
             responses.clone(),
         ))
@@ -243,28 +256,17 @@ async fn serve_http(
     // value, it would be stored twice in the task (once as drive's
     // argument, once where drive pins it: 680 bytes each on HTTP/1, a
     // third of the task of every idle keep-alive connection).
-    let result = match protocol {
-        Protocol::Http1 => {
-            let conn = std::pin::pin!(builder.http1.serve_connection(io, service).with_upgrades());
-            drive(conn, |c| c.graceful_shutdown(), drain, conn_drain).await
-        }
-        // Boxed: HTTP/2's connection state is larger than HTTP/1's, and
-        // inline it would size every connection's task, HTTP/1 ones
-        // included, for the rarer protocol.
-        Protocol::H2c => {
-            let mut conn = Box::pin(builder.http2.serve_connection(io, service));
-            drive(conn.as_mut(), |c| c.graceful_shutdown(), drain, conn_drain).await
-        }
-    };
-    if let Err(e) = result {
+    let conn = std::pin::pin!(builder.http1.serve_connection(io, service).with_upgrades());
+    if let Err(e) = drive(conn, |c| c.graceful_shutdown(), drain, Some(conn_drain)).await {
         tracing::debug!(error = %e, "client connection ended with an error");
     }
 }
 
-/// hyper's server builders for the two protocols the sniff tells apart.
+/// The server builders for the two protocols the sniff tells apart:
+/// hyper's for HTTP/1, the h2 crate's for h2c.
 pub(crate) struct HttpBuilders {
     http1: http1::Builder,
-    http2: http2::Builder<TokioExecutor>,
+    h2: h2::server::Builder,
 }
 
 impl HttpBuilders {
@@ -277,25 +279,24 @@ impl HttpBuilders {
         http1
             .header_read_timeout(None)
             .max_buf_size(max_head.max(8192));
-        let mut http2 = http2::Builder::new(TokioExecutor::new());
-        http2
-            .timer(TokioTimer::new())
-            .max_header_list_size(u32::try_from(max_head).unwrap_or(u32::MAX));
-        Self { http1, http2 }
+        Self {
+            http1,
+            h2: h2c::builder(max_head),
+        }
     }
 }
 
 /// Drives one served connection to its end, following the drain: `shutdown`
 /// is the connection's graceful shutdown (GOAWAY on HTTP/2, close after the
 /// response in flight on HTTP/1).
-async fn drive<C>(
+async fn drive<C, E>(
     mut conn: std::pin::Pin<&mut C>,
     shutdown: impl FnOnce(std::pin::Pin<&mut C>),
     mut drain: watch::Receiver<Drain>,
     conn_drain: Option<Arc<ConnDrain>>,
-) -> hyper::Result<()>
+) -> Result<(), E>
 where
-    C: Future<Output = hyper::Result<()>>,
+    C: Future<Output = Result<(), E>>,
 {
     // HTTP/2's GOAWAY lets streams in flight finish and tells the client
     // exactly which were not processed, so it goes out at once; HTTP/1 has no
@@ -357,8 +358,8 @@ where
 }
 
 /// Why [`drive`] stopped waiting.
-enum Exit {
-    Done(hyper::Result<()>),
+enum Exit<E> {
+    Done(Result<(), E>),
     Quiet,
     Idle,
 }
@@ -372,7 +373,7 @@ type ServeFuture =
 /// opens its next request on a new connection (to a pod that is not leaving).
 async fn serve_request(
     proxy: Arc<Proxy>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     dest: Destination,
     conn: Option<Arc<ConnDrain>>,
 ) -> Result<Response<ServedBody>, Infallible> {

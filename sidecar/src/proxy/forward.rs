@@ -8,9 +8,8 @@ use std::net::SocketAddr;
 
 use http::header::{HeaderValue, HOST};
 use http::{Method, Request, Response, Version};
-use hyper::body::Incoming;
 
-use super::body::ProxyBody;
+use super::body::{ClientBody, ProxyBody};
 use super::hop_by_hop;
 use super::local::Local;
 use crate::balance::client::PassthroughClient;
@@ -21,7 +20,7 @@ use crate::retry::replay_body::AttemptBody;
 /// Forwards `req` to the host it names.
 pub(crate) async fn forward(
     client: &PassthroughClient,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     span: &RequestSpan,
 ) -> Response<ProxyBody> {
     if req.method() == Method::CONNECT {
@@ -47,7 +46,7 @@ pub(crate) async fn forward(
 /// connection, its `Host` header unchanged.
 pub(crate) async fn forward_to(
     client: &PassthroughClient,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     addr: SocketAddr,
     span: &RequestSpan,
 ) -> Response<ProxyBody> {
@@ -61,7 +60,7 @@ pub(crate) async fn forward_to(
 /// keeps its own `Host` header when it has one).
 async fn send(
     client: &PassthroughClient,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     authority: String,
     span: &RequestSpan,
 ) -> Response<ProxyBody> {

@@ -7,9 +7,9 @@ use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TE};
 use http::request::Parts;
 use http::uri::{Authority, PathAndQuery};
 use http::Version;
-use hyper::body::Incoming;
 use reprise_crds::{Protocol, RetryPolicy};
 
+use super::body::ClientBody;
 use super::hop_by_hop;
 use super::local::Local;
 use crate::balance::upstream::UpstreamState;
@@ -88,7 +88,7 @@ pub(crate) fn template(
 /// `policy` when a retry is possible, else streamed as is. Never refuses a
 /// request for want of memory; fails only when the client's body does.
 pub(crate) async fn body(
-    body: Incoming,
+    body: ClientBody,
     retry_policy: Option<&RetryPolicy>,
     template: &RequestTemplate,
     reservation: &std::sync::Arc<ReplayReservation>,

@@ -5,6 +5,7 @@
 //! retried. Each open tunnel holds a [`Tunnels`] guard, so the
 //! drain counts it as in flight and waits for it, up to the drain timeout.
 
+pub(crate) mod h2_stream;
 pub(crate) mod prefixed;
 pub(crate) mod relay;
 
@@ -20,8 +21,9 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::Notify;
 
+use self::h2_stream::PendingTunnel;
 use self::prefixed::Prefixed;
-use super::body::ProxyBody;
+use super::body::{ClientBody, ProxyBody};
 use super::local::Local;
 use super::route::Destination;
 use super::Proxy;
@@ -79,7 +81,7 @@ const TLS_HANDSHAKE: u8 = 0x16;
 /// gRPC or HTTP client that honours `http_proxy` sends); a TLS handshake, or
 /// silence, is an opaque TCP tunnel to one endpoint, never retried.
 pub(crate) fn connect(
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     upstream: Arc<UpstreamState>,
     proxy: Arc<Proxy>,
 ) -> Response<ProxyBody> {
@@ -87,28 +89,48 @@ pub(crate) fn connect(
         return Local::NoEndpoint(&upstream.config.name).into_response();
     }
     let guard = proxy.tunnels().open();
+    let mut req = req;
+    let h2 = req.extensions_mut().remove::<PendingTunnel>();
     tokio::spawn(async move {
         let _open = guard;
-        let Ok(upgraded) = hyper::upgrade::on(req).await else {
-            return;
-        };
-        let mut io = TokioIo::new(upgraded);
-        let mut first = vec![0u8; 4096];
-        let n = match tokio::time::timeout(FIRST_BYTES_WAIT, io.read(&mut first)).await {
-            Ok(Ok(0) | Err(_)) => return,
-            Ok(Ok(n)) => n,
-            Err(_) => 0,
-        };
-        first.truncate(n);
-        let opaque = first.first().is_none_or(|b| *b == TLS_HANDSHAKE);
-        let io = Prefixed::new(Bytes::from(first), io);
-        if opaque {
-            relay_to_upstream(io, &upstream).await;
-        } else {
-            serve_inside(io, proxy, Arc::from(upstream.config.name.as_str())).await;
+        // The client's side once the `200` is out: hyper's upgraded HTTP/1
+        // connection, or the h2c stream itself.
+        match h2 {
+            Some(pending) => {
+                if let Some(stream) = pending.opened().await {
+                    carry(stream, upstream, proxy).await;
+                }
+            }
+            None => {
+                if let Ok(upgraded) = hyper::upgrade::on(req).await {
+                    carry(TokioIo::new(upgraded), upstream, proxy).await;
+                }
+            }
         }
     });
     Response::new(ProxyBody::Local(None))
+}
+
+/// The tunnel's bytes, by what the client sends first: HTTP served inside,
+/// anything else (or silence) relayed opaquely.
+async fn carry<T>(mut io: T, upstream: Arc<UpstreamState>, proxy: Arc<Proxy>)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut first = vec![0u8; 4096];
+    let n = match tokio::time::timeout(FIRST_BYTES_WAIT, io.read(&mut first)).await {
+        Ok(Ok(0) | Err(_)) => return,
+        Ok(Ok(n)) => n,
+        Err(_) => 0,
+    };
+    first.truncate(n);
+    let opaque = first.first().is_none_or(|b| *b == TLS_HANDSHAKE);
+    let io = Prefixed::new(Bytes::from(first), io);
+    if opaque {
+        relay_to_upstream(io, &upstream).await;
+    } else {
+        serve_inside(io, proxy, Arc::from(upstream.config.name.as_str())).await;
+    }
 }
 
 /// Serves the tunnel's bytes as a client connection whose requests go to
@@ -118,8 +140,11 @@ async fn serve_inside<T>(io: T, proxy: Arc<Proxy>, upstream: Arc<str>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = hyper::service::service_fn(move |req| {
-        Arc::clone(&proxy).handle_routed(req, Destination::Tunnel(Arc::clone(&upstream)))
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        Arc::clone(&proxy).handle_routed(
+            req.map(ClientBody::Hyper),
+            Destination::Tunnel(Arc::clone(&upstream)),
+        )
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder

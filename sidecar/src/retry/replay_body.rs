@@ -12,7 +12,8 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
+
+use crate::proxy::body::ClientBody;
 
 /// Error type of bodies the sidecar sends upstream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -53,7 +54,7 @@ pub enum ReplayBody {
 pub struct StreamState {
     generation: u64,
     prefix: Option<Bytes>,
-    rest: Option<Incoming>,
+    rest: Option<ClientBody>,
     consumed: bool,
     _reserved: Option<Reserved>,
 }
@@ -66,7 +67,7 @@ pub enum AttemptBody {
     /// Bytes from a buffered body, then its trailers.
     Full(Option<Bytes>, Option<HeaderMap>),
     /// The client's body, passed straight through (retries off: no copy, no lock).
-    Direct(Incoming),
+    Direct(ClientBody),
     /// A view of a streaming body; stops working when a newer attempt takes over.
     Shared(Arc<Mutex<StreamState>>, u64),
 }
@@ -128,11 +129,11 @@ impl ReplayBody {
     /// when the body is over the limit or the reservation is full, it streams.
     /// Errors only when the client's body itself fails while being read.
     pub async fn prepare(
-        mut body: Incoming,
+        mut body: ClientBody,
         content_length: Option<u64>,
         limit: u64,
         pool: &Arc<ReplayReservation>,
-    ) -> Result<ReplayBody, hyper::Error> {
+    ) -> Result<ReplayBody, BoxError> {
         if body.is_end_stream() || content_length == Some(0) {
             return Ok(ReplayBody::Buffered {
                 data: Bytes::new(),
@@ -176,7 +177,11 @@ impl ReplayBody {
         })
     }
 
-    fn streaming(prefix: Option<Bytes>, rest: Incoming, reserved: Option<Reserved>) -> ReplayBody {
+    fn streaming(
+        prefix: Option<Bytes>,
+        rest: ClientBody,
+        reserved: Option<Reserved>,
+    ) -> ReplayBody {
         ReplayBody::Streaming(Arc::new(Mutex::new(StreamState {
             generation: 0,
             prefix,
@@ -241,7 +246,7 @@ impl Body for AttemptBody {
                 }
                 Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
             }
-            AttemptBody::Direct(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+            AttemptBody::Direct(inner) => Pin::new(inner).poll_frame(cx),
             AttemptBody::Shared(state, generation) => {
                 let mut s = lock(state);
                 if s.generation != *generation {
@@ -263,7 +268,7 @@ impl Body for AttemptBody {
                     }
                     Poll::Ready(Some(Err(e))) => {
                         s.consumed = true;
-                        Poll::Ready(Some(Err(e.into())))
+                        Poll::Ready(Some(Err(e)))
                     }
                     Poll::Ready(None) => {
                         s.rest = None;

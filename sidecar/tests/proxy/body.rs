@@ -143,3 +143,25 @@ async fn with_retries_off_a_large_body_streams_through_without_buffering() {
     assert_eq!(r.body.as_ref().expect("body").len(), 8 << 20);
     assert_eq!(sidecar.proxy.replay_buffer_bytes(), 0);
 }
+
+#[tokio::test]
+async fn an_h2c_body_past_the_flow_control_windows_goes_through_both_ways() {
+    // 3 MiB each way: three times the sidecar's 1 MiB receive windows and
+    // past the client's, so the windows must be given back as data is read.
+    let echo = Upstream::always(Action::Echo).await;
+    let sidecar = Sidecar::start(api(&[&echo])).await;
+    let (mut sender, _conn) = reprise_testkit::client::http2(sidecar.addr).await;
+    let body: Vec<u8> = (0..3u32 << 20).map(|i| (i % 253) as u8).collect();
+    let chunks: Vec<Result<http_body::Frame<Bytes>, std::convert::Infallible>> = body
+        .chunks(64 << 10)
+        .map(|c| Ok(http_body::Frame::data(Bytes::copy_from_slice(c))))
+        .collect();
+    let req = http::Request::post("http://api/upload")
+        .body(StreamBody::new(futures_util::stream::iter(chunks)))
+        .expect("request");
+    let resp = sender.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let back = resp.into_body().collect().await.expect("body").to_bytes();
+    assert!(back == body, "the same {} bytes came back", body.len());
+    assert_eq!(echo.received()[0].body.len(), body.len());
+}

@@ -104,3 +104,36 @@ async fn h2c_on_both_sides() {
     }
     assert_eq!(up.count(), 20, "every request reached the upstream once");
 }
+
+#[tokio::test]
+async fn h2c_answers_carry_date_and_content_length() {
+    // A local answer (no endpoint wrote it): the h2c server adds `date`, as
+    // a proxy must (RFC 9110 §6.6.1), and the length it knows.
+    let sidecar =
+        Sidecar::start(UpstreamConfig::new("api").endpoint("127.0.0.1:9".parse().expect("addr")))
+            .await;
+    let (mut sender, _conn) = client::http2(sidecar.addr).await;
+    let req = http::Request::get("http://elsewhere/x")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = sender.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 502, "{resp:?}");
+    let date = resp
+        .headers()
+        .get("date")
+        .expect("a date")
+        .to_str()
+        .expect("text");
+    assert!(
+        httpdate::parse_http_date(date).is_ok(),
+        "an HTTP date: {date}"
+    );
+    let length: usize = resp.headers()["content-length"]
+        .to_str()
+        .expect("text")
+        .parse()
+        .expect("a number");
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(length, body.len());
+    assert!(!body.is_empty());
+}

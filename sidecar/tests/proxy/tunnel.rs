@@ -60,6 +60,52 @@ async fn http_inside_a_tunnel_to_an_upstream_is_retried() {
 }
 
 #[tokio::test]
+async fn a_connect_over_h2c_carries_http_to_the_upstream() {
+    // RFC 9113 §8.5: the stream's DATA frames are the tunnel's bytes.
+    let up = Upstream::start(|r| {
+        if r.seq == 0 {
+            Action::Reply(503)
+        } else {
+            Action::Reply(200)
+        }
+    })
+    .await;
+    let retries = Retries::new()
+        .attempts(1)
+        .reuse_endpoints(true)
+        .budget_min_retries_per_second(1000);
+    let sidecar = Sidecar::start(api(&[&up]).retries(retries)).await;
+    let (mut sender, _conn) = reprise_testkit::client::http2(sidecar.addr).await;
+    let connect = http::Request::connect("api:80")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("CONNECT");
+    let opened = sender
+        .send_request(connect)
+        .await
+        .expect("the CONNECT answer");
+    assert_eq!(opened.status(), 200, "{opened:?}");
+    assert!(
+        !opened.headers().contains_key("content-length"),
+        "a 2xx to CONNECT has no content-length (RFC 9110 §9.3.6)"
+    );
+    let stream = hyper::upgrade::on(opened)
+        .await
+        .expect("the tunnel's stream");
+    let mut wire = Wire::new(hyper_util::rt::TokioIo::new(stream));
+    for _ in 0..2 {
+        wire.get_mut()
+            .write_all(b"GET /items HTTP/1.1\r\nHost: api\r\n\r\n")
+            .await
+            .expect("a request in the tunnel");
+        let r = wire.read_response("GET").await.expect("its answer");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let got = up.received();
+    assert_eq!(got.len(), 3, "the 503 was retried, the other went once");
+    assert_eq!(got[1].attempt, Some(2), "the retry came from the sidecar");
+}
+
+#[tokio::test]
 async fn a_tls_tunnel_stays_opaque() {
     // An endpoint that echoes whatever it receives.
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

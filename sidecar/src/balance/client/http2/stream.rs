@@ -21,16 +21,13 @@ use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
 use super::StreamSlot;
+use crate::proxy::body::H2Recv;
 use crate::retry::replay_body::{AttemptBody, BoxError};
 
 /// The response body of one h2c stream.
 #[derive(Debug)]
 pub(crate) struct H2Body {
-    recv: RecvStream,
-    /// The data has ended; trailers (or the end) are next.
-    data_done: bool,
-    /// Bytes the response's `content-length` still promises.
-    left: Option<u64>,
+    recv: H2Recv,
     /// Dropped with the body: tells the request body's pipe, if any, to stop.
     _cancel: Option<oneshot::Sender<()>>,
     /// The stream counts against its connection until the body ends or
@@ -45,14 +42,8 @@ impl H2Body {
         cancel: Option<oneshot::Sender<()>>,
         slot: StreamSlot,
     ) -> Self {
-        let left = headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
         Self {
-            recv,
-            data_done: false,
-            left,
+            recv: H2Recv::new(recv, headers),
             _cancel: cancel,
             slot: Some(slot),
         }
@@ -68,31 +59,12 @@ impl Body for H2Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if !this.data_done {
-            match ready!(this.recv.poll_data(cx)) {
-                Some(Ok(data)) => {
-                    // Released as soon as it is read: the reader's buffer is
-                    // the engine's, not the window's.
-                    let _ = this.recv.flow_control().release_capacity(data.len());
-                    if let Some(left) = this.left.as_mut() {
-                        *left = left.saturating_sub(data.len() as u64);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Some(Err(e)) => {
-                    this.slot = None;
-                    return Poll::Ready(Some(Err(Box::new(e))));
-                }
-                None => this.data_done = true,
-            }
+        let polled = ready!(this.recv.poll_frame(cx));
+        // Anything but data ends the stream: trailers, the end, an error.
+        if !matches!(&polled, Some(Ok(frame)) if frame.is_data()) {
+            this.slot = None;
         }
-        let trailers = ready!(this.recv.poll_trailers(cx));
-        this.slot = None;
-        match trailers {
-            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
-            Ok(None) => Poll::Ready(None),
-            Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
-        }
+        Poll::Ready(polled.map(|r| r.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -100,10 +72,7 @@ impl Body for H2Body {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.left {
-            Some(left) => SizeHint::with_exact(left),
-            None => SizeHint::default(),
-        }
+        self.recv.size_hint()
     }
 }
 
