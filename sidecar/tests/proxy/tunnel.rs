@@ -28,9 +28,9 @@ async fn tunnel(sidecar: &Sidecar) -> Wire<TcpStream> {
     wire
 }
 
-#[tokio::test]
-async fn http_inside_a_tunnel_to_an_upstream_is_retried() {
-    // One endpoint: 503 the first time, 200 after; a retry may go back to it.
+/// One endpoint that answers 503 the first time and 200 after, behind a
+/// sidecar whose one retry may go back to it.
+async fn once_unavailable() -> (Upstream, Sidecar) {
     let up = Upstream::start(|r| {
         if r.seq == 0 {
             Action::Reply(503)
@@ -44,6 +44,12 @@ async fn http_inside_a_tunnel_to_an_upstream_is_retried() {
         .reuse_endpoints(true)
         .budget_min_retries_per_second(1000);
     let sidecar = Sidecar::start(api(&[&up]).retries(retries)).await;
+    (up, sidecar)
+}
+
+#[tokio::test]
+async fn http_inside_a_tunnel_to_an_upstream_is_retried() {
+    let (up, sidecar) = once_unavailable().await;
     let mut wire = tunnel(&sidecar).await;
     for _ in 0..3 {
         wire.get_mut()
@@ -62,19 +68,7 @@ async fn http_inside_a_tunnel_to_an_upstream_is_retried() {
 #[tokio::test]
 async fn a_connect_over_h2c_carries_http_to_the_upstream() {
     // RFC 9113 §8.5: the stream's DATA frames are the tunnel's bytes.
-    let up = Upstream::start(|r| {
-        if r.seq == 0 {
-            Action::Reply(503)
-        } else {
-            Action::Reply(200)
-        }
-    })
-    .await;
-    let retries = Retries::new()
-        .attempts(1)
-        .reuse_endpoints(true)
-        .budget_min_retries_per_second(1000);
-    let sidecar = Sidecar::start(api(&[&up]).retries(retries)).await;
+    let (up, sidecar) = once_unavailable().await;
     let (mut sender, _conn) = reprise_testkit::client::http2(sidecar.addr).await;
     let connect = http::Request::connect("api:80")
         .body(http_body_util::Empty::<bytes::Bytes>::new())
