@@ -170,8 +170,11 @@ async fn serve_stream(
         let body = ClientBody::H2(H2Recv::new(recv, &parts.headers));
         (Request::from_parts(parts, body), None)
     };
-    let served = serve_request(proxy, req, dest, None);
-    tokio::pin!(served);
+    // Boxed: inline, the request's future (over 7 KiB) would make this
+    // one as large, and `tokio::spawn` moves a future through several calls
+    // before it reaches the task's memory (each move a copy of all of it:
+    // about 8,700 instructions of memcpy per request, measured by callgrind).
+    let mut served = Box::pin(serve_request(proxy, req, dest, None));
     let response = tokio::select! {
         biased;
         response = &mut served => match response {
