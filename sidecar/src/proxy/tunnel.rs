@@ -81,7 +81,7 @@ const TLS_HANDSHAKE: u8 = 0x16;
 /// gRPC or HTTP client that honours `http_proxy` sends); a TLS handshake, or
 /// silence, is an opaque TCP tunnel to one endpoint, never retried.
 pub(crate) fn connect(
-    req: Request<ClientBody>,
+    mut req: Request<ClientBody>,
     upstream: Arc<UpstreamState>,
     proxy: Arc<Proxy>,
 ) -> Response<ProxyBody> {
@@ -89,7 +89,6 @@ pub(crate) fn connect(
         return Local::NoEndpoint(&upstream.config.name).into_response();
     }
     let guard = proxy.tunnels().open();
-    let mut req = req;
     let h2 = req.extensions_mut().remove::<PendingTunnel>();
     tokio::spawn(async move {
         let _open = guard;
