@@ -159,9 +159,15 @@ async fn an_h2c_body_past_the_flow_control_windows_goes_through_both_ways() {
     let req = http::Request::post("http://api/upload")
         .body(StreamBody::new(futures_util::stream::iter(chunks)))
         .expect("request");
-    let resp = sender.send_request(req).await.expect("response");
-    assert_eq!(resp.status(), 200);
-    let back = resp.into_body().collect().await.expect("body").to_bytes();
+    // Bounded: a window never given back would stall the exchange, not fail it.
+    let exchange = async {
+        let resp = sender.send_request(req).await.expect("response");
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.expect("body").to_bytes()
+    };
+    let back = tokio::time::timeout(std::time::Duration::from_secs(30), exchange)
+        .await
+        .expect("3 MiB each way within 30 s");
     assert!(back == body, "the same {} bytes came back", body.len());
     assert_eq!(echo.received()[0].body.len(), body.len());
 }

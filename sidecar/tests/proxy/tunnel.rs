@@ -52,12 +52,7 @@ async fn http_inside_a_tunnel_to_an_upstream_is_retried() {
     let (up, sidecar) = once_unavailable().await;
     let mut wire = tunnel(&sidecar).await;
     for _ in 0..3 {
-        wire.get_mut()
-            .write_all(b"GET /items HTTP/1.1\r\nHost: api\r\n\r\n")
-            .await
-            .expect("a request in the tunnel");
-        let r = wire.read_response("GET").await.expect("its answer");
-        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(get(&mut wire, "api").await, 200);
     }
     let got = up.received();
     assert_eq!(got.len(), 4, "the 503 was retried, the other two went once");
@@ -87,12 +82,7 @@ async fn a_connect_over_h2c_carries_http_to_the_upstream() {
         .expect("the tunnel's stream");
     let mut wire = Wire::new(hyper_util::rt::TokioIo::new(stream));
     for _ in 0..2 {
-        wire.get_mut()
-            .write_all(b"GET /items HTTP/1.1\r\nHost: api\r\n\r\n")
-            .await
-            .expect("a request in the tunnel");
-        let r = wire.read_response("GET").await.expect("its answer");
-        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(get(&mut wire, "api").await, 200);
     }
     let got = up.received();
     assert_eq!(got.len(), 3, "the 503 was retried, the other went once");
@@ -139,21 +129,25 @@ async fn requests_in_a_long_lived_tunnel_follow_a_reload() {
     );
     let sidecar = Sidecar::start(UpstreamConfig::new("api").endpoint(old.addr)).await;
     let mut wire = tunnel(&sidecar).await;
-    assert_eq!(get(&mut wire).await, 200);
+    assert_eq!(get(&mut wire, "10.1.2.3").await, 200);
     sidecar.proxy.reload(
         reprise_testkit::config::Config::from(UpstreamConfig::new("api").endpoint(new.addr))
             .resolve(),
     );
-    assert_eq!(get(&mut wire).await, 200);
+    assert_eq!(get(&mut wire, "10.1.2.3").await, 200);
     assert_eq!(old.received().len(), 1, "before the reload");
     assert_eq!(new.received().len(), 1, "after it, in the same tunnel");
 }
 
 /// `GET /items` on the tunnel's HTTP connection with a host that names no
 /// upstream (so only the tunnel says where it goes); the answer's status.
-async fn get(wire: &mut Wire<TcpStream>) -> u16 {
+async fn get<S>(wire: &mut Wire<S>, host: &str) -> u16
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let request = format!("GET /items HTTP/1.1\r\nHost: {host}\r\n\r\n");
     wire.get_mut()
-        .write_all(b"GET /items HTTP/1.1\r\nHost: 10.1.2.3\r\n\r\n")
+        .write_all(request.as_bytes())
         .await
         .expect("a request in the tunnel");
     wire.read_response("GET").await.expect("its answer").status
