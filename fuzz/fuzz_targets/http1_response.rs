@@ -1,5 +1,5 @@
 //! An endpoint's HTTP/1.1 response through the sidecar's own codec
-//! (`sidecar/src/balance/client/http1/codec.rs`): the head parse and the
+//! (`sidecar/src/http1.rs`): the head parse and the
 //! body decoder, over any bytes.
 //!
 //! Input: a flags byte (bit 0: the request was `HEAD`), a seed for where the
@@ -16,7 +16,7 @@
 use bytes::BytesMut;
 use http::Method;
 use libfuzzer_sys::fuzz_target;
-use reprise_sidecar::http1_codec::{parse_response, Decoded, Decoder, Framing, Spans};
+use reprise_sidecar::http1::{parse_response, Decoded, Decoder, Framing, Spans};
 
 #[derive(Debug, PartialEq)]
 enum Outcome {

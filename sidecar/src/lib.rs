@@ -12,6 +12,7 @@
 //! - `proxy`: the request's phases: route, admit, prepare, forward, respond.
 //! - [`retry`]: the engine: attempts, gates, hedging, backoff, budget, replay.
 //! - `balance`: endpoints, the picker, per-upstream state, HTTP clients.
+//! - `http1`: HTTP/1.1 on the wire, both directions, without I/O.
 //! - [`config`]: where the configuration comes from and how it changes.
 //! - [`observe`]: metrics and stats, the access log, log output, spans.
 //! - `capture`: the `iptables` subcommand, the nat rules of transparent mode.
@@ -23,6 +24,9 @@ mod balance;
 mod capture;
 mod clock;
 pub mod config;
+/// HTTP/1.1 on the wire, public only for the fuzz targets (`fuzz/fuzz_targets/`).
+#[doc(hidden)]
+pub mod http1;
 pub mod observe;
 mod proxy;
 mod random;
@@ -30,10 +34,6 @@ pub mod retry;
 pub mod run;
 pub mod server;
 
-/// The HTTP/1.1 codec towards endpoints, public only for the fuzz targets
-/// (`fuzz/fuzz_targets/http1_response.rs`).
-#[doc(hidden)]
-pub use balance::client::http1::codec as http1_codec;
 pub use observe::metrics::{EndpointStats, UpstreamStats};
 pub use proxy::local::ERROR_HEADER;
 pub use proxy::Proxy;

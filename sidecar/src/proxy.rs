@@ -223,7 +223,7 @@ impl Proxy {
             }
             upstream.budget.record_request();
             let upgrade = hop_by_hop::is_upgrade(req.headers());
-            let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+            let client_upgrade = upgrade.then(|| tunnel::upgrade::ClientUpgrade::take(&mut req));
             let (parts, body) = req.into_parts();
             let mut template = prepare::template(parts, &upstream, upgrade, grpc);
 

@@ -6,6 +6,7 @@
 pub(crate) mod admin;
 pub(crate) mod drain;
 mod h2c;
+mod http1;
 mod sniff;
 mod transparent;
 
@@ -19,8 +20,6 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use http::header::{HeaderValue, CONNECTION};
 use http::{Method, Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
@@ -234,53 +233,37 @@ async fn serve_http(
         }
         return;
     }
+    // HTTP/1: the sidecar's own server (see [`http1`]). The connection is
+    // pinned here and [`drive`] borrows it: passed by value, it would be
+    // stored twice in the task (once as drive's argument, once where drive
+    // pins it).
     let conn_drain = Arc::new(ConnDrain::new());
-    let responses = Some(Arc::clone(&conn_drain));
-    // Boxed per request: hyper keeps the service's future in the
-    // connection's own allocation for as long as the connection lives, so an
-    // unboxed future (over 5 KiB) would stay with every idle keep-alive
-    // connection; boxed, only requests in flight hold it.
-    let service = service_fn(move |req: Request<Incoming>| -> ServeFuture {
-        Box::pin(serve_request(
-            Arc::clone(&proxy),
-            req.map(ClientBody::Hyper),
-            dest.clone(),
-            responses.clone(),
-        ))
-    });
-    // The protocol is known from the sniff, so hyper's own builder for it
-    // serves the connection: hyper-util's auto builder would read and check
-    // the first bytes again and wrap every later read in its rewind buffer.
-    let io = TokioIo::new(stream);
-    // The connection is pinned here and [`drive`] borrows it: passed by
-    // value, it would be stored twice in the task (once as drive's
-    // argument, once where drive pins it: 680 bytes each on HTTP/1, a
-    // third of the task of every idle keep-alive connection).
-    let conn = std::pin::pin!(builder.http1.serve_connection(io, service).with_upgrades());
-    if let Err(e) = drive(conn, |c| c.graceful_shutdown(), drain, Some(conn_drain)).await {
+    let conn = std::pin::pin!(http1::serve(
+        stream,
+        proxy,
+        dest,
+        Arc::clone(&conn_drain),
+        builder.max_head,
+    ));
+    let closing = Arc::clone(&conn_drain);
+    if let Err(e) = drive(conn, move |_| closing.close(), drain, Some(conn_drain)).await {
         tracing::debug!(error = %e, "client connection ended with an error");
     }
 }
 
-/// The server builders for the two protocols the sniff tells apart:
-/// hyper's for HTTP/1, the h2 crate's for h2c.
+/// The servers' settings for the two protocols the sniff tells apart.
 pub(crate) struct HttpBuilders {
-    http1: http1::Builder,
+    /// HTTP/1 request heads up to this many bytes (at least 8 KiB, the
+    /// first read of a connection).
+    max_head: usize,
     h2: h2::server::Builder,
 }
 
 impl HttpBuilders {
-    /// Request heads up to `max_head` bytes (at least hyper's 8 KiB buffer
-    /// on HTTP/1; HPACK's list size on HTTP/2).
+    /// Request heads up to `max_head` bytes (HPACK's list size on HTTP/2).
     fn new(max_head: usize) -> Self {
-        let mut http1 = http1::Builder::new();
-        // hyper's own header read timeout is off: [`drive`] keeps the same
-        // deadline with one timer per connection (see `ConnDrain::idle`).
-        http1
-            .header_read_timeout(None)
-            .max_buf_size(max_head.max(8192));
         Self {
-            http1,
+            max_head: max_head.max(8192),
             h2: h2c::builder(max_head),
         }
     }
@@ -363,10 +346,6 @@ enum Exit<E> {
     Quiet,
     Idle,
 }
-
-/// One request's handling, boxed (see [`serve_http`]).
-type ServeFuture =
-    std::pin::Pin<Box<dyn Future<Output = Result<Response<ServedBody>, Infallible>> + Send>>;
 
 /// Handles one request; while draining, an HTTP/1 response also carries
 /// `Connection: close`, after which hyper closes the connection, so the client

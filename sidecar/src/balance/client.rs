@@ -29,10 +29,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use reprise_crds::Protocol;
 
-use self::http1::codec::WireError;
 use self::http1::conn::Http1Body;
 use self::http1::Http1Pool;
 use self::http2::{H2Body, Http2Endpoint};
+use crate::http1::WireError;
 use crate::proxy::tunnel::prefixed::Prefixed;
 use crate::retry::attempt::AttemptRequest;
 use crate::retry::failure::{classify_connect_error, FailureKind, Stage};

@@ -1,5 +1,6 @@
 //! The bodies between the sidecar and its client: the request body it reads
-//! ([`ClientBody`], from hyper's HTTP/1 server or an h2c stream), and the
+//! ([`ClientBody`], from its HTTP/1 server, an h2c stream, or hyper's server
+//! inside a CONNECT tunnel), and the
 //! response body it sends ([`ProxyBody`]: an upstream's, watched for
 //! mid-stream failure and, for gRPC, for the `grpc-status` in its trailers;
 //! or a short local answer).
@@ -14,6 +15,9 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+pub(crate) mod h1_recv;
+
+pub use self::h1_recv::H1Recv;
 use crate::balance::upstream::UpstreamState;
 use crate::retry::attempt::UpstreamBody;
 use crate::retry::replay_body::BoxError;
@@ -21,8 +25,12 @@ use crate::retry::replay_body::BoxError;
 /// A request body from the client.
 #[derive(Debug)]
 pub enum ClientBody {
-    /// Read by hyper's server: HTTP/1, and the connections inside a CONNECT
-    /// tunnel.
+    /// Read by the sidecar's HTTP/1 server as it streams in.
+    Http1(H1Recv),
+    /// Read whole with its head (no trailers): what a small body sent in
+    /// the same packets as its head is.
+    Full(Option<Bytes>),
+    /// Read by hyper's server: the connections inside a CONNECT tunnel.
     Hyper(Incoming),
     /// An h2c stream's data, read through the h2 crate directly.
     H2(H2Recv),
@@ -40,6 +48,8 @@ impl Body for ClientBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
+            ClientBody::Http1(inner) => inner.poll_frame(cx),
+            ClientBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
             ClientBody::H2(inner) => inner.poll_frame(cx).map_err(Into::into),
             ClientBody::Empty => Poll::Ready(None),
@@ -48,6 +58,8 @@ impl Body for ClientBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
+            ClientBody::Http1(inner) => inner.is_end_stream(),
+            ClientBody::Full(data) => data.is_none(),
             ClientBody::Hyper(inner) => inner.is_end_stream(),
             ClientBody::H2(inner) => inner.is_end_stream(),
             ClientBody::Empty => true,
@@ -56,6 +68,10 @@ impl Body for ClientBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
+            ClientBody::Http1(inner) => inner.size_hint(),
+            ClientBody::Full(data) => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             ClientBody::Hyper(inner) => inner.size_hint(),
             ClientBody::H2(inner) => inner.size_hint(),
             ClientBody::Empty => SizeHint::with_exact(0),

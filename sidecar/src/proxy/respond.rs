@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use http::{Response, StatusCode};
-use hyper::upgrade::OnUpgrade;
 
 use super::body::ProxyBody;
 use super::hop_by_hop;
 use super::local::Local;
+use super::tunnel::upgrade::ClientUpgrade;
 use super::tunnel::{self, Tunnels};
 use crate::balance::upstream::UpstreamState;
 use crate::retry::attempt::UpstreamBody;
@@ -21,7 +21,7 @@ use crate::retry::{verdict, Final, Report};
 pub(crate) fn respond(
     fin: Final,
     report: &Report,
-    client_upgrade: Option<OnUpgrade>,
+    client_upgrade: Option<ClientUpgrade>,
     upstream: &Arc<UpstreamState>,
     tunnels: &Tunnels,
     grpc: bool,

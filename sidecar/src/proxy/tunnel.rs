@@ -8,6 +8,7 @@
 pub(crate) mod h2_stream;
 pub(crate) mod prefixed;
 pub(crate) mod relay;
+pub(crate) mod upgrade;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,7 +16,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 
 use self::h2_stream::PendingTunnel;
 use self::prefixed::Prefixed;
+use self::upgrade::ClientUpgrade;
 use super::body::{ClientBody, ProxyBody};
 use super::local::Local;
 use super::route::Destination;
@@ -90,21 +91,23 @@ pub(crate) fn connect(
     }
     let guard = proxy.tunnels().open();
     let h2 = req.extensions_mut().remove::<PendingTunnel>();
+    let http1 = h2.is_none().then(|| ClientUpgrade::take(&mut req));
     tokio::spawn(async move {
         let _open = guard;
-        // The client's side once the `200` is out: hyper's upgraded HTTP/1
-        // connection, or the h2c stream itself.
-        match h2 {
-            Some(pending) => {
+        // The client's side once the `200` is out: its HTTP/1 connection,
+        // or the h2c stream itself.
+        match (h2, http1) {
+            (Some(pending), _) => {
                 if let Some(stream) = pending.opened().await {
                     carry(stream, upstream, proxy).await;
                 }
             }
-            None => {
-                if let Ok(upgraded) = hyper::upgrade::on(req).await {
-                    carry(TokioIo::new(upgraded), upstream, proxy).await;
+            (None, Some(upgrade)) => {
+                if let Some(io) = upgrade.switched().await {
+                    carry(io, upstream, proxy).await;
                 }
             }
+            (None, None) => {}
         }
     });
     Response::new(ProxyBody::Local(None))
@@ -175,15 +178,14 @@ where
 
 /// Joins the client's upgraded connection, once it has switched protocols,
 /// to the endpoint's (already switched: its `101` has arrived).
-pub(crate) fn bridge<S>(client: OnUpgrade, mut server: S, tunnels: &Tunnels)
+pub(crate) fn bridge<S>(client: ClientUpgrade, mut server: S, tunnels: &Tunnels)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let guard = tunnels.open();
     tokio::spawn(async move {
         let _open = guard;
-        if let Ok(client) = client.await {
-            let mut client = TokioIo::new(client);
+        if let Some(mut client) = client.switched().await {
             let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
         }
     });

@@ -72,6 +72,8 @@ pub(crate) struct ConnDrain {
     /// Set when the connection task waits on `changed`.
     watching: AtomicBool,
     changed: Notify,
+    /// The drain closes the connection: no further request is read.
+    closing: AtomicBool,
 }
 
 /// Futures polled beside a connection only after one of their own wakers
@@ -137,7 +139,19 @@ impl ConnDrain {
             quiet_since_ms: AtomicU64::new(clock::now_ms()),
             watching: AtomicBool::new(false),
             changed: Notify::new(),
+            closing: AtomicBool::new(false),
         }
+    }
+
+    /// The drain's graceful shutdown of an HTTP/1 connection: it reads no
+    /// further request (one in flight is answered first).
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    /// True once [`Self::close`] was called.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
     }
 
     /// Resolves once no request has been open for `limit`, counted from the

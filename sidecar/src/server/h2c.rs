@@ -25,12 +25,10 @@
 //! most of the rest is the h2 crate's framing, HPACK and stream bookkeeping
 //! on both connections, which this does not change.
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use h2::server::{Connection, Handshake, SendResponse};
@@ -187,7 +185,7 @@ async fn serve_stream(
     };
     let (mut head, body) = response.into_parts();
     if !head.headers.contains_key(DATE) {
-        head.headers.insert(DATE, date());
+        head.headers.insert(DATE, crate::http1::server::date());
     }
     if let Some((opened, recv)) = tunnel {
         if head.status.is_success() {
@@ -267,25 +265,4 @@ async fn send_body(mut body: ServedBody, mut send: SendStream<Bytes>) {
             return;
         }
     }
-}
-
-/// The `date` value for now, formatted once a second per thread (a clock
-/// read per response instead of a format).
-fn date() -> HeaderValue {
-    thread_local! {
-        static CACHED: RefCell<(u64, HeaderValue)> =
-            const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
-    }
-    let now = SystemTime::now();
-    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    CACHED.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        if cached.0 != secs {
-            let text = httpdate::fmt_http_date(now);
-            cached.1 = HeaderValue::from_maybe_shared(Bytes::from(text))
-                .unwrap_or_else(|_| HeaderValue::from_static(""));
-            cached.0 = secs;
-        }
-        cached.1.clone()
-    })
 }

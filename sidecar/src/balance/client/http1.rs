@@ -26,7 +26,6 @@
 //! for a push or a pop (an uncontended lock is one atomic exchange each way;
 //! nothing awaits while holding it).
 
-pub mod codec;
 pub(crate) mod conn;
 
 use std::net::SocketAddr;

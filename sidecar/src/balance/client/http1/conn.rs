@@ -38,12 +38,11 @@ use http_body::Body;
 use tokio::net::TcpStream;
 
 mod body;
-mod outgoing;
 
 pub(crate) use self::body::Http1Body;
-use self::outgoing::Outgoing;
-use super::codec::{self, Decoder, Encoding, WireError};
 use super::Http1Pool;
+use crate::http1::outgoing::Outgoing;
+use crate::http1::{self as codec, Decoder, Encoding, WireError};
 use crate::retry::attempt::{AttemptFields, AttemptRequest, RequestHead};
 use crate::retry::failure::Stage;
 use crate::retry::replay_body::AttemptBody;

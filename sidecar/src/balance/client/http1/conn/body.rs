@@ -9,10 +9,10 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::net::TcpStream;
 
-use super::super::codec::{Decoded, Decoder, WireError};
 use super::super::Http1Pool;
-use super::outgoing::Outgoing;
 use super::Conn;
+use crate::http1::outgoing::Outgoing;
+use crate::http1::{Decoded, Decoder, WireError};
 use crate::proxy::tunnel::prefixed::Prefixed;
 use crate::retry::replay_body::BoxError;
 

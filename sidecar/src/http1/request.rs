@@ -11,6 +11,9 @@ pub enum Encoding {
     Length(u64),
     /// Chunked, ended by a zero-size chunk and the trailers.
     Chunked,
+    /// Everything up to the close (a response of unknown length to an
+    /// HTTP/1.0 client).
+    Close,
 }
 
 /// A request's framing: how its body goes, and the one field the head drops

@@ -37,8 +37,10 @@
 //! rules both directions share.
 
 mod body;
+pub(crate) mod outgoing;
 mod request;
 mod response;
+pub(crate) mod server;
 
 use std::fmt;
 use std::io;

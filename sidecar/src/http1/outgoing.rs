@@ -25,7 +25,7 @@ use http::header::{self, HeaderName};
 use http_body::{Body, Frame};
 use tokio::io::AsyncWrite;
 
-use super::super::codec::{self, Encoding, WireError};
+use super::{self as codec, Encoding, WireError};
 use crate::retry::replay_body::{AttemptBody, BoxError};
 
 /// Body bytes copied behind the head (or a chunk-size line) into one write;
@@ -45,8 +45,8 @@ const SLICES: usize = 16;
 /// framing, small frames), then `frames` (large frames, and what came
 /// behind them, in order), then the rest of the body as it arrives.
 #[derive(Debug)]
-pub(super) struct Outgoing<B = AttemptBody> {
-    pub(super) buf: Vec<u8>,
+pub(crate) struct Outgoing<B = AttemptBody> {
+    pub(crate) buf: Vec<u8>,
     pos: usize,
     /// Written after `buf`; while it holds anything, framing and small
     /// frames go here too, to keep the order.
@@ -55,29 +55,40 @@ pub(super) struct Outgoing<B = AttemptBody> {
     queued: usize,
     /// The reader has had its turn since the last frame came.
     turned: bool,
-    pub(super) body: Option<B>,
+    pub(crate) body: Option<B>,
     encoding: Encoding,
     /// Body bytes the declared length still allows.
     left: u64,
-    /// Trailer fields the request declared (sent only for chunked bodies).
+    /// Trailer fields the message declared (sent only for chunked bodies).
     trailers: Vec<HeaderName>,
-    pub(super) wrote_any: bool,
+    pub(crate) wrote_any: bool,
     /// A frame of the body has been taken (so the request cannot be handed
     /// back unsent).
-    pub(super) read_body: bool,
+    pub(crate) read_body: bool,
 }
 
 impl<B> Outgoing<B>
 where
     B: Body<Data = Bytes, Error = BoxError> + Unpin,
 {
-    pub(super) fn new(mut buf: Vec<u8>, encoding: Encoding, headers: &http::HeaderMap) -> Self {
+    /// A request's body: chunked, it carries the trailers its headers declare.
+    pub(crate) fn new(mut buf: Vec<u8>, encoding: Encoding, headers: &http::HeaderMap) -> Self {
         buf.clear();
         let trailers = if encoding == Encoding::Chunked && headers.contains_key(header::TRAILER) {
             codec::declared_trailers(headers)
         } else {
             Vec::new()
         };
+        Self::with_trailers(buf, encoding, trailers)
+    }
+
+    /// A message after what `buf` holds (its head), framed by `encoding`,
+    /// whose chunked body sends only the `trailers` fields.
+    pub(crate) fn with_trailers(
+        buf: Vec<u8>,
+        encoding: Encoding,
+        trailers: Vec<HeaderName>,
+    ) -> Self {
         Self {
             buf,
             pos: 0,
@@ -89,6 +100,7 @@ where
             left: match encoding {
                 Encoding::Length(n) => n,
                 Encoding::Chunked => 0,
+                Encoding::Close => u64::MAX,
             },
             trailers,
             wrote_any: false,
@@ -96,9 +108,14 @@ where
         }
     }
 
-    pub(super) fn into_buffer(mut self) -> Vec<u8> {
+    pub(crate) fn into_buffer(mut self) -> Vec<u8> {
         self.buf.clear();
         std::mem::take(&mut self.buf)
+    }
+
+    /// The body ended before the length its head declared.
+    fn short(&self) -> bool {
+        matches!(self.encoding, Encoding::Length(_)) && self.left != 0
     }
 
     /// Bytes queued and not yet written.
@@ -108,7 +125,7 @@ where
 
     /// Writes everything queued and the body's frames as they come; ready
     /// once the body has ended and every byte is written.
-    pub(super) fn poll_write<W: AsyncWrite + Unpin>(
+    pub(crate) fn poll_write<W: AsyncWrite + Unpin>(
         &mut self,
         io: &mut W,
         cx: &mut Context<'_>,
@@ -236,7 +253,7 @@ where
                 self.body = None;
                 if chunked {
                     self.push_small(|dst| codec::encode_last_chunk(dst, None, &[]));
-                } else if self.left != 0 {
+                } else if self.short() {
                     return Err(WireError::request_length(
                         "request body shorter than its Content-Length",
                     ));
@@ -274,7 +291,7 @@ where
                         self.push_small(|dst| {
                             codec::encode_last_chunk(dst, frame.trailers_ref(), &declared)
                         });
-                    } else if self.left != 0 {
+                    } else if self.short() {
                         return Err(WireError::request_length(
                             "request body shorter than its Content-Length",
                         ));

@@ -1,0 +1,497 @@
+//! The server side: a client's request head parsed and its body's framing
+//! decided, the response head encoded and its body's framing chosen.
+//!
+//! The contract: hyper 1.x's HTTP/1 server rules (`proto/h1/role.rs`,
+//! `conn.rs`), which served the sidecar's clients before this codec, so a
+//! client sees the same answers:
+//! - Request framing (RFC 9112 §6.3): `Transfer-Encoding` whose last coding
+//!   is `chunked` is chunked, and a `Content-Length` beside it is dropped
+//!   and the connection closes after the response; any other coding is a
+//!   `400`, and so is `Transfer-Encoding` on HTTP/1.0. `Content-Length` must
+//!   be digits (no sign, no list) and every line equal, else `400`. Neither:
+//!   no body.
+//! - Keep-alive: HTTP/1.1 unless a `Connection` line says `close` (a later
+//!   `keep-alive` does not undo it); HTTP/1.0 only with `keep-alive`.
+//! - `Expect: 100-continue` (HTTP/1.1, a body to come) is answered when the
+//!   body is first read; an `Upgrade` on HTTP/1.1, or `CONNECT`, may take the
+//!   connection over once answered `101` or `2xx`.
+//! - Limits: 100 fields and the configured head size (`431`), a target of
+//!   at most 65,534 bytes (`414`); any other malformed head is a `400`.
+//! - Responses: `HTTP/1.0` to an HTTP/1.0 client; `date` added when
+//!   missing; a body of known length gets `content-length`, one of unknown
+//!   length is chunked (read to the close for HTTP/1.0); no body for `HEAD`,
+//!   `204`, `304`, `1xx` and a `2xx` to `CONNECT`; `connection: keep-alive`
+//!   for a kept HTTP/1.0 client and `connection: close` when the connection
+//!   closes after it. Trailers are sent only in a chunked response to a
+//!   request with `TE: trailers`, and only the fields its `Trailer` declares.
+
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, StatusCode, Uri, Version};
+
+use super::{has_token, Encoding, Framing, Spans, MAX_HEADERS};
+
+/// The longest request target (hyper's).
+pub const MAX_TARGET_BYTES: usize = (u16::MAX - 1) as usize;
+
+/// A request head as a client sent it.
+#[derive(Debug)]
+pub struct RequestHead {
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub headers: HeaderMap,
+    /// How its body is delimited: a length (0: none) or chunked.
+    pub framing: Framing,
+    /// The client lets the connection carry another request.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` on HTTP/1.1 with a body to come.
+    pub expect_continue: bool,
+    /// `CONNECT`, or an `Upgrade` on HTTP/1.1.
+    pub upgrade: bool,
+    /// `TE: trailers`: the response may carry trailers.
+    pub trailers: bool,
+}
+
+/// A head that cannot be served, and the status that says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadError {
+    pub status: StatusCode,
+    pub what: &'static str,
+}
+
+impl HeadError {
+    const fn bad(what: &'static str) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            what,
+        }
+    }
+
+    const fn too_large(what: &'static str) -> Self {
+        Self {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            what,
+        }
+    }
+}
+
+impl std::fmt::Display for HeadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.what)
+    }
+}
+
+/// Parses a request head off the front of `buf`, or `None` if more bytes
+/// are needed; `max_head` bounds the bytes a head may take.
+pub fn parse_request(
+    buf: &mut BytesMut,
+    max_head: usize,
+    spans: &mut Spans,
+) -> Result<Option<RequestHead>, HeadError> {
+    // Uninitialised, as in `parse_response`: zeroing 100 fields costs about
+    // as much as parsing a typical head.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut fields,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() >= max_head {
+                return Err(HeadError::too_large("request head over the limit"));
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HeadError::too_large("request head over 100 fields"))
+        }
+        Err(httparse::Error::Token) if parsed.method.is_none() => {
+            return Err(HeadError::bad("invalid method"))
+        }
+        Err(httparse::Error::Token) => return Err(HeadError::bad("invalid request target")),
+        Err(httparse::Error::Version) => return Err(HeadError::bad("invalid HTTP version")),
+        Err(_) => return Err(HeadError::bad("malformed request head")),
+    };
+    let (Some(method), Some(target), Some(minor)) = (parsed.method, parsed.path, parsed.version)
+    else {
+        return Err(HeadError::bad("malformed request line"));
+    };
+    if target.len() > MAX_TARGET_BYTES {
+        return Err(HeadError {
+            status: StatusCode::URI_TOO_LONG,
+            what: "request target over 65,534 bytes",
+        });
+    }
+    let method =
+        Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::bad("invalid method"))?;
+    let base = buf.as_ptr() as usize;
+    let target_at = target.as_ptr() as usize - base;
+    let target_end = target_at + target.len();
+    spans.clear();
+    for field in parsed.headers.iter() {
+        // Offsets fit in u32: a head is far below 4 GiB.
+        let name = (field.name.as_ptr() as usize - base) as u32;
+        let value = (field.value.as_ptr() as usize - base) as u32;
+        spans.push([
+            name,
+            name + field.name.len() as u32,
+            value,
+            value + field.value.len() as u32,
+        ]);
+    }
+    let http11 = minor == 1;
+    // The head frozen once: the target and every value are slices of it.
+    let head = buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(target_at..target_end))
+        .map_err(|_| HeadError::bad("invalid request target"))?;
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut keep_alive = http11;
+    let mut saw_close = false;
+    let (mut length, mut saw_length) = (None::<u64>, false);
+    let (mut transfer_encoding, mut chunked) = (false, false);
+    let mut expect_continue = false;
+    let mut upgrade = method == Method::CONNECT;
+    let mut trailers = false;
+    for &[n0, n1, v0, v1] in spans.iter() {
+        let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
+        let name = HeaderName::from_bytes(&head[n0..n1])
+            .map_err(|_| HeadError::bad("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
+            .map_err(|_| HeadError::bad("invalid header value"))?;
+        match name {
+            header::TRANSFER_ENCODING => {
+                if !http11 {
+                    return Err(HeadError::bad("HTTP/1.0 request with Transfer-Encoding"));
+                }
+                transfer_encoding = true;
+                // Chunked framing wins: a length already kept goes.
+                if length.take().is_some() {
+                    headers.remove(header::CONTENT_LENGTH);
+                }
+                // The last line's last coding decides.
+                chunked = last_coding_is_chunked(&value);
+            }
+            header::CONTENT_LENGTH => {
+                saw_length = true;
+                if transfer_encoding {
+                    continue;
+                }
+                let n = super::digits(value.as_bytes())
+                    .ok_or(HeadError::bad("invalid Content-Length"))?;
+                match length {
+                    Some(m) if m != n => return Err(HeadError::bad("differing Content-Length")),
+                    // The same length again: one line is enough.
+                    Some(_) => continue,
+                    None => length = Some(n),
+                }
+            }
+            header::CONNECTION => {
+                // Once any line asks to close, a later `keep-alive` does not undo it.
+                if saw_close || has_token(&value, "close") {
+                    saw_close = true;
+                    keep_alive = false;
+                } else if !keep_alive {
+                    keep_alive = has_token(&value, "keep-alive");
+                }
+            }
+            header::EXPECT => {
+                expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+            }
+            header::UPGRADE => upgrade = http11,
+            header::TE => trailers |= has_token(&value, "trailers"),
+            _ => {}
+        }
+        headers.append(name, value);
+    }
+    if transfer_encoding && !chunked {
+        return Err(HeadError::bad("Transfer-Encoding other than chunked"));
+    }
+    if transfer_encoding && saw_length {
+        // Its sender and the next hop could frame the next request
+        // differently: the connection ends with this one.
+        keep_alive = false;
+    }
+    let framing = if chunked {
+        Framing::Chunked
+    } else {
+        Framing::Length(length.unwrap_or(0))
+    };
+    Ok(Some(RequestHead {
+        method,
+        uri,
+        version: if http11 {
+            Version::HTTP_11
+        } else {
+            Version::HTTP_10
+        },
+        headers,
+        expect_continue: expect_continue && http11 && framing != Framing::Length(0),
+        framing,
+        keep_alive,
+        upgrade,
+        trailers,
+    }))
+}
+
+fn last_coding_is_chunked(value: &HeaderValue) -> bool {
+    value
+        .to_str()
+        .ok()
+        .and_then(|s| s.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// What the response's request was, as far as the response head cares.
+#[derive(Debug, Clone, Copy)]
+pub struct Exchange {
+    /// The request was HTTP/1.0.
+    pub http10: bool,
+    pub head: bool,
+    pub connect: bool,
+    /// The connection may carry another request after this response.
+    pub keep_alive: bool,
+    /// The request said `TE: trailers`.
+    pub trailers: bool,
+}
+
+/// How the response goes on the wire, as its head decided.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ResponseFraming {
+    /// How its body is delimited.
+    pub encoding: Encoding,
+    /// The connection closes after it.
+    pub last: bool,
+    /// `101`, or `2xx` to `CONNECT`: the connection changes hands after the head.
+    pub upgrade: bool,
+    /// Trailer fields it may send (chunked, `TE: trailers`, declared).
+    pub trailers: Vec<HeaderName>,
+}
+
+/// The response body's length as the head is written: ended already,
+/// known, or unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyLength {
+    Ended,
+    Known(u64),
+    Unknown,
+}
+
+/// Encodes the response head into `dst` and decides its framing, as hyper's
+/// server does (module docs). An invalid `Content-Length` among several is a
+/// `500`, the head not written.
+pub fn encode_response(
+    dst: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: BodyLength,
+    exchange: Exchange,
+) -> Result<ResponseFraming, HeadError> {
+    let start = dst.len();
+    let code = status.as_u16();
+    let connect_ok = exchange.connect && status.is_success();
+    let upgrade = code == 101 || connect_ok;
+    let informational = (100..200).contains(&code);
+    let no_length = informational || connect_ok || code == 204 || code == 304;
+    let can_body = !(exchange.head || no_length);
+    let can_chunk = can_body && !exchange.http10;
+    let mut last = !exchange.keep_alive;
+
+    dst.reserve(64 + headers.len() * 32);
+    if !exchange.http10 && code == 200 {
+        dst.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        dst.extend_from_slice(if exchange.http10 {
+            b"HTTP/1.0 "
+        } else {
+            b"HTTP/1.1 "
+        });
+        dst.extend_from_slice(status.as_str().as_bytes());
+        dst.push(b' ');
+        // Many parsers expect a reason phrase.
+        dst.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+        dst.extend_from_slice(b"\r\n");
+    }
+
+    let mut encoding = None::<Encoding>;
+    let mut wrote_date = false;
+    let mut connection = None::<bool>; // Some(says_close) once written
+    let mut declared = Vec::new();
+    let mut chunked_last = true;
+    for (name, value) in headers {
+        match *name {
+            header::CONTENT_LENGTH => {
+                if connect_ok || encoding == Some(Encoding::Chunked) {
+                    continue;
+                }
+                match body {
+                    BodyLength::Known(n) => {
+                        if encoding.is_some() {
+                            continue;
+                        }
+                        encoding = Some(Encoding::Length(n));
+                    }
+                    BodyLength::Unknown => {
+                        let Some(n) = super::digits(value.as_bytes()) else {
+                            dst.truncate(start);
+                            return Err(HeadError {
+                                status: StatusCode::INTERNAL_SERVER_ERROR,
+                                what: "response with an invalid Content-Length",
+                            });
+                        };
+                        match encoding {
+                            Some(Encoding::Length(m)) if m != n => {
+                                dst.truncate(start);
+                                return Err(HeadError {
+                                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                                    what: "response with differing Content-Length",
+                                });
+                            }
+                            Some(_) => continue,
+                            None => encoding = Some(Encoding::Length(n)),
+                        }
+                    }
+                    // No body: a length stays only on a `HEAD` response
+                    // (the one the body would have had).
+                    BodyLength::Ended if exchange.head => {
+                        if encoding.is_some() {
+                            continue;
+                        }
+                        encoding = Some(Encoding::Length(0));
+                    }
+                    BodyLength::Ended => continue,
+                }
+            }
+            header::TRANSFER_ENCODING => {
+                if !can_chunk || matches!(encoding, Some(Encoding::Length(_))) {
+                    continue;
+                }
+                encoding = Some(Encoding::Chunked);
+                chunked_last = last_coding_is_chunked(value);
+            }
+            header::CONNECTION => {
+                let close = has_token(value, "close");
+                last |= close;
+                connection = Some(connection.unwrap_or(false) || close);
+            }
+            header::DATE => wrote_date = true,
+            header::TRAILER => {
+                if !can_chunk {
+                    continue;
+                }
+                if exchange.trailers {
+                    declared.extend(
+                        value
+                            .to_str()
+                            .into_iter()
+                            .flat_map(|s| s.split(','))
+                            .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok()),
+                    );
+                }
+            }
+            _ => {}
+        }
+        super::encode_field(dst, name, value);
+    }
+    if encoding == Some(Encoding::Chunked) && !chunked_last {
+        dst.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    let encoding = match encoding {
+        Some(e) => e,
+        None => match body {
+            BodyLength::Unknown if can_chunk => {
+                dst.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                Encoding::Chunked
+            }
+            BodyLength::Unknown if can_body => Encoding::Close,
+            BodyLength::Unknown => Encoding::Length(0),
+            BodyLength::Known(n) if n > 0 && !no_length => {
+                use std::io::Write;
+                let _ = write!(dst, "content-length: {n}\r\n");
+                Encoding::Length(n)
+            }
+            BodyLength::Known(_) | BodyLength::Ended => {
+                if !no_length && !exchange.head {
+                    dst.extend_from_slice(b"content-length: 0\r\n");
+                }
+                Encoding::Length(0)
+            }
+        },
+    };
+    let encoding = if can_body {
+        encoding
+    } else {
+        Encoding::Length(0)
+    };
+    if encoding == Encoding::Close {
+        last = true;
+    }
+    // hyper's version fix-ups: a kept HTTP/1.0 client is told so; an
+    // HTTP/1.1 one is told when the connection closes after this.
+    if !upgrade {
+        if exchange.http10 && !last && connection.is_none() {
+            dst.extend_from_slice(b"connection: keep-alive\r\n");
+        } else if !exchange.http10 && last && connection != Some(true) {
+            dst.extend_from_slice(b"connection: close\r\n");
+        }
+    }
+    if !wrote_date {
+        dst.extend_from_slice(b"date: ");
+        dst.extend_from_slice(date().as_bytes());
+        dst.extend_from_slice(b"\r\n");
+    }
+    dst.extend_from_slice(b"\r\n");
+    Ok(ResponseFraming {
+        encoding,
+        last: last || upgrade,
+        upgrade,
+        trailers: if encoding == Encoding::Chunked {
+            declared
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+/// A whole local answer to a head that could not be served (the
+/// connection closes after it).
+pub fn encode_refusal(dst: &mut Vec<u8>, status: StatusCode) {
+    let exchange = Exchange {
+        http10: false,
+        head: false,
+        connect: false,
+        keep_alive: false,
+        trailers: false,
+    };
+    let _ = encode_response(dst, status, &HeaderMap::new(), BodyLength::Ended, exchange);
+}
+
+/// The `date` value for now (RFC 9110 §6.6.1: a proxy that forwards a
+/// response without one adds it), formatted once a second per thread.
+pub fn date() -> HeaderValue {
+    thread_local! {
+        static CACHED: RefCell<(u64, HeaderValue)> =
+            const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|cached| {
+        let mut cached = cached.borrow_mut();
+        if cached.0 != secs {
+            let text = httpdate::fmt_http_date(now);
+            cached.1 = HeaderValue::from_maybe_shared(Bytes::from(text))
+                .unwrap_or_else(|_| HeaderValue::from_static(""));
+            cached.0 = secs;
+        }
+        cached.1.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests;
