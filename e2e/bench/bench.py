@@ -33,9 +33,16 @@ LOAD_CPU = os.environ.get("LOAD_CPU", "1")
 # system), so unrelated work on the machine (a build) disturbs it less.
 NICE = os.environ.get("BENCH_NICE", "-20")
 
-PEERS = ["envoy", "haproxy", "nginx", "traefik"]
+# BENCH_PEERS=nginx,haproxy measures a subset of the peers (a shorter run).
+PEERS = [p for p in os.environ.get("BENCH_PEERS", "envoy,haproxy,nginx,traefik").split(",") if p]
+# REPRISE_BASELINE=/path/to/reprise-sidecar adds `reprise-base`, a second
+# Reprise build run in the same rounds (same config, interleaved), so a change
+# is measured before and after under the same conditions of the host;
+# REPRISE_BASELINE_LABEL names it in the results (a commit, say).
+BASELINE = os.environ.get("REPRISE_BASELINE")
 PORTS = {
     "reprise": 17001,
+    "reprise-base": 17041,
     "reprise+log": 17011,
     "envoy": 17002,
     "haproxy": 17003,
@@ -300,11 +307,12 @@ def reprise_log_config():
 
 def start_proxy(name):
     port = PORTS[name]
-    if name in ("reprise", "reprise+log"):
-        cfg = os.path.join(CONF, "reprise.yaml") if name == "reprise" else reprise_log_config()
+    if name in ("reprise", "reprise+log", "reprise-base"):
+        cfg = reprise_log_config() if name == "reprise+log" else os.path.join(CONF, "reprise.yaml")
         # Access log lines go to /dev/null: the cost measured is producing them.
         out = subprocess.DEVNULL if name == "reprise+log" else None
-        p = Proc(name, [TOOLS["reprise"], "--config", cfg, "--listen", f"127.0.0.1:{port}",
+        binary = TOOLS["reprise-base"] if name == "reprise-base" else TOOLS["reprise"]
+        p = Proc(name, [binary, "--config", cfg, "--listen", f"127.0.0.1:{port}",
                         "--admin", f"127.0.0.1:{port + 100}"], PROXY_CPU,
                  env={"TOKIO_WORKER_THREADS": "1", "REPRISE_LOG": "info"}, stdout=out)
     elif name == "envoy":
@@ -840,6 +848,7 @@ def main():
     os.chmod(NGINX_TMP, 0o755)
     TOOLS = {
         "reprise": os.path.join(CACHE, "target", "release", "reprise-sidecar"),
+        "reprise-base": BASELINE,
         "envoy": os.environ["ENVOY_BIN"],
         "traefik": os.path.join(CACHE, "venv", "bin", "traefik"),
         "oha": os.path.join(CACHE, "oha", "bin", "oha"),
@@ -847,7 +856,7 @@ def main():
     }
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     t_start = time.time()
-    base = ["direct", "reprise"] + PEERS
+    base = ["direct", "reprise"] + (["reprise-base"] if BASELINE else []) + PEERS
     scen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
 
     def version(argv, pattern):
@@ -860,6 +869,7 @@ def main():
 
     versions = {
         "reprise": git_rev(),
+        **({"reprise-base": os.environ.get("REPRISE_BASELINE_LABEL", BASELINE)} if BASELINE else {}),
         "envoy": version([TOOLS["envoy"], "--version"], r"/(\d+\.\d+\.\d+)/"),
         "haproxy": version(["haproxy", "-v"], r"version (\S+)"),
         "nginx": version(["nginx", "-v"], r"nginx/(\S+)"),

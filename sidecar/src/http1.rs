@@ -1,12 +1,17 @@
-//! HTTP/1.1 on the wire towards an endpoint, without I/O: the request head
-//! written, the response head parsed and its body's framing decided
-//! (RFC 9112 §6.3), chunked bodies decoded. `super::conn` moves the bytes.
+//! HTTP/1.1 on the wire, both directions, without I/O. Towards endpoints:
+//! the request head written, the response head parsed and its body's
+//! framing decided (RFC 9112 §6.3), chunked bodies decoded
+//! (`balance::client::http1` moves the bytes). From clients: the request
+//! head parsed and its framing decided, the response head encoded
+//! ([`server`]; `server::http1` moves the bytes). [`outgoing`] writes a
+//! message's head and body for either side.
 //!
-//! The contract: the rules are hyper's client's, which the sidecar used
-//! before this codec (hyper 1.x `proto/h1/role.rs` and `decode.rs`), so an
-//! endpoint sees the same requests and a client the same responses, but for
-//! two deliberate differences: the 64 KiB head limit and the
-//! `Content-Length` removed from a chunked response (both below):
+//! The contract: the rules are hyper's client's and server's, which the
+//! sidecar used before this codec (hyper 1.x `proto/h1/role.rs` and
+//! `decode.rs`), so an endpoint sees the same requests and a client the same
+//! responses, but for two deliberate differences towards endpoints: the 64
+//! KiB head limit and the `Content-Length` removed from a chunked response
+//! (both below). Towards endpoints:
 //! - Request framing: a body that has ended is no body (`Transfer-Encoding`
 //!   dropped); a `Content-Length` already in the headers is kept; a body of
 //!   known length gets one; a body of unknown length is chunked, except for
@@ -25,16 +30,15 @@
 //!   at 4–16 KiB), chunk extensions 16 KiB per message, trailers 16 KiB
 //!   and 100 fields (hyper's). Chunk lines end in CRLF; a bare LF inside an
 //!   extension is refused (some parsers accept it and would frame the body
-//!   differently).
+//!   differently). Request bodies from clients are decoded by the same rules.
 //!
 //! The differential tests (`sidecar/tests/differential.rs`) hold these rules
 //! against hyper, nginx and HAProxy on request-smuggling and framing corpora.
-
 //!
 //! The parts: [`request`] (framing decided, head and chunks encoded),
-//! [`response`] (the head parsed, the body's framing decided) and [`body`]
-//! (the body decoded); this file holds the limits, the error and the field
-//! rules both directions share.
+//! [`response`] (the head parsed, the body's framing decided), [`body`]
+//! (the body decoded), [`server`] (the client side) and [`outgoing`]; this
+//! file holds the limits, the error and the field rules all share.
 
 mod body;
 pub(crate) mod outgoing;
