@@ -73,9 +73,11 @@ struct Inner {
 }
 
 /// The CLIENT span of one attempt. Ends when the attempt's outcome is known;
-/// dropped unfinished (a hedge's loser), it ends marked cancelled.
+/// dropped unfinished (a hedge's loser), it ends marked cancelled. Boxed:
+/// the SDK's span is 280 bytes, and an attempt's span moves with it
+/// through several futures on every request, traced or not.
 #[derive(Debug)]
-pub struct AttemptSpan(Option<Span>);
+pub struct AttemptSpan(Option<Box<Span>>);
 
 impl RequestSpan {
     /// A span that records nothing.
@@ -219,7 +221,9 @@ impl RequestSpan {
         }
         // Even an unsampled attempt gets its own span id, so the upstream's
         // spans still hang off this attempt.
-        AttemptSpan(Some(builder.start_with_context(&inner.tracer, &inner.cx)))
+        AttemptSpan(Some(Box::new(
+            builder.start_with_context(&inner.tracer, &inner.cx),
+        )))
     }
 
     /// A retry will be sent after `delay`.

@@ -64,8 +64,9 @@ pub struct StreamState {
 pub enum AttemptBody {
     /// No body.
     Empty,
-    /// Bytes from a buffered body, then its trailers.
-    Full(Option<Bytes>, Option<HeaderMap>),
+    /// Bytes from a buffered body, then its trailers (boxed: rare, and an
+    /// attempt's body moves with its request through several futures).
+    Full(Option<Bytes>, Option<Box<HeaderMap>>),
     /// The client's body, passed straight through (retries off: no copy, no lock).
     Direct(ClientBody),
     /// A view of a streaming body; stops working when a newer attempt takes over.
@@ -214,7 +215,7 @@ impl ReplayBody {
                 AttemptBody::Empty
             }
             ReplayBody::Buffered { data, trailers, .. } => {
-                AttemptBody::Full(Some(data.clone()), trailers.clone())
+                AttemptBody::Full(Some(data.clone()), trailers.clone().map(Box::new))
             }
             ReplayBody::Streaming(state) => {
                 let mut s = lock(state);
@@ -244,7 +245,7 @@ impl Body for AttemptBody {
                 if let Some(d) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(d))));
                 }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(*t))))
             }
             AttemptBody::Direct(inner) => Pin::new(inner).poll_frame(cx),
             AttemptBody::Shared(state, generation) => {

@@ -86,9 +86,18 @@ pub(crate) struct AttemptRequest<'t> {
 #[derive(Debug, Default)]
 pub(crate) struct AttemptFields {
     attempt: Option<HeaderValue>,
+    host: Option<HeaderValue>,
+    /// Boxed: only gRPC and traced attempts have them, and the fields move
+    /// with the attempt's request through several futures (240 bytes
+    /// unboxed, 88 boxed).
+    more: Option<Box<MoreFields>>,
+}
+
+/// The fields of gRPC and traced attempts.
+#[derive(Debug, Default)]
+struct MoreFields {
     previous_attempts: Option<HeaderValue>,
     grpc_timeout: Option<HeaderValue>,
-    host: Option<HeaderValue>,
     trace: Option<TraceFields>,
 }
 
@@ -98,20 +107,30 @@ impl AttemptFields {
     pub(crate) fn fixture(attempt: u32, traceparent: &'static str) -> Self {
         AttemptFields {
             attempt: Some(attempt_number(attempt)),
-            trace: Some(TraceFields {
-                traceparent: HeaderValue::from_static(traceparent),
-                tracestate: None,
-            }),
-            ..AttemptFields::default()
+            host: None,
+            more: Some(Box::new(MoreFields {
+                trace: Some(TraceFields {
+                    traceparent: HeaderValue::from_static(traceparent),
+                    tracestate: None,
+                }),
+                ..MoreFields::default()
+            })),
         }
+    }
+
+    /// The gRPC and trace fields, set up on first use.
+    fn more(&mut self) -> &mut MoreFields {
+        self.more.get_or_insert_with(Box::default)
     }
 
     /// True when the template's field `name` gives way to one of these.
     pub(crate) fn replaces(&self, name: &HeaderName) -> bool {
         (self.attempt.is_some() && name == ATTEMPT_HEADER)
-            || (self.trace.is_some() && (name == TRACEPARENT || name == TRACESTATE))
-            || (self.grpc_timeout.is_some() && name == GRPC_TIMEOUT)
-            || (self.previous_attempts.is_some() && name == PREVIOUS_ATTEMPTS)
+            || self.more.as_ref().is_some_and(|m| {
+                (m.trace.is_some() && (name == TRACEPARENT || name == TRACESTATE))
+                    || (m.grpc_timeout.is_some() && name == GRPC_TIMEOUT)
+                    || (m.previous_attempts.is_some() && name == PREVIOUS_ATTEMPTS)
+            })
     }
 
     /// Calls `f` with each field to send after the template's.
@@ -122,13 +141,16 @@ impl AttemptFields {
         if let Some(v) = &self.attempt {
             f(&ATTEMPT_HEADER, v);
         }
-        if let Some(v) = &self.previous_attempts {
+        let Some(more) = &self.more else {
+            return;
+        };
+        if let Some(v) = &more.previous_attempts {
             f(&PREVIOUS_ATTEMPTS, v);
         }
-        if let Some(v) = &self.grpc_timeout {
+        if let Some(v) = &more.grpc_timeout {
             f(&GRPC_TIMEOUT, v);
         }
-        if let Some(t) = &self.trace {
+        if let Some(t) = &more.trace {
             f(&TRACEPARENT, &t.traceparent);
             if let Some(v) = &t.tracestate {
                 f(&TRACESTATE, v);
@@ -144,13 +166,16 @@ impl AttemptFields {
         if let Some(v) = self.attempt {
             headers.insert(ATTEMPT_HEADER, v);
         }
-        if let Some(v) = self.previous_attempts {
+        let Some(more) = self.more else {
+            return;
+        };
+        if let Some(v) = more.previous_attempts {
             headers.insert(PREVIOUS_ATTEMPTS, v);
         }
-        if let Some(v) = self.grpc_timeout {
+        if let Some(v) = more.grpc_timeout {
             headers.insert(GRPC_TIMEOUT, v);
         }
-        if let Some(t) = self.trace {
+        if let Some(t) = more.trace {
             headers.insert(TRACEPARENT, t.traceparent);
             match t.tracestate {
                 Some(v) => headers.insert(TRACESTATE, v),
@@ -293,12 +318,12 @@ impl RequestTemplate {
         if self.numbered && (n > 1 || self.version != Version::HTTP_2) {
             fields.attempt = Some(attempt_number(n));
             if self.grpc && n > 1 {
-                fields.previous_attempts = Some(attempt_number(n - 1));
+                fields.more().previous_attempts = Some(attempt_number(n - 1));
             }
         }
         if let Some(deadline) = self.grpc_deadline {
             let left = deadline.saturating_duration_since(Instant::now());
-            fields.grpc_timeout = HeaderValue::try_from(grpc_timeout_value(left)).ok();
+            fields.more().grpc_timeout = HeaderValue::try_from(grpc_timeout_value(left)).ok();
         }
         if self.version != Version::HTTP_2
             && self.authority.is_none()
@@ -316,7 +341,9 @@ impl RequestTemplate {
             n - 1,
             hedge,
         );
-        fields.trace = span.trace_fields();
+        if let Some(trace) = span.trace_fields() {
+            fields.more().trace = Some(trace);
+        }
         let request = AttemptRequest {
             head,
             fields,

@@ -262,7 +262,7 @@ fn post(addr: SocketAddr, len: usize) -> Request<AttemptBody> {
         .version(http::Version::HTTP_2)
         .body(AttemptBody::Full(
             Some(Bytes::from(vec![7u8; len])),
-            Some(trailers),
+            Some(Box::new(trailers)),
         ))
         .expect("request")
 }
