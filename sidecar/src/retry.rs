@@ -127,7 +127,7 @@ pub(crate) async fn run(
     trace: &RequestSpan,
     random: &mut dyn Random,
 ) -> (Final, Report) {
-    let mut state = RetryState::new(up, plan, Instant::now());
+    let mut state = RetryState::new(up, plan, Instant::now);
     state.for_grpc(template.grpc, template.grpc_deadline);
     let Some(mut endpoint) = picker::pick(&up.endpoints, &state.report.tried, false, random) else {
         state.report.outcome = Outcome::Exhausted(ExhaustedBy::NoAlternate);
@@ -206,12 +206,14 @@ pub(crate) async fn run(
 }
 
 impl<'a> RetryState<'a> {
-    fn new(up: &'a UpstreamState, plan: Plan<'a>, start: Instant) -> Self {
+    /// The state of a request whose attempts start at `start()`, read only
+    /// when a total deadline counts from it (a clock read per request saved).
+    fn new(up: &'a UpstreamState, plan: Plan<'a>, start: impl FnOnce() -> Instant) -> Self {
         let policy = plan.policy;
         Self {
             up,
             plan,
-            deadline: policy.and_then(|p| p.total_deadline).map(|d| start + d),
+            deadline: policy.and_then(|p| p.total_deadline).map(|d| start() + d),
             attempt_limit: policy
                 .and_then(|p| p.attempt_timeout)
                 .or(up.config.read_timeout),
@@ -380,7 +382,7 @@ mod tests {
             skip: None,
         };
         let now = Instant::now();
-        let mut state = RetryState::new(&up, plan, now);
+        let mut state = RetryState::new(&up, plan, || now);
         state.deadline = Some(now + Duration::from_secs(1));
         assert_eq!(
             state.attempt_timeout(),

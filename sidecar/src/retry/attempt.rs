@@ -126,7 +126,8 @@ pub(crate) async fn send(
     let started = Instant::now();
     let response = state.client.request(request);
     let result = match timeout {
-        Some((limit, kind)) => match tokio::time::timeout(limit, response).await {
+        // At `started` plus the limit: `timeout` would read the clock again.
+        Some((limit, kind)) => match tokio::time::timeout_at(started + limit, response).await {
             Ok(r) => r,
             Err(_) => Err((kind, Stage::AfterWrite)),
         },

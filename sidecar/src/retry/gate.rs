@@ -337,7 +337,7 @@ mod tests {
                 policy: Some(&up.config.retries),
                 skip: r.skip,
             };
-            let mut state = RetryState::new(&up, plan, Instant::now());
+            let mut state = RetryState::new(&up, plan, Instant::now);
             state.retries = r.retries_sent;
             r.tried.iter().for_each(|i| state.report.tried.insert(*i));
             let body = if r.direct_body {
@@ -390,7 +390,7 @@ mod tests {
             skip: None,
         };
         for (retries, nominal_ms) in [(0u32, 100u64), (1, 200), (2, 400), (3, 400), (9, 400)] {
-            let mut state = RetryState::new(&up, plan, Instant::now());
+            let mut state = RetryState::new(&up, plan, Instant::now);
             state.retries = retries;
             state.report.tried.insert(0);
             // Draws: the endpoint pair, then the jitter.
@@ -426,7 +426,7 @@ mod tests {
             policy: Some(&up.config.retries),
             skip: None,
         };
-        let mut state = RetryState::new(&up, plan, Instant::now());
+        let mut state = RetryState::new(&up, plan, Instant::now);
         state.report.tried.insert(0);
         tokio::time::advance(Duration::from_millis(250)).await;
         let slow = failure(FailureKind::UpstreamStatus(503), Stage::Response, Some(100));
