@@ -34,7 +34,7 @@ if [ "${FUZZ_STABLE:-0}" = 1 ] || ! cargo +nightly --version >/dev/null 2>&1; th
   fuzz=(cargo fuzz)
 fi
 
-targets=(config_file snapshot retry_after classifier http1_response)
+targets=(config_file snapshot retry_after classifier http1_response http1_request)
 echo "== building ${targets[*]}"
 "${fuzz[@]}" build
 

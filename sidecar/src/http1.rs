@@ -44,7 +44,7 @@ mod body;
 pub(crate) mod outgoing;
 mod request;
 mod response;
-pub(crate) mod server;
+pub mod server;
 
 use std::fmt;
 use std::io;

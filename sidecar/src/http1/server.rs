@@ -97,9 +97,13 @@ pub fn parse_request(
     // as much as parsing a typical head.
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut []);
+    // Only the first `max_head` bytes are parsed: a head longer than that
+    // gets 431 however its bytes arrived, and an error inside the limit its
+    // own status (hyper's answer depended on how much one read brought).
+    let window = &buf[..buf.len().min(max_head)];
     let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
         &mut parsed,
-        buf,
+        window,
         &mut fields,
     ) {
         Ok(httparse::Status::Complete(len)) => len,
