@@ -19,8 +19,9 @@ use bytes::BytesMut;
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::Version;
 use libfuzzer_sys::fuzz_target;
+use reprise_fuzz::wire::{fields, pieces, read_body, Body};
 use reprise_sidecar::http1::server::parse_request;
-use reprise_sidecar::http1::{Decoded, Decoder, Framing, Spans};
+use reprise_sidecar::http1::{Framing, Spans};
 
 /// A small head limit, so that the fuzzer reaches it.
 const MAX_HEAD: usize = 1024;
@@ -36,39 +37,6 @@ enum Outcome {
         keep_alive: bool,
         body: Body,
     },
-}
-
-#[derive(Debug, PartialEq)]
-enum Body {
-    Failed,
-    /// The client stopped sending first: data so far.
-    Cut(Vec<u8>),
-    Ended {
-        data: Vec<u8>,
-        trailers: Option<Vec<(String, Vec<u8>)>>,
-        leftover: Vec<u8>,
-    },
-}
-
-/// Piece lengths from `seed` (1 to 64 bytes each); seed 0 feeds everything at once.
-fn pieces(bytes: &[u8], seed: u8) -> Vec<&[u8]> {
-    if seed == 0 {
-        return vec![bytes];
-    }
-    let (mut out, mut rest, mut s) = (Vec::new(), bytes, u32::from(seed));
-    while !rest.is_empty() {
-        s = s.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        let n = ((s >> 16) as usize % 64 + 1).min(rest.len());
-        out.push(&rest[..n]);
-        rest = &rest[n..];
-    }
-    out
-}
-
-fn fields(map: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
-    map.iter()
-        .map(|(k, v)| (k.as_str().to_owned(), v.as_bytes().to_vec()))
-        .collect()
 }
 
 fn run(bytes: &[u8], seed: u8) -> Outcome {
@@ -114,39 +82,7 @@ fn run(bytes: &[u8], seed: u8) -> Outcome {
     if head.expect_continue {
         assert_ne!(head.framing, Framing::Length(0));
     }
-    let mut decoder = Decoder::new(head.framing);
-    let expected = decoder.remaining();
-    let mut data = Vec::new();
-    let body = loop {
-        match decoder.decode(&mut buf) {
-            Err(_) => break Body::Failed,
-            Ok(Decoded::Data(d)) => {
-                assert!(!d.is_empty(), "an empty data frame");
-                data.extend_from_slice(&d);
-            }
-            Ok(Decoded::Trailers(t)) => {
-                break Body::Ended {
-                    data,
-                    trailers: Some(fields(&t)),
-                    leftover: leftover(buf, feed),
-                }
-            }
-            Ok(Decoded::End) => {
-                break Body::Ended {
-                    data,
-                    trailers: None,
-                    leftover: leftover(buf, feed),
-                }
-            }
-            Ok(Decoded::More) => match feed.next() {
-                Some(piece) => buf.extend_from_slice(piece),
-                None => break Body::Cut(data),
-            },
-        }
-    };
-    if let (Some(n), Body::Ended { data, .. }) = (expected, &body) {
-        assert_eq!(data.len() as u64, n, "a body of known length");
-    }
+    let body = read_body(head.framing, buf, feed);
     Outcome::Request {
         line: format!("{} {} {:?}", head.method, head.uri, head.version),
         fields: fields(&head.headers),
@@ -154,14 +90,6 @@ fn run(bytes: &[u8], seed: u8) -> Outcome {
         keep_alive: head.keep_alive,
         body,
     }
-}
-
-fn leftover<'a>(buf: BytesMut, rest: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut all = buf.to_vec();
-    for piece in rest {
-        all.extend_from_slice(piece);
-    }
-    all
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -172,8 +100,12 @@ fuzz_target!(|data: &[u8]| {
     let cut = run(bytes, *seed);
     match (&whole, &cut) {
         (
-            Outcome::Request { body: Body::Failed, .. },
-            Outcome::Request { body: Body::Failed, .. },
+            Outcome::Request {
+                body: Body::Failed, ..
+            },
+            Outcome::Request {
+                body: Body::Failed, ..
+            },
         ) => {}
         _ => assert_eq!(whole, cut, "{:?}", String::from_utf8_lossy(bytes)),
     }

@@ -1,11 +1,14 @@
 //! Invariants the fuzz targets check on every configuration that validation
 //! accepted: whatever the input, an accepted [`Config`] is within the bounds
 //! the product documents promise, so the sidecar never runs a policy that
-//! validation would have refused.
+//! validation would have refused. [`wire`] holds what the HTTP/1 targets
+//! share.
+
+pub mod wire;
 
 use std::time::Duration;
 
-use reprise_crds::policy::{MAX_RETRIES, MAX_REPLAY_LIMIT_BYTES, MAX_TOTAL_DEADLINE_MS};
+use reprise_crds::policy::{MAX_REPLAY_LIMIT_BYTES, MAX_RETRIES, MAX_TOTAL_DEADLINE_MS};
 use reprise_crds::{Config, FailureBoundary, RetryPolicy, Rule};
 
 /// Where a policy came from: the rules format (which needs the duplicate-risk

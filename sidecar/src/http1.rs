@@ -42,6 +42,7 @@
 
 mod body;
 pub(crate) mod outgoing;
+pub(crate) mod reads;
 mod request;
 mod response;
 pub mod server;
@@ -57,8 +58,31 @@ pub use self::request::{
     declared_trailers, encode_chunk_size, encode_field, encode_fields, encode_head,
     encode_last_chunk, encode_request_line, request_framing, Encoding, RequestFraming,
 };
-pub use self::response::{parse_response, ResponseHead, Spans};
+pub use self::response::{parse_response, ResponseHead};
 use crate::retry::failure::{FailureKind, Stage};
+
+/// Where each field's name and value sit in a head (offsets), kept by the
+/// connection between heads so parsing allocates nothing.
+pub type Spans = Vec<[u32; 4]>;
+
+/// Records in `spans` where each of `fields` (parsed from `head`) sits in
+/// it, so that the head can be frozen once and every value be a slice of it
+/// (no copy, no allocation per value). Offsets fit in u32: a head is at most
+/// the head limit (1 MiB at most).
+fn record_spans(head: &[u8], fields: &[httparse::Header<'_>], spans: &mut Spans) {
+    let base = head.as_ptr() as usize;
+    spans.clear();
+    for field in fields {
+        let name = (field.name.as_ptr() as usize - base) as u32;
+        let value = (field.value.as_ptr() as usize - base) as u32;
+        spans.push([
+            name,
+            name + field.name.len() as u32,
+            value,
+            value + field.value.len() as u32,
+        ]);
+    }
+}
 
 /// Header fields a response head may carry (hyper's client default).
 pub const MAX_HEADERS: usize = 100;

@@ -7,7 +7,8 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Version};
 
 use super::{
-    content_length, digits, has_token, is_chunked, Framing, WireError, MAX_HEADERS, MAX_HEAD_BYTES,
+    content_length, digits, has_token, is_chunked, record_spans, Framing, Spans, WireError,
+    MAX_HEADERS, MAX_HEAD_BYTES,
 };
 
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -29,10 +30,6 @@ pub struct ResponseHead {
     pub hop_by_hop: bool,
 }
 
-/// Where each field's name and value sit in a head (offsets), kept by the
-/// connection between responses so parsing allocates nothing.
-pub type Spans = Vec<[u32; 4]>;
-
 /// Parses a response head off the front of `buf` (1xx other than `101`
 /// skipped), or `None` if more bytes are needed.
 pub fn parse_response(
@@ -45,9 +42,12 @@ pub fn parse_response(
         // parsing a typical head.
         let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
         let mut parsed = httparse::Response::new(&mut []);
+        // Only the first 64 KiB are parsed: a longer head is refused however
+        // its bytes arrived (as on the server side, `super::server`).
+        let window = &buf[..buf.len().min(MAX_HEAD_BYTES)];
         let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
             &mut parsed,
-            buf,
+            window,
             &mut fields,
         ) {
             Ok(httparse::Status::Complete(len)) => len,
@@ -62,9 +62,6 @@ pub fn parse_response(
             }
             Err(_) => return Err(WireError::protocol("malformed response head")),
         };
-        if len > MAX_HEAD_BYTES {
-            return Err(WireError::protocol("response head over 64 KiB"));
-        }
         let status = parsed
             .code
             .and_then(|c| StatusCode::from_u16(c).ok())
@@ -75,20 +72,8 @@ pub fn parse_response(
             Version::HTTP_10
         };
         // Field offsets, then the head frozen once: every value is a slice
-        // of it (no copy, no allocation per value). Offsets fit in u32: the
-        // head is at most 64 KiB.
-        let base = buf.as_ptr() as usize;
-        spans.clear();
-        for field in parsed.headers.iter() {
-            let name = (field.name.as_ptr() as usize - base) as u32;
-            let value = (field.value.as_ptr() as usize - base) as u32;
-            spans.push([
-                name,
-                name + field.name.len() as u32,
-                value,
-                value + field.value.len() as u32,
-            ]);
-        }
+        // of it (no copy, no allocation per value).
+        record_spans(buf, parsed.headers, spans);
         let head = buf.split_to(len).freeze();
         let mut headers = HeaderMap::with_capacity(spans.len());
         let mut keep_alive = version == Version::HTTP_11;

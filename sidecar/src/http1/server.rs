@@ -33,7 +33,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Uri, Version};
 
-use super::{has_token, Encoding, Framing, Spans, MAX_HEADERS};
+use super::{has_token, record_spans, Encoding, Framing, Spans, MAX_HEADERS};
 
 /// The longest request target (hyper's).
 pub const MAX_TARGET_BYTES: usize = (u16::MAX - 1) as usize;
@@ -135,21 +135,9 @@ pub fn parse_request(
     }
     let method =
         Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::bad("invalid method"))?;
-    let base = buf.as_ptr() as usize;
-    let target_at = target.as_ptr() as usize - base;
+    let target_at = target.as_ptr() as usize - buf.as_ptr() as usize;
     let target_end = target_at + target.len();
-    spans.clear();
-    for field in parsed.headers.iter() {
-        // Offsets fit in u32: a head is far below 4 GiB.
-        let name = (field.name.as_ptr() as usize - base) as u32;
-        let value = (field.value.as_ptr() as usize - base) as u32;
-        spans.push([
-            name,
-            name + field.name.len() as u32,
-            value,
-            value + field.value.len() as u32,
-        ]);
-    }
+    record_spans(buf, parsed.headers, spans);
     let http11 = minor == 1;
     // The head frozen once: the target and every value are slices of it.
     let head = buf.split_to(len).freeze();

@@ -42,21 +42,13 @@ use super::drain::ConnDrain;
 use super::serve_request;
 use crate::http1::outgoing::Outgoing;
 use crate::http1::server::{self as codec, BodyLength, Exchange, RequestHead};
-use crate::http1::{Decoded, Decoder, Encoding, Framing, Spans};
+use crate::http1::{reads, Decoded, Decoder, Encoding, Framing, Spans};
 use crate::proxy::body::h1_recv::{self, H1Sender, Want};
 use crate::proxy::body::ClientBody;
 use crate::proxy::route::Destination;
 use crate::proxy::tunnel::upgrade::{self, Handover, Stream};
 use crate::proxy::Proxy;
 use crate::retry::replay_body::BoxError;
-
-/// First read buffer of a connection (hyper's 8 KiB): a request head and a
-/// small body.
-const READ_INIT: usize = 8 * 1024;
-
-/// Largest read: a read that fills the buffer doubles the next one up to
-/// this, so a large upload is read in large pieces (as towards endpoints).
-const READ_MAX: usize = 256 * 1024;
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -71,7 +63,7 @@ pub(super) async fn serve<I: Stream>(
     let mut conn = Conn {
         io,
         read: BytesMut::new(),
-        read_size: READ_INIT,
+        read_size: reads::READ_INIT,
         spans: Spans::new(),
         out: Vec::new(),
         max_head,
@@ -243,19 +235,7 @@ impl Feed {
 impl<I: Stream> Conn<I> {
     /// Reads more into the buffer; `Ok(0)` at the client's close.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.read.capacity() - self.read.len() < 1024 {
-            self.read.reserve(self.read_size);
-        }
-        let room = self.read.capacity() - self.read.len();
-        let n = ready!(tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.io),
-            cx,
-            &mut self.read
-        ))?;
-        if n == room && self.read_size < READ_MAX {
-            self.read_size *= 2;
-        }
-        Poll::Ready(Ok(n))
+        reads::poll_fill(&mut self.io, &mut self.read, &mut self.read_size, cx)
     }
 
     /// The next request head; `None` when the client closed between
@@ -426,9 +406,9 @@ impl<I: Stream> Conn<I> {
 
     /// Between requests: a buffer grown by a large body is given back.
     fn after_request(&mut self) {
-        if self.read.is_empty() && self.read.capacity() > READ_INIT * 4 {
+        if self.read.is_empty() && self.read.capacity() > reads::READ_INIT * 4 {
             self.read = BytesMut::new();
-            self.read_size = READ_INIT;
+            self.read_size = reads::READ_INIT;
         }
     }
 

@@ -27,7 +27,6 @@
 //! body and returns the connection.
 
 use std::future::poll_fn;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
 
@@ -42,20 +41,10 @@ mod body;
 pub(crate) use self::body::Http1Body;
 use super::Http1Pool;
 use crate::http1::outgoing::Outgoing;
-use crate::http1::{self as codec, Decoder, Encoding, WireError};
+use crate::http1::{self as codec, reads, Decoder, Encoding, WireError};
 use crate::retry::attempt::{AttemptFields, AttemptRequest, RequestHead};
 use crate::retry::failure::Stage;
 use crate::retry::replay_body::AttemptBody;
-
-/// First read buffer of a connection: one response head and a small body
-/// (hyper's 8 KiB).
-const READ_INIT: usize = 8 * 1024;
-
-/// Largest read buffer: a read that fills the buffer doubles the next one up
-/// to this (hyper's adaptive reads grow to about 400 KiB). At 64 KiB a 1 GiB
-/// download through the sidecar ran at 878 MiB/s against 1,055 with hyper's
-/// client (`e2e/bench/results/2026-12-01-2030.md`, scenario 5).
-const READ_MAX: usize = 256 * 1024;
 
 /// One connection: the socket and the bytes read from it not yet consumed.
 #[derive(Debug)]
@@ -74,7 +63,7 @@ impl Conn {
         Box::new(Self {
             io,
             read: BytesMut::new(),
-            read_size: READ_INIT,
+            read_size: reads::READ_INIT,
             out: Vec::new(),
             spans: codec::Spans::new(),
         })
@@ -99,19 +88,7 @@ impl Conn {
 
     /// Reads more into the buffer; `Ok(0)` at the endpoint's close.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        if self.read.capacity() - self.read.len() < 1024 {
-            self.read.reserve(self.read_size);
-        }
-        let room = self.read.capacity() - self.read.len();
-        let n = ready!(tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.io),
-            cx,
-            &mut self.read
-        ))?;
-        if n == room && self.read_size < READ_MAX {
-            self.read_size *= 2;
-        }
-        Poll::Ready(Ok(n))
+        reads::poll_fill(&mut self.io, &mut self.read, &mut self.read_size, cx)
     }
 }
 
