@@ -7,6 +7,7 @@ pub(crate) mod admin;
 pub(crate) mod drain;
 mod h2c;
 mod http1;
+mod request_box;
 mod sniff;
 mod transparent;
 

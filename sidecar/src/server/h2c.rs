@@ -40,6 +40,7 @@ use http_body_util::BodyExt;
 use tokio::net::TcpStream;
 
 use super::drain::ServedBody;
+use super::request_box::RequestBox;
 use super::serve_request;
 use crate::proxy::body::{ClientBody, H2Recv};
 use crate::proxy::route::Destination;
@@ -149,12 +150,19 @@ impl Future for H2cConnection {
 }
 
 /// Handles one stream: the request, then its response.
-async fn serve_stream(
+///
+/// Not an async fn: the request's future is made (and boxed) here, before
+/// the task, so the task holds only that box, the stream's sending half and
+/// a tunnel's halves. An async fn keeps its arguments for its whole life
+/// (the request head alone is 224 bytes), and its task was 1,408 bytes:
+/// past the 1 KiB under which glibc serves the task's memory without first
+/// consolidating its freed small blocks.
+fn serve_stream(
     proxy: Arc<Proxy>,
     dest: Destination,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-) {
+) -> impl Future<Output = ()> + Send {
     let (mut parts, recv) = req.into_parts();
     // CONNECT's stream carries the tunnel's bytes once it is answered, not
     // a body: its receiving half waits here for the answer.
@@ -169,20 +177,34 @@ async fn serve_stream(
         let body = ClientBody::H2(H2Recv::new(recv, &parts.headers));
         (Request::from_parts(parts, body), None)
     };
-    // Boxed: inline, the request's future (over 7 KiB) would make this
-    // one as large, and `tokio::spawn` moves a future through several calls
-    // before it reaches the task's memory (each move a copy of all of it:
-    // about 8,700 instructions of memcpy per request, measured by callgrind).
-    let mut served = Box::pin(serve_request(proxy, req, dest, None));
-    let response = tokio::select! {
-        biased;
-        response = &mut served => match response {
-            Ok(response) => response,
-            Err(never) => match never {},
-        },
-        // The client gave up on the request: dropping it cancels its attempts.
-        _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
-    };
+    // Boxed: inline, the request's future (over 5 KiB) would make the
+    // task as large, and `tokio::spawn` moves a future through several
+    // calls before it reaches the task's memory (each move a copy of all
+    // of it: about 8,700 instructions of memcpy per request, callgrind).
+    let mut served = RequestBox::new(serve_request(proxy, req, dest, None));
+    async move {
+        let response = tokio::select! {
+            biased;
+            response = &mut served => match response {
+                Ok(response) => response,
+                Err(never) => match never {},
+            },
+            // The client gave up on the request: dropping it cancels its attempts.
+            _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
+        };
+        // Its box goes back for the next stream now, not after the body.
+        drop(served);
+        respond_with(response, respond, tunnel).await;
+    }
+}
+
+/// Sends `response` on the stream: its head, then its body, or the tunnel
+/// when it opens one.
+fn respond_with(
+    response: Response<ServedBody>,
+    mut respond: SendResponse<Bytes>,
+    tunnel: Option<(h2_stream::Opened, RecvStream)>,
+) -> impl Future<Output = ()> + Send {
     let (mut head, body) = response.into_parts();
     if !head.headers.contains_key(DATE) {
         head.headers.insert(DATE, crate::http1::server::date());
@@ -193,7 +215,7 @@ async fn serve_stream(
             if let Ok(send) = respond.send_response(Response::from_parts(head, ()), false) {
                 opened.open(H2Stream::new(send, recv));
             }
-            return;
+            return send_body(None);
         }
     }
     let end = body.is_end_stream();
@@ -205,64 +227,80 @@ async fn serve_stream(
         }
     }
     match respond.send_response(Response::from_parts(head, ()), end) {
-        Ok(send) if !end => send_body(body, send).await,
-        Ok(_) => {}
+        Ok(send) if !end => send_body(Some((body, send))),
+        Ok(_) => send_body(None),
         Err(e) => {
             tracing::debug!(error = %e, "h2c response head not sent");
             respond.send_reset(Reason::INTERNAL_ERROR);
+            send_body(None)
         }
     }
 }
 
 /// Streams `body` onto `send` until it ends, fails (the stream is reset)
-/// or the client resets the stream (the body is dropped).
-async fn send_body(mut body: ServedBody, mut send: SendStream<Bytes>) {
-    loop {
-        let frame = tokio::select! {
-            biased;
-            frame = body.frame() => frame,
-            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return,
+/// or the client resets the stream (the body is dropped); with `None`,
+/// nothing is left to send.
+///
+/// Not an async fn, for the reason [`serve_stream`] gives: the block works
+/// on its captured pair in place.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn would keep a second copy of its argument"
+)]
+fn send_body(
+    mut stream: Option<(ServedBody, SendStream<Bytes>)>,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        let Some((body, send)) = &mut stream else {
+            return;
         };
-        let frame = match frame {
-            None => {
-                let _ = send.send_data(Bytes::new(), true);
-                return;
-            }
-            Some(Err(e)) => {
-                tracing::debug!(error = %e, "h2c response body failed; resetting the stream");
-                return send.send_reset(Reason::INTERNAL_ERROR);
-            }
-            Some(Ok(frame)) => frame,
-        };
-        let data = match frame.into_data() {
-            Ok(data) => data,
-            Err(frame) => {
-                if let Ok(trailers) = frame.into_trailers() {
-                    // No more data: whatever capacity was asked for goes back.
-                    send.reserve_capacity(0);
-                    let _ = send.send_trailers(trailers);
+        loop {
+            let frame = tokio::select! {
+                biased;
+                frame = body.frame() => frame,
+                _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return,
+            };
+            let frame = match frame {
+                None => {
+                    let _ = send.send_data(Bytes::new(), true);
                     return;
                 }
-                continue;
-            }
-        };
-        let end = body.is_end_stream();
-        if !data.is_empty() {
-            // Asks for one byte, not the chunk's length, as hyper does: the
-            // h2 crate raises the claim to what is buffered once the chunk
-            // is handed over, and a whole-length claim from every waiting
-            // stream would share a small window out thinly.
-            send.reserve_capacity(1);
-            while send.capacity() == 0 {
-                match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
-                    Some(Ok(_)) => {}
-                    // The stream was reset or the connection ended.
-                    Some(Err(_)) | None => return,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "h2c response body failed; resetting the stream");
+                    return send.send_reset(Reason::INTERNAL_ERROR);
+                }
+                Some(Ok(frame)) => frame,
+            };
+            let data = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        // No more data: whatever capacity was asked for goes back.
+                        send.reserve_capacity(0);
+                        let _ = send.send_trailers(trailers);
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let end = body.is_end_stream();
+            if !data.is_empty() {
+                // Asks for one byte, not the chunk's length, as hyper does: the
+                // h2 crate raises the claim to what is buffered once the chunk
+                // is handed over, and a whole-length claim from every waiting
+                // stream would share a small window out thinly.
+                send.reserve_capacity(1);
+                while send.capacity() == 0 {
+                    match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                        Some(Ok(_)) => {}
+                        // The stream was reset or the connection ended.
+                        Some(Err(_)) | None => return,
+                    }
                 }
             }
-        }
-        if send.send_data(data, end).is_err() || end {
-            return;
+            if send.send_data(data, end).is_err() || end {
+                return;
+            }
         }
     }
 }

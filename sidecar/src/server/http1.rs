@@ -39,6 +39,7 @@ use http_body::Body;
 use tokio::io::AsyncWriteExt;
 
 use super::drain::ConnDrain;
+use super::request_box::RequestBox;
 use super::serve_request;
 use crate::http1::outgoing::Outgoing;
 use crate::http1::server::{self as codec, BodyLength, Exchange, RequestHead};
@@ -88,14 +89,14 @@ pub(super) async fn serve<I: Stream>(
         let (request, mut feed, handover) = conn.request(head);
         // Boxed per request: inline, the request's future (over 5 KiB)
         // would size every idle connection's task.
-        let mut serving = Box::pin(serve_request(
+        let mut serving = RequestBox::new(serve_request(
             Arc::clone(&proxy),
             request,
             dest.clone(),
             Some(Arc::clone(&drain)),
         ));
         let response = poll_fn(|cx| loop {
-            if let Poll::Ready(response) = serving.as_mut().poll(cx) {
+            if let Poll::Ready(response) = Pin::new(&mut serving).poll(cx) {
                 return Poll::Ready(Some(response));
             }
             if conn.poll_feed(&mut feed, cx) {
