@@ -154,8 +154,8 @@ impl Future for H2cConnection {
 /// Not an async fn: the request's future is made (and boxed) here, before
 /// the task, so the task holds only that box, the stream's sending half and
 /// a tunnel's halves. An async fn keeps its arguments for its whole life
-/// (the request head alone is 224 bytes), and its task was 1,408 bytes:
-/// past the 1 KiB under which glibc serves the task's memory without first
+/// (the request head alone is 224 bytes): its task was 1,408 bytes (512
+/// now, dhat), past the 1 KiB under which glibc serves it without first
 /// consolidating its freed small blocks.
 fn serve_stream(
     proxy: Arc<Proxy>,
