@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # User-space instructions per proxied request, counted by valgrind's callgrind,
-# for Reprise, HAProxy, nginx and the bare-forwarder ceiling, with the ratio
+# for Reprise, HAProxy, nginx and the bare-forwarder ceilings, with the ratio
 # to nginx. Unlike req/s on a shared VM (which moves by 15% between rounds),
 # the count varies by well under 1% from run to run, so it shows small changes.
 #
@@ -15,7 +15,8 @@
 # (total(3N) - total(N)) / 2N leaves out start-up and shutdown. Envoy and
 # Traefik are left out: under valgrind they take minutes to start.
 # The h2c rows follow scenario 7's path: h2load with 4 connections x 64
-# streams of h2c prior knowledge (Host: h2) through Reprise and HAProxy to
+# streams of h2c prior knowledge (Host: h2) through Reprise, HAProxy and the
+# h2 bare forwarder (e2e/src/bin/bench-bare-forwarder-h2.rs) to
 # HAProxy answering over h2c, N2 and 3 N2 requests (H2C_REQUESTS, 10,000 by
 # default: with 256 streams in flight, fewer leave the count dominated by
 # how the first batches happen to fall).
@@ -33,7 +34,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 for tool in valgrind h2load nginx haproxy curl; do
   command -v "$tool" >/dev/null || { echo "missing $tool: run 'bash e2e/bench/run.sh --install-only' (as root for apt-get)" >&2; exit 1; }
 done
-for bin in reprise-sidecar bench-bare-forwarder; do
+for bin in reprise-sidecar bench-bare-forwarder bench-bare-forwarder-h2; do
   [ -x "$CACHE/target/release/$bin" ] || { echo "missing $CACHE/target/release/$bin: run 'bash e2e/bench/run.sh --install-only'" >&2; exit 1; }
 done
 
@@ -49,7 +50,9 @@ total_instructions() {
   rm -f "$out"*
   valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>"$WORK/valgrind.log" &
   local pid=$!
-  for _ in $(seq 300); do curl -fso /dev/null -H 'Host: bench' "http://127.0.0.1:$port/" && break; sleep 0.2; done
+  local probe=(-H 'Host: bench')
+  [ "${LOAD:-h1}" = h2c ] && probe=(--http2-prior-knowledge -H 'Host: h2')
+  for _ in $(seq 300); do curl -fso /dev/null "${probe[@]}" "http://127.0.0.1:$port/" && break; sleep 0.2; done
   if [ "${LOAD:-h1}" = h2c ]; then
     h2load -n "$requests" -c 4 -m 64 -t 1 -H ':authority: h2' "http://127.0.0.1:$port/"
   else
@@ -104,6 +107,7 @@ YAML
       "$CACHE/target/release/reprise-sidecar" --config "$CONF/reprise.yaml" \
       --listen 127.0.0.1:17001 --admin 127.0.0.1:17101
     LOAD=h2c per_request haproxy-h2c 17003 haproxy -db -f "$CONF/haproxy.cfg"
+    LOAD=h2c per_request bare-forwarder-h2c 17022 "$CACHE/target/release/bench-bare-forwarder-h2" 127.0.0.1:17022 127.0.0.1:18082
   fi
 } >"$WORK/results"
 
