@@ -16,8 +16,10 @@ use reprise_crds::grpc;
 use super::body::ProxyBody;
 use crate::retry::FailureKind;
 
-/// Response header naming the local failure the sidecar answered for.
-pub const ERROR_HEADER: &str = "x-reprise-error";
+/// Response header naming the local failure the sidecar answered for. A
+/// `HeaderName`, not a `&str`: every response is checked for it, and a
+/// lookup by string parses the name first (about 250 instructions).
+pub const ERROR_HEADER: http::HeaderName = http::HeaderName::from_static("x-reprise-error");
 
 /// Why the sidecar answers a request itself.
 #[derive(Debug)]
