@@ -222,7 +222,10 @@ impl Proxy {
                 break 'serve tunnel::connect(req, upstream, Arc::clone(&self));
             }
             upstream.budget.record_request();
-            let upgrade = hop_by_hop::is_upgrade(req.headers());
+            // HTTP/2 has no `Upgrade` (RFC 9113 §8.6; the h2 crate refuses
+            // the field as connection-specific): no lookups for it.
+            let upgrade =
+                req.version() < http::Version::HTTP_2 && hop_by_hop::is_upgrade(req.headers());
             let client_upgrade = upgrade.then(|| tunnel::upgrade::ClientUpgrade::take(&mut req));
             let (parts, body) = req.into_parts();
             let mut template = prepare::template(parts, &upstream, upgrade, grpc);

@@ -206,9 +206,9 @@ fn respond_with(
     tunnel: Option<(h2_stream::Opened, RecvStream)>,
 ) -> impl Future<Output = ()> + Send {
     let (mut head, body) = response.into_parts();
-    if !head.headers.contains_key(DATE) {
-        head.headers.insert(DATE, crate::http1::server::date());
-    }
+    head.headers
+        .entry(DATE)
+        .or_insert_with(crate::http1::server::date);
     if let Some((opened, recv)) = tunnel {
         if head.status.is_success() {
             head.headers.remove(CONTENT_LENGTH);
