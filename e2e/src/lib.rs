@@ -6,6 +6,7 @@
 //! builders, the Prometheus parser) live in the `reprise-testkit` crate.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod cluster;
 pub mod jaeger;
 pub mod soak;

@@ -12,48 +12,39 @@
 
 use std::net::SocketAddr;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
 use tokio::net::{TcpListener, TcpStream};
 
 fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        bail!("usage: bench-bare-forwarder-h2 LISTEN_ADDR UPSTREAM_ADDR");
-    };
-    let listen: SocketAddr = listen.parse().context("LISTEN_ADDR")?;
-    let upstream: SocketAddr = upstream.parse().context("UPSTREAM_ADDR")?;
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(async move {
-            // One upstream connection for all clients, as the sidecar keeps
-            // one per endpoint.
-            let io = connect(upstream).await?;
-            let (send, conn) = h2::client::handshake(io).await?;
-            tokio::spawn(async move {
-                // Without its one upstream connection the ceiling means
-                // nothing: stop, so the benchmark reports it as failed.
-                match conn.await {
-                    Ok(()) => eprintln!("bench-bare-forwarder-h2: upstream closed"),
-                    Err(e) => eprintln!("bench-bare-forwarder-h2: upstream: {e}"),
-                }
-                std::process::exit(1);
-            });
-            let listener = TcpListener::bind(listen).await?;
-            loop {
-                let (client, _) = listener.accept().await?;
-                client.set_nodelay(true)?;
-                let send = send.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = serve(client, send).await {
-                        eprintln!("bench-bare-forwarder-h2: {e:#}");
-                    }
-                });
+    reprise_e2e::bench::forwarder_main("bench-bare-forwarder-h2", |listen, upstream| async move {
+        // One upstream connection for all clients, as the sidecar keeps one
+        // per endpoint.
+        let io = connect(upstream).await?;
+        let (send, conn) = h2::client::handshake(io).await?;
+        tokio::spawn(async move {
+            // Without its one upstream connection the ceiling means
+            // nothing: stop, so the benchmark reports it as failed.
+            match conn.await {
+                Ok(()) => eprintln!("bench-bare-forwarder-h2: upstream closed"),
+                Err(e) => eprintln!("bench-bare-forwarder-h2: upstream: {e}"),
             }
-        })
+            std::process::exit(1);
+        });
+        let listener = TcpListener::bind(listen).await?;
+        loop {
+            let (client, _) = listener.accept().await?;
+            client.set_nodelay(true)?;
+            let send = send.clone();
+            tokio::spawn(async move {
+                if let Err(e) = serve(client, send).await {
+                    eprintln!("bench-bare-forwarder-h2: {e:#}");
+                }
+            });
+        }
+    })
 }
 
 /// Connects to the upstream, which the benchmark may start at the same time

@@ -19,26 +19,17 @@ use tokio::net::{TcpListener, TcpStream};
 const MAX_MESSAGE: usize = 16 * 1024;
 
 fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        bail!("usage: bench-bare-forwarder LISTEN_ADDR UPSTREAM_ADDR");
-    };
-    let listen: SocketAddr = listen.parse().context("LISTEN_ADDR")?;
-    let upstream: SocketAddr = upstream.parse().context("UPSTREAM_ADDR")?;
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(async move {
-            let listener = TcpListener::bind(listen).await?;
-            loop {
-                let (client, _) = listener.accept().await?;
-                tokio::spawn(async move {
-                    if let Err(e) = forward(client, upstream).await {
-                        eprintln!("bench-bare-forwarder: {e:#}");
-                    }
-                });
-            }
-        })
+    reprise_e2e::bench::forwarder_main("bench-bare-forwarder", |listen, upstream| async move {
+        let listener = TcpListener::bind(listen).await?;
+        loop {
+            let (client, _) = listener.accept().await?;
+            tokio::spawn(async move {
+                if let Err(e) = forward(client, upstream).await {
+                    eprintln!("bench-bare-forwarder: {e:#}");
+                }
+            });
+        }
+    })
 }
 
 /// Forwards request/response pairs until either side closes.
