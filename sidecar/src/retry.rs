@@ -116,18 +116,20 @@ pub(crate) struct RetryState<'a> {
     report: Report,
 }
 
-/// Runs the request to its final answer. `trace` gets a CLIENT span per
-/// attempt and an event per retry decision; `random` draws the jitter and the
-/// endpoint pairs.
+/// Runs the request to its final answer, its attempts starting `now` (the
+/// caller's clock reading: the first attempt's start, its timeout's and the
+/// total deadline's origin). `trace` gets a CLIENT span per attempt and an
+/// event per retry decision; `random` draws the jitter and the endpoint pairs.
 pub(crate) async fn run(
     up: &UpstreamState,
     mut template: RequestTemplate,
     mut body: BodySource,
     plan: Plan<'_>,
+    now: Instant,
     trace: &RequestSpan,
     random: &mut dyn Random,
 ) -> (Final, Report) {
-    let mut state = RetryState::new(up, plan, Instant::now);
+    let mut state = RetryState::new(up, plan, || now);
     state.for_grpc(template.grpc, template.grpc_deadline);
     let Some(mut endpoint) = picker::pick(&up.endpoints, &state.report.tried, false, random) else {
         state.report.outcome = Outcome::Exhausted(ExhaustedBy::NoAlternate);
@@ -138,9 +140,13 @@ pub(crate) async fn run(
     if !single {
         template.number_attempts();
     }
+    // The first attempt starts at the caller's reading; each later one
+    // reads the clock after its backoff.
+    let mut first = Some(now);
     loop {
+        let started = first.take().unwrap_or_else(Instant::now);
         state.begin(endpoint);
-        let timeout = state.attempt_timeout();
+        let timeout = state.attempt_timeout(started);
         let attempted = match state.hedge_delay(&body) {
             // Boxed: the hedge race is the largest state in this loop (two
             // attempts and a timer); inline, it would be copied with every
@@ -157,7 +163,8 @@ pub(crate) async fn run(
                 } else {
                     template.request(up, endpoint, body.next(), trace, false)
                 };
-                attempt::send(up, endpoint, request, span, timeout, state.first_frame).await
+                let first_frame = state.first_frame;
+                attempt::send(up, endpoint, request, span, started, timeout, first_frame).await
             }
         };
         let from = attempted.endpoint;
@@ -256,12 +263,10 @@ impl<'a> RetryState<'a> {
         self.report.attempts += 1;
     }
 
-    /// The timeout of an attempt starting now: the per-attempt limit,
+    /// The timeout of an attempt starting `now`: the per-attempt limit,
     /// shortened to what is left of the deadline.
-    fn attempt_timeout(&self) -> Option<(Duration, FailureKind)> {
-        let left = self
-            .deadline
-            .map(|d| d.saturating_duration_since(Instant::now()));
+    fn attempt_timeout(&self, now: Instant) -> Option<(Duration, FailureKind)> {
+        let left = self.deadline.map(|d| d.saturating_duration_since(now));
         match (self.attempt_limit, left) {
             (Some(b), Some(l)) if l < b => Some((l, FailureKind::DeadlineExceeded)),
             (Some(b), _) => Some((b, FailureKind::ReadTimeout)),
@@ -385,16 +390,16 @@ mod tests {
         let mut state = RetryState::new(&up, plan, || now);
         state.deadline = Some(now + Duration::from_secs(1));
         assert_eq!(
-            state.attempt_timeout(),
+            state.attempt_timeout(now),
             Some((Duration::from_secs(1), FailureKind::DeadlineExceeded))
         );
         state.deadline = Some(now + Duration::from_secs(10));
         assert_eq!(
-            state.attempt_timeout(),
+            state.attempt_timeout(now),
             Some((Duration::from_secs(3), FailureKind::ReadTimeout))
         );
         state.deadline = None;
         state.attempt_limit = None;
-        assert_eq!(state.attempt_timeout(), None);
+        assert_eq!(state.attempt_timeout(now), None);
     }
 }

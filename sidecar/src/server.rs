@@ -104,6 +104,8 @@ pub async fn serve(
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()>,
 ) -> bool {
+    // Responses' `date` comes from a cache refreshed while this serves.
+    let _date = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(clock::keep_date()));
     let max_head = proxy.config().proxy.max_request_header_bytes;
     let builder = Arc::new(HttpBuilders::new(max_head));
     let mut own: Vec<SocketAddr> = listeners.others.clone();

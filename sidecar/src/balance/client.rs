@@ -31,6 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use reprise_crds::Protocol;
+use tokio::time::Instant;
 
 use self::http1::conn::Http1Body;
 use self::http1::Http1Pool;
@@ -60,7 +61,8 @@ pub(crate) enum EndpointClient {
 pub(crate) type PassthroughClient = Client<HttpConnector, AttemptBody>;
 
 impl EndpointClient {
-    /// Sends one attempt and waits for its response headers.
+    /// Sends one attempt, starting `now` (the caller's clock reading), and
+    /// waits for its response headers.
     ///
     /// Not an async fn: one would keep its own copy of the attempt's request
     /// (304 bytes) beside the protocol's future that takes it, and add a
@@ -70,6 +72,7 @@ impl EndpointClient {
     pub(crate) fn request<'a, 't>(
         &'a self,
         request: AttemptRequest<'t>,
+        now: Instant,
     ) -> impl Future<Output = Result<Response<EndpointBody>, (FailureKind, Stage)>> + use<'a, 't>
     {
         match self {
@@ -79,7 +82,7 @@ impl EndpointClient {
             ),
             EndpointClient::H2c(endpoint) => Either::Right(
                 endpoint
-                    .send(request.into_http2())
+                    .send(request.into_http2(), now)
                     .map(|sent| sent.map(|r| r.map(EndpointBody::H2c))),
             ),
         }

@@ -25,11 +25,9 @@
 //!   closes after it. Trailers are sent only in a chunked response to a
 //!   request with `TE: trailers`, and only the fields its `Trailer` declares.
 
-use std::cell::RefCell;
 use std::mem::MaybeUninit;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Uri, Version};
 
@@ -435,7 +433,7 @@ pub fn encode_response(
     }
     if !wrote_date {
         dst.extend_from_slice(b"date: ");
-        dst.extend_from_slice(date().as_bytes());
+        dst.extend_from_slice(crate::clock::date().as_bytes());
         dst.extend_from_slice(b"\r\n");
     }
     dst.extend_from_slice(b"\r\n");
@@ -462,27 +460,6 @@ pub fn encode_refusal(dst: &mut Vec<u8>, status: StatusCode) {
         trailers: false,
     };
     let _ = encode_response(dst, status, &HeaderMap::new(), BodyLength::Ended, exchange);
-}
-
-/// The `date` value for now (RFC 9110 §6.6.1: a proxy that forwards a
-/// response without one adds it), formatted once a second per thread.
-pub fn date() -> HeaderValue {
-    thread_local! {
-        static CACHED: RefCell<(u64, HeaderValue)> =
-            const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
-    }
-    let now = SystemTime::now();
-    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    CACHED.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        if cached.0 != secs {
-            let text = httpdate::fmt_http_date(now);
-            cached.1 = HeaderValue::from_maybe_shared(Bytes::from(text))
-                .unwrap_or_else(|_| HeaderValue::from_static(""));
-            cached.0 = secs;
-        }
-        cached.1.clone()
-    })
 }
 
 #[cfg(test)]

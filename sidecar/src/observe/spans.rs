@@ -85,6 +85,12 @@ impl RequestSpan {
         RequestSpan(None)
     }
 
+    /// True when tracing was off for this request: the span records nothing
+    /// and ending it does nothing.
+    pub fn is_off(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// Starts the SERVER span of `req` (a child of the application's
     /// `traceparent` when valid); records nothing while `tracing` is off.
     pub fn start<B>(tracing: &Tracing, req: &Request<B>) -> Self {

@@ -109,8 +109,9 @@ pub(crate) struct Attempted {
     pub(crate) elapsed: Duration,
 }
 
-/// Sends `request` to `endpoint` and waits for its response headers, at most
-/// `timeout` (which names the failure it becomes); with `first_frame`, also
+/// Sends `request` to `endpoint` at `started` (the caller's clock reading)
+/// and waits for its response headers, at most `timeout` from then (which
+/// names the failure it becomes); with `first_frame`, also
 /// for the body's first frame in what is left of it (past that the response
 /// is passed on as it is: a long poll is not a failure).
 pub(crate) async fn send(
@@ -118,13 +119,13 @@ pub(crate) async fn send(
     endpoint: usize,
     request: AttemptRequest<'_>,
     span: AttemptSpan,
+    started: Instant,
     timeout: Option<(Duration, FailureKind)>,
     first_frame: bool,
 ) -> Attempted {
     let state = &up.endpoints[endpoint];
     let _in_flight = state.start();
-    let started = Instant::now();
-    let response = state.client.request(request);
+    let response = state.client.request(request, started);
     let result = match timeout {
         // At `started` plus the limit: `timeout` would read the clock again.
         Some((limit, kind)) => match tokio::time::timeout_at(started + limit, response).await {

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::attempt::{self, Attempted, RequestTemplate};
 use super::gate::{self, Decision, Trigger};
 use super::verdict;
@@ -31,18 +33,20 @@ pub(crate) async fn race(
     };
     let up = state.up;
     let (request, span) = template.request(up, endpoint, replay.for_attempt(), trace, false);
+    let started = Instant::now();
     let first = attempt::send(
         up,
         endpoint,
         request,
         span,
-        state.attempt_timeout(),
+        started,
+        state.attempt_timeout(started),
         state.first_frame,
     );
     tokio::pin!(first);
     tokio::select! {
         done = &mut first => return done,
-        () = tokio::time::sleep(delay) => {}
+        () = tokio::time::sleep_until(started + delay) => {}
     }
     let second_endpoint = match gate::decide(Trigger::Slow, state, body, random) {
         Decision::Go { endpoint, .. } => endpoint,
@@ -53,12 +57,14 @@ pub(crate) async fn race(
     };
     state.hedging(second_endpoint, delay, trace);
     let (request, span) = template.request(up, second_endpoint, replay.for_attempt(), trace, true);
+    let now = Instant::now();
     let second = attempt::send(
         up,
         second_endpoint,
         request,
         span,
-        state.attempt_timeout(),
+        now,
+        state.attempt_timeout(now),
         state.first_frame,
     );
     tokio::pin!(second);

@@ -219,9 +219,20 @@ impl ConnDrain {
 impl Drop for ResponseGuard {
     fn drop(&mut self) {
         let conn = &self.0;
-        conn.quiet_since_ms
-            .store(clock::now_ms(), Ordering::Release);
-        conn.open.fetch_sub(1, Ordering::AcqRel);
+        // The time is read only by the watchers above, and only while no
+        // response is open: stored when this is likely the last one open,
+        // not on every response's end (an h2c connection ends dozens of
+        // streams per quiet moment, each read about 26 ns). A response that
+        // ends at once beside this one still stores it below, after the count.
+        let last = conn.open.load(Ordering::Acquire) == 1;
+        if last {
+            conn.quiet_since_ms
+                .store(clock::now_ms(), Ordering::Release);
+        }
+        if conn.open.fetch_sub(1, Ordering::AcqRel) == 1 && !last {
+            conn.quiet_since_ms
+                .store(clock::now_ms(), Ordering::Release);
+        }
         if conn.watching.load(Ordering::Acquire) {
             conn.changed.notify_waiters();
         }

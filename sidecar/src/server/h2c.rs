@@ -206,9 +206,7 @@ fn respond_with(
     tunnel: Option<(h2_stream::Opened, RecvStream)>,
 ) -> impl Future<Output = ()> + Send {
     let (mut head, body) = response.into_parts();
-    head.headers
-        .entry(DATE)
-        .or_insert_with(crate::http1::server::date);
+    head.headers.entry(DATE).or_insert_with(crate::clock::date);
     if let Some((opened, recv)) = tunnel {
         if head.status.is_success() {
             head.headers.remove(CONTENT_LENGTH);

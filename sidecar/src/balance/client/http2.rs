@@ -163,7 +163,8 @@ impl Http2Endpoint {
     }
 
     /// Sends `request` (absolute URI: scheme and authority become the
-    /// pseudo-headers) and waits for the response headers.
+    /// pseudo-headers) at `now` (the caller's clock reading, the connection's
+    /// last use) and waits for the response headers.
     ///
     /// One async fn from the stream's handle to the response head: the
     /// request goes into the h2 crate synchronously ([`open`]) once a
@@ -173,8 +174,9 @@ impl Http2Endpoint {
     pub(crate) async fn send(
         self: &Arc<Self>,
         request: Request<AttemptBody>,
+        now: Instant,
     ) -> Result<Response<H2Body>, (FailureKind, Stage)> {
-        let ready = match self.current(Take::Free) {
+        let ready = match self.current(Take::Free, now) {
             Some((send, slot)) => match send.ready().await {
                 Ok(send) => Some((send, slot)),
                 Err(e) => {
@@ -209,10 +211,14 @@ impl Http2Endpoint {
         }
     }
 
-    /// A stream on an open connection, the connection stamped as used now:
-    /// the first with a free stream; with [`Take::Any`], or once
+    /// A stream on an open connection, the connection stamped as used at
+    /// `now`: the first with a free stream; with [`Take::Any`], or once
     /// [`MAX_CONNECTIONS`] are open, the least loaded if none has one.
-    fn current(&self, take: Take) -> Option<(h2::client::SendRequest<Bytes>, StreamSlot)> {
+    fn current(
+        &self,
+        take: Take,
+        now: Instant,
+    ) -> Option<(h2::client::SendRequest<Bytes>, StreamSlot)> {
         let mut shared = lock(&self.shared);
         shared.conns.retain(|held| !held.sender.is_closed());
         let index = shared
@@ -226,7 +232,7 @@ impl Http2Endpoint {
                 (0..shared.conns.len()).min_by_key(|&i| shared.conns[i].sender.open_streams())
             })?;
         let held = &mut shared.conns[index];
-        held.last_used = Instant::now();
+        held.last_used = now;
         Some(held.sender.take())
     }
 
@@ -237,7 +243,7 @@ impl Http2Endpoint {
     ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), (FailureKind, Stage)> {
         let seen = lock(&self.shared).dials;
         let _dialing = self.dialing.lock().await;
-        if let Some(stream) = self.current(Take::Free) {
+        if let Some(stream) = self.current(Take::Free, Instant::now()) {
             return Ok(stream);
         }
         // A dial that ended while this request waited failed: its failure is
@@ -248,7 +254,7 @@ impl Http2Endpoint {
             shared.failed.filter(|_| shared.dials != seen)
         };
         if let Some(failed) = failed {
-            return self.current(Take::Any).ok_or(failed);
+            return self.current(Take::Any, Instant::now()).ok_or(failed);
         }
         let dialled = self.connect().await;
         {
@@ -258,7 +264,7 @@ impl Http2Endpoint {
         }
         match dialled {
             Ok(sender) => Ok(self.keep(sender)),
-            Err(failed) => self.current(Take::Any).ok_or(failed),
+            Err(failed) => self.current(Take::Any, Instant::now()).ok_or(failed),
         }
     }
 

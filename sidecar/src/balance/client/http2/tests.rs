@@ -55,7 +55,10 @@ fn get(addr: SocketAddr) -> Request<AttemptBody> {
 }
 
 async fn fetch(endpoint: &Arc<Http2Endpoint>, addr: SocketAddr) -> String {
-    let response = endpoint.send(get(addr)).await.expect("response");
+    let response = endpoint
+        .send(get(addr), Instant::now())
+        .await
+        .expect("response");
     assert_eq!(response.status(), 200);
     let body = response
         .into_body()
@@ -272,11 +275,13 @@ async fn a_body_larger_than_the_window_streams_whole_and_its_trailers_follow() {
     let (addr, _) = body_upstream(false).await;
     let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
     // 3 MiB through a 64 KiB window: the pipe waits for capacity ~48 times.
-    let response =
-        tokio::time::timeout(Duration::from_secs(10), endpoint.send(post(addr, 3 << 20)))
-            .await
-            .expect("in time")
-            .expect("response");
+    let response = tokio::time::timeout(
+        Duration::from_secs(10),
+        endpoint.send(post(addr, 3 << 20), Instant::now()),
+    )
+    .await
+    .expect("in time")
+    .expect("response");
     let body = response.into_body().collect().await.expect("body");
     assert_eq!(body.to_bytes(), format!("{}/42", 3 << 20).as_bytes());
 }
@@ -285,7 +290,10 @@ async fn a_body_larger_than_the_window_streams_whole_and_its_trailers_follow() {
 async fn dropping_the_response_resets_a_body_still_streaming() {
     let (addr, mut endings) = body_upstream(true).await;
     let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
-    let response = endpoint.send(post(addr, 3 << 20)).await.expect("response");
+    let response = endpoint
+        .send(post(addr, 3 << 20), Instant::now())
+        .await
+        .expect("response");
     assert_eq!(response.status(), 200);
     // The pipe is stalled on the 64 KiB window, the upstream reading.
     drop(response);
@@ -339,7 +347,7 @@ async fn requests_waiting_on_a_dial_that_times_out_share_its_failure() {
     let calls: Vec<_> = (0..8)
         .map(|_| {
             let endpoint = Arc::clone(&endpoint);
-            tokio::spawn(async move { endpoint.send(get(addr)).await.map(|_| ()) })
+            tokio::spawn(async move { endpoint.send(get(addr), Instant::now()).await.map(|_| ()) })
         })
         .collect();
     for call in calls {
@@ -364,7 +372,10 @@ async fn a_refused_dial_is_a_connect_failure() {
     let addr = listener.local_addr().expect("addr");
     drop(listener);
     let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
-    let err = endpoint.send(get(addr)).await.expect_err("refused");
+    let err = endpoint
+        .send(get(addr), Instant::now())
+        .await
+        .expect_err("refused");
     assert_eq!(err, (FailureKind::ConnectRefused, Stage::Connect));
 }
 
@@ -389,7 +400,7 @@ async fn an_unused_connection_is_let_go_after_the_idle_timeout() {
     tokio::time::sleep(Duration::from_secs(60)).await;
     // A request 60 s in restarts the idle clock.
     let response = endpoint
-        .send(get("127.0.0.1:1".parse().expect("addr")))
+        .send(get("127.0.0.1:1".parse().expect("addr")), Instant::now())
         .await
         .expect("response");
     assert_eq!(response.status(), 200);
