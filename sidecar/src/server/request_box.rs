@@ -47,6 +47,12 @@ pub(super) struct RequestBox<F: 'static> {
 
 impl<F: Future + 'static> RequestBox<F> {
     /// Boxes `future`, in a spare box if this thread has one.
+    ///
+    /// Always inlined: the future is 4.4 KiB of which a new one has set only
+    /// its arguments (312 bytes); inlined, the compiler writes those into
+    /// the box, where a call copied all 4.4 KiB (443 of 46,585 instructions
+    /// per h2c request, callgrind).
+    #[inline(always)]
     pub(super) fn new(future: F) -> Self {
         let mut boxed = take_spare::<F>().unwrap_or_else(|| Box::pin(None));
         boxed.set(Some(future));
