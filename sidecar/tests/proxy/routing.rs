@@ -137,3 +137,48 @@ async fn h2c_answers_carry_date_and_content_length() {
     assert_eq!(length, body.len());
     assert!(!body.is_empty());
 }
+
+#[tokio::test]
+async fn h2c_answers_without_content_end_with_their_head_and_keep_their_length() {
+    // An h2c upstream whose answers to HEAD, and its 304s, carry the length
+    // of a body they do not send.
+    let up = Upstream::start(|r| {
+        let status = if r.path == "/cached" { 304 } else { 200 };
+        Action::ReplyWith(status, vec![("content-length", "5".into())], Bytes::new())
+    })
+    .await;
+    let sidecar = Sidecar::start(UpstreamConfig::new("api").h2c().endpoint(up.addr)).await;
+    let (mut sender, _conn) = client::http2(sidecar.addr).await;
+    for (method, path, status) in [("HEAD", "/x", 200), ("GET", "/cached", 304)] {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://api{path}"))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("response");
+        assert_eq!(resp.status(), status, "{method} {path}: {resp:?}");
+        assert_eq!(
+            resp.headers()["content-length"],
+            "5",
+            "{method} {path}: the length is kept"
+        );
+        let body = resp.into_body().collect().await.expect("no error");
+        assert!(body.to_bytes().is_empty(), "{method} {path}: no content");
+    }
+    // On the wire, with the h2 crate's client: the head ends the stream.
+    let io = tokio::net::TcpStream::connect(sidecar.addr)
+        .await
+        .expect("connect");
+    let (h2, conn) = h2::client::handshake(io).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("ready");
+    let req = http::Request::head("http://api/x")
+        .body(())
+        .expect("request");
+    let (response, _) = h2.send_request(req, true).expect("sent");
+    let response = response.await.expect("response");
+    assert!(
+        response.body().is_end_stream(),
+        "END_STREAM came with the HEADERS (no empty DATA frame after them)"
+    );
+}

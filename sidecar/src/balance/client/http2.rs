@@ -192,10 +192,16 @@ impl Http2Endpoint {
             // otherwise enlarge (and be copied with) every request's future.
             None => Box::pin(self.fresh()).await?,
         };
+        let head = request.method() == http::Method::HEAD;
         let (response, cancel) = open(send, request)?;
         let response = response.await.map_err(|e| classify_h2_error(&e))?;
         let (parts, recv) = response.into_parts();
-        let body = H2Body::new(recv, &parts.headers, cancel, slot);
+        let content = !head
+            && !matches!(
+                parts.status,
+                http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+            );
+        let body = H2Body::new(recv, &parts.headers, content, cancel, slot);
         Ok(Response::from_parts(parts, body))
     }
 

@@ -36,14 +36,21 @@ pub(crate) struct H2Body {
 }
 
 impl H2Body {
+    /// The body of a response with `headers`; `content` is false when it
+    /// has none (answering HEAD, a 204 or a 304).
     pub(super) fn new(
         recv: RecvStream,
         headers: &HeaderMap,
+        content: bool,
         cancel: Option<oneshot::Sender<()>>,
         slot: StreamSlot,
     ) -> Self {
         Self {
-            recv: H2Recv::new(recv, headers),
+            recv: if content {
+                H2Recv::new(recv, headers)
+            } else {
+                H2Recv::without_content(recv)
+            },
             _cancel: cancel,
             slot: Some(slot),
         }
