@@ -32,7 +32,7 @@ use http::Response;
 use reprise_crds::RetryPolicy;
 use tokio::time::Instant;
 
-use self::attempt::{RequestTemplate, UpstreamBody};
+use self::attempt::{KeptFields, RequestTemplate, UpstreamBody};
 pub use self::backoff::full_jitter;
 pub use self::failure::{retry_after, retry_after_at, FailureKind, RETRY_AFTER_MAX_SECS};
 use self::gate::{Decision, Trigger};
@@ -143,7 +143,10 @@ pub(crate) async fn run(
     // The first attempt starts at the caller's reading; each later one
     // reads the clock after its backoff.
     let mut first = Some(now);
+    // The head's fields while an attempt has its header map.
+    let mut kept: Option<KeptFields> = None;
     loop {
+        template.restore_head(&mut kept);
         let started = first.take().unwrap_or_else(Instant::now);
         state.begin(endpoint);
         let timeout = state.attempt_timeout(started);
@@ -161,7 +164,7 @@ pub(crate) async fn run(
                 let (request, span) = if single {
                     template.only_request(up, endpoint, body.next(), trace)
                 } else {
-                    template.request(up, endpoint, body.next(), trace, false)
+                    template.sole_request(&mut kept, up, endpoint, body.next(), trace)
                 };
                 let first_frame = state.first_frame;
                 attempt::send(up, endpoint, request, span, started, timeout, first_frame).await

@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 pub(crate) use self::request::{
-    parse_grpc_timeout, AttemptFields, AttemptRequest, RequestHead, RequestTemplate,
+    parse_grpc_timeout, AttemptFields, AttemptRequest, KeptFields, RequestHead, RequestTemplate,
 };
 use super::failure::{FailureKind, Stage};
 use super::replay_body::BoxError;

@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Full};
 
 use reprise_testkit::client;
 
-use crate::support::{api, Action, Config, Sidecar, Upstream, UpstreamConfig};
+use crate::support::{api, retries, Action, Config, Sidecar, Upstream, UpstreamConfig};
 
 #[tokio::test]
 async fn absolute_form_uris_route_by_host_and_ignore_the_port() {
@@ -181,4 +181,59 @@ async fn h2c_answers_without_content_end_with_their_head_and_keep_their_length()
         response.body().is_end_stream(),
         "END_STREAM came with the HEADERS (no empty DATA frame after them)"
     );
+}
+
+#[tokio::test]
+async fn an_h2c_retry_sends_the_same_fields_as_the_first_attempt() {
+    // The first attempt's header map goes to the h2 crate; a retry's head
+    // is rebuilt from the fields kept for it (up to eight), or copied
+    // (more). Either way the upstream sees the same fields, in order,
+    // repeated ones included, and only the attempt number changes.
+    let up = Upstream::start(|r| {
+        let first = r.header("x-reprise-attempt") == Some("1");
+        Action::Reply(if first { 503 } else { 200 })
+    })
+    .await;
+    let sidecar = Sidecar::start(
+        UpstreamConfig::new("api").h2c().endpoint(up.addr).retries(
+            retries()
+                .attempts(1)
+                .reuse_endpoints(true)
+                .backoff_base_ms(0)
+                .backoff_cap_ms(0),
+        ),
+    )
+    .await;
+    let (mut sender, _conn) = client::http2(sidecar.addr).await;
+    for extra in [2, 12] {
+        let mut req = http::Request::get("http://api/x")
+            .header("x-order", "a")
+            .header("x-other", "b")
+            .header("x-order", "c");
+        for i in 0..extra {
+            req = req.header(format!("x-extra-{i}"), i.to_string());
+        }
+        let req = req.body(Full::new(Bytes::new())).expect("request");
+        let before = up.count();
+        let resp = sender.send_request(req).await.expect("response");
+        assert_eq!(resp.status(), 200, "{extra} extra fields: retried");
+        let seen = up.received();
+        let [first, retry] = &seen[before..] else {
+            panic!(
+                "{extra} extra fields: two attempts, got {}",
+                seen.len() - before
+            );
+        };
+        let fields = |r: &reprise_testkit::upstream::Received| {
+            r.headers
+                .iter()
+                .filter(|(k, _)| k != "x-reprise-attempt")
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(fields(first), fields(retry), "{extra} extra fields");
+        assert_eq!(first.header_values("x-order"), ["a", "c"]);
+        assert_eq!(retry.header("x-reprise-attempt"), Some("2"));
+        assert_eq!(fields(retry).len(), 3 + extra, "{:?}", retry.headers);
+    }
 }
