@@ -92,6 +92,9 @@ mod tests {
             .as_secs()
     }
 
+    // `DATE_SECS` is process-wide: no other test in the library's test
+    // binary runs a refresher (`server::serve` does; only the integration
+    // tests, each binary its own process, call it).
     #[tokio::test]
     async fn the_date_follows_the_refresher_and_the_clock_once_it_stops() {
         // Without a refresher: the clock, read per call.

@@ -269,7 +269,9 @@ impl Proxy {
             };
             // With retries possible, the client's gRPC deadline bounds them: past
             // it the client has given up.
-            if let (true, Some(arrived)) = (retry_policy.is_some_and(|p| p.enabled()), arrived) {
+            if let Some(arrived) =
+                arrived.filter(|_| grpc && retry_policy.is_some_and(|p| p.enabled()))
+            {
                 template.grpc_deadline =
                     retry::attempt::parse_grpc_timeout(&template.head.headers).map(|d| arrived + d);
             }

@@ -313,3 +313,32 @@ async fn sigterm_drains(name: &str, env: &[(&str, &str)]) {
     let status = sidecar.wait(EXIT_WITHIN).await.expect("exit");
     assert_eq!(status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn with_the_access_log_on_an_http1_grpc_timeout_field_is_passed_on_untouched() {
+    // A gRPC deadline is only a gRPC request's: the arrival time the access
+    // log reads must not turn an HTTP/1 request's `grpc-timeout` into one
+    // (each attempt would carry the time left instead).
+    let up = Upstream::always(Action::Reply(200)).await;
+    let path = config_file(
+        "grpc-timeout-log",
+        api(&[&up]).retries(retries().attempts(1)),
+    );
+    let mut sidecar = start(&path, &[]).await;
+    let r = client::send(
+        sidecar.listen,
+        "GET",
+        "api",
+        "/deadline",
+        b"",
+        &[("grpc-timeout", "5S")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let got = &up.received()[0];
+    assert!(got.attempt.is_some(), "retryable: {:?}", got.headers);
+    assert_eq!(got.header("grpc-timeout"), Some("5S"));
+    sidecar.stop(EXIT_WITHIN).await.expect("exit after SIGTERM");
+    let logged = sidecar.events("reprise::request");
+    assert_eq!(logged.len(), 1, "the access log was on: {logged:?}");
+}
