@@ -4,7 +4,9 @@
 //! context, and for gRPC `grpc-previous-rpc-attempts` and the time left in
 //! `grpc-timeout`), each replacing the template's field of the same name.
 //! HTTP/1 encodes the two together without copying the head; HTTP/2 applies
-//! the fields to a copy ([`AttemptRequest::into_http2`]).
+//! the fields to a copy ([`AttemptRequest::into_http2`]), or to the
+//! template's own map when no other attempt is in flight
+//! ([`RequestTemplate::sole_request`], its fields kept for the next).
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU32, Ordering};
