@@ -5,6 +5,7 @@
 //! what is left of that timeout): trailers before any message are a status
 //! the gates may retry; a message commits the response.
 
+mod grpc_timeout;
 mod request;
 
 use std::pin::Pin;
@@ -17,8 +18,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
+pub(crate) use self::grpc_timeout::parse_grpc_timeout;
 pub(crate) use self::request::{
-    parse_grpc_timeout, AttemptFields, AttemptRequest, KeptFields, RequestHead, RequestTemplate,
+    AttemptFields, AttemptRequest, KeptFields, RequestHead, RequestTemplate,
 };
 use super::failure::{FailureKind, Stage};
 use super::replay_body::BoxError;

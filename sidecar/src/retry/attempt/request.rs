@@ -10,13 +10,13 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, Uri, Version};
 use tokio::time::Instant;
 
+use super::grpc_timeout::{self, GRPC_TIMEOUT};
 use crate::balance::upstream::UpstreamState;
 use crate::observe::spans::{AttemptSpan, RequestSpan};
 use crate::retry::replay_body::AttemptBody;
@@ -30,9 +30,6 @@ pub const ATTEMPT_HEADER: http::HeaderName = http::HeaderName::from_static("x-re
 const PREVIOUS_ATTEMPTS: http::HeaderName =
     http::HeaderName::from_static("grpc-previous-rpc-attempts");
 
-/// The client's gRPC deadline (`grpc-timeout`), rewritten on each attempt to
-/// the time left.
-const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 /// The request head every attempt repeats.
 #[derive(Debug, Clone)]
 pub(crate) struct RequestHead {
@@ -361,7 +358,7 @@ impl RequestTemplate {
         }
         if let Some(deadline) = self.grpc_deadline {
             let left = deadline.saturating_duration_since(Instant::now());
-            fields.more().grpc_timeout = HeaderValue::try_from(grpc_timeout_value(left)).ok();
+            fields.more().grpc_timeout = HeaderValue::try_from(grpc_timeout::value_for(left)).ok();
         }
         if self.version != Version::HTTP_2
             && self.authority.is_none()
@@ -425,37 +422,6 @@ impl KeptFields {
     }
 }
 
-/// `grpc-timeout` for `left`: milliseconds (8 digits at most, as the spec
-/// allows), else seconds.
-fn grpc_timeout_value(left: Duration) -> String {
-    let ms = left.as_millis();
-    if ms < 100_000_000 {
-        format!("{ms}m")
-    } else {
-        format!("{}S", left.as_secs().min(99_999_999))
-    }
-}
-
-/// A client's `grpc-timeout` (gRPC over HTTP/2: 1-8 digits and a unit of
-/// H, M, S, m, u or n); `None` when absent or malformed.
-pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let v = headers.get(GRPC_TIMEOUT)?.to_str().ok()?;
-    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 /// The attempt header's value; the usual numbers without an allocation.
 fn attempt_number(n: u32) -> http::HeaderValue {
     const SMALL: [&str; 10] = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10"];
@@ -464,30 +430,9 @@ fn attempt_number(n: u32) -> http::HeaderValue {
         None => http::HeaderValue::from(n),
     }
 }
+
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn grpc_timeouts_parse_in_every_unit_and_garbage_is_ignored() {
-        let t = |v: &str| {
-            let mut h = HeaderMap::new();
-            h.insert(GRPC_TIMEOUT, v.parse().expect("value"));
-            parse_grpc_timeout(&h)
-        };
-        assert_eq!(t("2H"), Some(Duration::from_secs(7200)));
-        assert_eq!(t("3M"), Some(Duration::from_secs(180)));
-        assert_eq!(t("10S"), Some(Duration::from_secs(10)));
-        assert_eq!(t("250m"), Some(Duration::from_millis(250)));
-        assert_eq!(t("99999999u"), Some(Duration::from_micros(99_999_999)));
-        assert_eq!(t("5n"), Some(Duration::from_nanos(5)));
-        for bad in ["", "m", "123456789m", "10x", "-1S", "1.5S"] {
-            assert_eq!(t(bad), None, "{bad:?}");
-        }
-        assert_eq!(grpc_timeout_value(Duration::from_millis(1500)), "1500m");
-        assert_eq!(grpc_timeout_value(Duration::from_secs(200_000)), "200000S");
-    }
-
     #[test]
     fn attempt_numbers_read_as_decimal_from_zero_to_past_the_table() {
         for n in [0, 1, 2, 9, 10, 11, 4_000_000_000] {
