@@ -141,15 +141,14 @@ pub(crate) async fn run(
         template.number_attempts();
     }
     // The first attempt starts at the caller's reading; each later one
-    // reads the clock after its backoff.
+    // reads the clock after its backoff (a hedge's race reads its own).
     let mut first = Some(now);
     // The head's fields while an attempt has its header map.
     let mut kept: Option<KeptFields> = None;
     loop {
         template.restore_head(&mut kept);
-        let started = first.take().unwrap_or_else(Instant::now);
+        let caller_reading = first.take();
         state.begin(endpoint);
-        let timeout = state.attempt_timeout(started);
         let attempted = match state.hedge_delay(&body) {
             // Boxed: the hedge race is the largest state in this loop (two
             // attempts and a timer); inline, it would be copied with every
@@ -161,6 +160,8 @@ pub(crate) async fn run(
                 .await
             }
             None => {
+                let started = caller_reading.unwrap_or_else(Instant::now);
+                let timeout = state.attempt_timeout(started);
                 let (request, span) = if single {
                     template.only_request(up, endpoint, body.next(), trace)
                 } else {
