@@ -30,7 +30,8 @@ die() { log "ERROR: $*"; exit 1; }
 mkdir -p "$CACHE/bin"
 
 # ---- Debian packages (skipped when already installed)
-APT_PKGS=(haproxy nginx wrk nghttp2-client curl valgrind)
+# make: jemalloc, the sidecar's allocator, builds from source.
+APT_PKGS=(haproxy nginx wrk nghttp2-client curl valgrind make)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
