@@ -1,9 +1,22 @@
 //! How an HTTP/1 connection of either side reads: into one growing buffer,
 //! 8 KiB at first (hyper's: a head and a small body), doubled after every
-//! read that filled it, up to 256 KiB. At 64 KiB a 1 GiB download through
-//! the sidecar ran at 878 MiB/s against 1,055 with hyper's client
-//! (`e2e/bench/results/2026-12-01-2030.md`, scenario 5); at 256 KiB an
-//! upload takes 4.3 reads per MiB where HAProxy takes 66.
+//! read that filled it, up to a cap that differs by direction.
+//!
+//! Responses (the client side, reading an endpoint): up to 256 KiB. At 64
+//! KiB a 1 GiB download through the sidecar ran at 878 MiB/s against 1,055
+//! with hyper's client (`e2e/bench/results/2026-12-01-2030.md`, scenario
+//! 5), and again 1,291-1,445 against 1,685-1,864 on 2026-12-05.
+//!
+//! Requests (the server side, reading a client): up to 64 KiB. A reader
+//! that takes everything the socket holds in one call empties it faster
+//! than a client sends and then sleeps until the next send wakes it; the
+//! wake-up is paid by the sender, on the sender's CPU. With 256 KiB reads
+//! a 1 GiB upload (curl on the other CPU with the upstream) woke the
+//! sidecar 9,700-10,500 times and curl's system time was 0.57-0.59 s; at
+//! 64 KiB 5,100-7,600 times and 0.44-0.49 s, for the same proxy CPU
+//! (410-460 ms), and 1,293-1,334 MiB/s instead of 1,056-1,148 (HAProxy
+//! 1,282-1,415 in the same rounds, its 16 KiB reads waking it 640-1,450
+//! times; `e2e/bench/results/2026-12-05-issue18-uploads.md`).
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -14,16 +27,20 @@ use tokio::io::AsyncRead;
 /// The first read's size.
 pub(crate) const READ_INIT: usize = 8 * 1024;
 
-/// The largest read.
-pub(crate) const READ_MAX: usize = 256 * 1024;
+/// The largest read of a response (from an endpoint).
+pub(crate) const RESPONSE_READ_MAX: usize = 256 * 1024;
+
+/// The largest read of a request (from a client).
+pub(crate) const REQUEST_READ_MAX: usize = 64 * 1024;
 
 /// Reads more of `io` into `buf`, at most `*size` bytes beyond what it
-/// holds, doubling `*size` when the read filled the room; `Ok(0)` at the
-/// peer's close.
+/// holds, doubling `*size` up to `max` when the read filled the room;
+/// `Ok(0)` at the peer's close.
 pub(crate) fn poll_fill<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
     size: &mut usize,
+    max: usize,
     cx: &mut Context<'_>,
 ) -> Poll<std::io::Result<usize>> {
     if buf.capacity() - buf.len() < 1024 {
@@ -31,7 +48,7 @@ pub(crate) fn poll_fill<R: AsyncRead + Unpin>(
     }
     let room = buf.capacity() - buf.len();
     let n = ready!(tokio_util::io::poll_read_buf(Pin::new(io), cx, buf))?;
-    if n == room && *size < READ_MAX {
+    if n == room && *size < max {
         *size *= 2;
     }
     Poll::Ready(Ok(n))

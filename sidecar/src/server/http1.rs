@@ -237,7 +237,13 @@ impl Feed {
 impl<I: Stream> Conn<I> {
     /// Reads more into the buffer; `Ok(0)` at the client's close.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        reads::poll_fill(&mut self.io, &mut self.read, &mut self.read_size, cx)
+        reads::poll_fill(
+            &mut self.io,
+            &mut self.read,
+            &mut self.read_size,
+            reads::REQUEST_READ_MAX,
+            cx,
+        )
     }
 
     /// The next request head; `None` when the client closed between

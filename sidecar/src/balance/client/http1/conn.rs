@@ -88,7 +88,13 @@ impl Conn {
 
     /// Reads more into the buffer; `Ok(0)` at the endpoint's close.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        reads::poll_fill(&mut self.io, &mut self.read, &mut self.read_size, cx)
+        reads::poll_fill(
+            &mut self.io,
+            &mut self.read,
+            &mut self.read_size,
+            reads::RESPONSE_READ_MAX,
+            cx,
+        )
     }
 }
 
