@@ -105,6 +105,8 @@ set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; }
 
 E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# apt_install: the node's Debian packages, installed when missing.
+source "$E2E_DIR/lib/apt.sh"
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager jaeger)
 # Start order; `down` stops them in reverse.
 NODE_COMPONENTS=(containerd apiserver-proxy coredns kube-scheduler kubelet kube-proxy prometheus)
@@ -855,15 +857,7 @@ node_packages() {
   [[ -x /usr/lib/cni/bridge || -x /opt/cni/bin/bridge ]] || pkgs+=(containernetworking-plugins)
   if ((${#pkgs[@]})); then
     mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)
-    command -v apt-get >/dev/null 2>&1 || die "the node needs ${pkgs[*]} (Debian packages) and apt-get is missing"
-    log "installing ${pkgs[*]} with apt-get (first run on this machine)"
-    local out
-    out="$(DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}" 2>&1)" || {
-      log "apt-get install failed; updating the package lists and retrying"
-      DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 || true
-      out="$(DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}" 2>&1)" ||
-        die "apt-get install ${pkgs[*]} failed: $(tail -n 5 <<<"$out")"
-    }
+    apt_install "the node, first run on this machine" "${pkgs[@]}" || die "the node needs ${pkgs[*]} (Debian packages)"
   fi
   export PATH="$PATH:/usr/sbin:/sbin"
   local d

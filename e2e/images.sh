@@ -99,16 +99,9 @@ esac
 (($# <= 1)) || die "too many arguments: $*"
 command -v python3 >/dev/null || die "python3 is required"
 command -v cargo >/dev/null || die "cargo is required"
-# jemalloc, the sidecar's allocator, builds from source with make.
-if ! command -v make >/dev/null; then
-  { [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; } ||
-    die "make is required: jemalloc, the sidecar's allocator, builds from source (apt-get install make)"
-  log "apt-get install make (jemalloc's build)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends make >/dev/null 2>&1 || {
-    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends make >/dev/null
-  } || die "apt-get install make failed"
-fi
+# Debian packages are installed when missing (lib/apt.sh); jemalloc needs make.
+source "$E2E_DIR/lib/apt.sh"
+need_make || die "make is required to build the sidecar"
 
 # is_static FILE: ldd names no library and no dynamic loader (static and
 # static-pie binaries: "statically linked" / "not a dynamic executable").

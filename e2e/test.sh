@@ -8,20 +8,9 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
-# jemalloc, the sidecar binary's allocator, builds from source with cc (which
-# rustc links with) and make: installed when missing, as root.
-if ! command -v make >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== apt-get install make (jemalloc's build)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends make >/dev/null 2>&1 || {
-      DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 || true
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends make >/dev/null
-    }
-  else
-    echo "make is required to build jemalloc (apt-get install make)" >&2
-    exit 1
-  fi
-fi
+# Debian packages are installed when missing (e2e/lib/apt.sh); jemalloc needs make.
+source e2e/lib/apt.sh
+need_make || exit 1
 t_start=$SECONDS
 # The node's Go tools and the images' static release binaries build in the
 # background, at the lowest priority, while the Rust checks and tests run:
@@ -68,13 +57,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   [ -x /usr/bin/node ] || [ -x /usr/local/bin/node ] || need+=(nodejs)
   PATH="$PATH:/usr/sbin:/sbin" command -v nginx >/dev/null || need+=(nginx)
   PATH="$PATH:/usr/sbin:/sbin" command -v haproxy >/dev/null || need+=(haproxy)
-  if [ "${#need[@]}" -gt 0 ]; then
-    echo "== apt-get install ${need[*]} (the transparent-mode and differential tests)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null 2>&1 || {
-      DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 || true
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
-    }
-  fi
+  apt_install "the transparent-mode and differential tests" "${need[@]}" || exit 1
   export PATH="$PATH:/usr/sbin:/sbin"
 fi
 echo "== cargo test"

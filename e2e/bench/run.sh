@@ -36,12 +36,8 @@ missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ "${#missing[@]}" -gt 0 ]; then
-  command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get"
-  log "apt-get install ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+source "$REPO_DIR/e2e/lib/apt.sh"
+apt_install "the benchmark's peers and load tools" "${missing[@]}" || die "missing Debian packages ${missing[*]}"
 # The Debian packages enable system services; the benchmark starts its own
 # instances on other ports and never touches those.
 
