@@ -3,24 +3,31 @@
 //! read that filled it, up to a cap that differs by direction. The cap
 //! bounds the room asked for, not each read: once every frame cut from the
 //! buffer is gone, `BytesMut::reserve` reclaims the whole allocation and
-//! may double it, so a read can take up to about twice the cap (120 KiB
-//! and 504 KiB in `reads/tests.rs`). The figures below were measured so.
+//! may grow it, so a read can take up to about twice the cap (24 KiB and
+//! 504 KiB in `reads/tests.rs`). The figures below were measured so; a hard
+//! per-read limit (`BufMut::limit`) made no difference to uploads.
 //!
 //! Responses (the client side, reading an endpoint): up to 256 KiB. At 64
 //! KiB a 1 GiB download through the sidecar ran at 878 MiB/s against 1,055
 //! with hyper's client (`e2e/bench/results/2026-12-01-2030.md`, scenario
 //! 5), and again 1,291-1,445 against 1,685-1,864 on 2026-12-05.
 //!
-//! Requests (the server side, reading a client): up to 64 KiB. A reader
-//! that takes everything the socket holds in one call empties it faster
-//! than a client sends and then sleeps until the next send wakes it; the
-//! wake-up is paid by the sender, on the sender's CPU. With 256 KiB reads
-//! a 1 GiB upload (curl on the other CPU with the upstream) woke the
-//! sidecar 9,700-10,500 times and curl's system time was 0.57-0.59 s; at
-//! 64 KiB 5,100-7,600 times and 0.44-0.49 s, for the same proxy CPU
-//! (410-460 ms), and 1,293-1,334 MiB/s instead of 1,056-1,148 (HAProxy
-//! 1,282-1,415 in the same rounds, its 16 KiB reads waking it 640-1,450
-//! times; `e2e/bench/results/2026-12-05-issue18-uploads.md`).
+//! Requests (the server side, reading a client): up to 16 KiB, HAProxy's
+//! buffer size. A reader that takes everything the socket holds in one call
+//! empties it faster than a client sends and then sleeps until the next
+//! send wakes it; the wake-up is paid by the sender, on the sender's CPU.
+//! A 1 GiB upload (curl on the other CPU with the upstream), per GiB:
+//!
+//! | cap | MiB/s | sidecar wake-ups | curl system time | sidecar CPU |
+//! |---|---|---|---|---|
+//! | 256 KiB | 1,056-1,148 | 9,700-10,500 | 0.57-0.59 s | 410-460 ms |
+//! | 64 KiB | 1,293-1,334 | 5,100-7,600 | 0.44-0.49 s | 410-460 ms |
+//! | 64 KiB | 1,333 (median of 12) | 6,400 | 0.46 s | 410 ms |
+//! | 16 KiB | 1,435 (median of 12) | 3,400 | 0.39 s | 425 ms |
+//!
+//! HAProxy in the same rounds: 1,282-1,415 and 1,361, its 16 KiB reads
+//! waking it 640-1,450 times (`e2e/bench/results/2026-12-05-issue18-uploads.md`).
+//! 32 KiB fell between (1,376).
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -35,7 +42,7 @@ pub(crate) const READ_INIT: usize = 8 * 1024;
 pub(crate) const RESPONSE_READ_MAX: usize = 256 * 1024;
 
 /// The largest read of a request (from a client).
-pub(crate) const REQUEST_READ_MAX: usize = 64 * 1024;
+pub(crate) const REQUEST_READ_MAX: usize = 16 * 1024;
 
 /// Reads more of `io` into `buf`, at most `*size` bytes beyond what it
 /// holds, doubling `*size` up to `max` when the read filled the room;
