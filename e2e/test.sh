@@ -85,9 +85,18 @@ if [ "${REPRISE_E2E_API_ONLY:-0}" = 1 ]; then
 fi
 e2e_dir="$(mktemp -d /tmp/reprise-e2e-test.XXXXXX)"
 cleanup() {
+  local rc=$?
   stop_prebuild
   bash e2e/cluster.sh down "$e2e_dir" >/dev/null 2>&1 || true
   rm -f "$log" "$prebuild_log"
+  # The cluster's state (etcd, containerd's snapshots and images, logs: about
+  # 300 MB) is kept after a failure for its logs and removed after a pass,
+  # never while anything is still mounted beneath it.
+  if [ "$rc" != 0 ]; then
+    echo "the cluster's state and logs are kept in $e2e_dir" >&2
+  elif command -v findmnt >/dev/null && ! findmnt -rn -o TARGET | grep -q "^$e2e_dir/"; then
+    rm -rf --one-file-system "$e2e_dir"
+  fi
 }
 trap cleanup EXIT
 if [ -n "$prebuild_pid" ]; then
