@@ -137,10 +137,11 @@ def process_tree(pid):
     return tree
 
 
-def rss_kib(pid):
-    """VmRSS of pid and all its descendants, KiB."""
+def rss_kib(pid, tree=None):
+    """VmRSS of pid and all its descendants (or of `tree`, a process_tree
+    taken earlier), KiB."""
     total = 0
-    for p in process_tree(pid):
+    for p in tree or process_tree(pid):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
@@ -650,12 +651,16 @@ class RssSampler:
     def __init__(self, pid):
         self.pid = pid
         self.peak = 0
+        # The proxy's processes, listed once: a process_tree scans all of
+        # /proc (about 1 ms of CPU with the fleet up), which every 20 ms took
+        # 5% of a CPU from the transfer being measured.
+        self.tree = process_tree(pid)
         self.stop_ev = threading.Event()
         self.t = threading.Thread(target=self.loop, daemon=True)
 
     def loop(self):
         while not self.stop_ev.is_set():
-            self.peak = max(self.peak, rss_kib(self.pid))
+            self.peak = max(self.peak, rss_kib(self.pid, self.tree))
             time.sleep(0.02)
 
     def __enter__(self):
