@@ -7,6 +7,8 @@
 #   bash e2e/bench/instructions.sh            # after run.sh has installed and built
 #   REQUESTS=4000 bash e2e/bench/instructions.sh
 #   H2C_REQUESTS=0 bash e2e/bench/instructions.sh   # skip the h2c rows
+#   REPRISE_SIDECAR=/path/to/old/reprise-sidecar ONLY=reprise,reprise-h2c,nginx \
+#     bash e2e/bench/instructions.sh                # another build (a before figure)
 #
 # Method: each proxy runs under callgrind with one worker; h2load --h1 sends
 # N and then 3N requests (one keep-alive connection, so the event loop's
@@ -27,6 +29,7 @@ CACHE="${REPRISE_BENCH_CACHE:-$HOME/.cache/reprise-bench}"
 CONF="$BENCH_DIR/configs"
 N="${REQUESTS:-2000}"
 N2="${H2C_REQUESTS:-10000}"
+SIDECAR="${REPRISE_SIDECAR:-$CACHE/target/release/reprise-sidecar}"
 WORK="$(mktemp -d /tmp/reprise-instructions.XXXXXX)"
 chmod 755 "$WORK"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
@@ -34,7 +37,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 for tool in valgrind h2load nginx haproxy curl; do
   command -v "$tool" >/dev/null || { echo "missing $tool: run 'bash e2e/bench/run.sh --install-only' (as root for apt-get)" >&2; exit 1; }
 done
-for bin in reprise-sidecar bench-bare-forwarder bench-bare-forwarder-h2; do
+[ -x "$SIDECAR" ] || { echo "missing $SIDECAR: run 'bash e2e/bench/run.sh --install-only'" >&2; exit 1; }
+for bin in bench-bare-forwarder bench-bare-forwarder-h2; do
   [ -x "$CACHE/target/release/$bin" ] || { echo "missing $CACHE/target/release/$bin: run 'bash e2e/bench/run.sh --install-only'" >&2; exit 1; }
 done
 
@@ -79,12 +83,12 @@ per_request() {
 
 {
   TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request reprise 17001 \
-    "$CACHE/target/release/reprise-sidecar" --config "$CONF/reprise.yaml" \
+    "$SIDECAR" --config "$CONF/reprise.yaml" \
     --listen 127.0.0.1:17001 --admin 127.0.0.1:17101
   # Reprise with its default per-request access log on (to /dev/null).
   sed 's/access_log: false/access_log: true/' "$CONF/reprise.yaml" >"$WORK/reprise-log.yaml"
   TOKIO_WORKER_THREADS=1 REPRISE_LOG=info per_request "reprise+log" 17011 \
-    "$CACHE/target/release/reprise-sidecar" --config "$WORK/reprise-log.yaml" \
+    "$SIDECAR" --config "$WORK/reprise-log.yaml" \
     --listen 127.0.0.1:17011 --admin 127.0.0.1:17111
   # Reprise with a rule whose CEL condition runs on every request.
   cat "$CONF/reprise.yaml" - >"$WORK/reprise-cel.yaml" <<'YAML'
@@ -95,7 +99,7 @@ rules:
     attempts: 2
 YAML
   TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+cel" 17031 \
-    "$CACHE/target/release/reprise-sidecar" --config "$WORK/reprise-cel.yaml" \
+    "$SIDECAR" --config "$WORK/reprise-cel.yaml" \
     --listen 127.0.0.1:17031 --admin 127.0.0.1:17131
   per_request haproxy 17003 haproxy -db -f "$CONF/haproxy.cfg"
   per_request nginx 17004 nginx -p "$WORK/nginx/" -e stderr -c "$CONF/nginx-proxy.conf" -g 'master_process off;'
@@ -104,7 +108,7 @@ YAML
     haproxy -db -f "$CONF/haproxy-upstream-h2.cfg" 2>"$WORK/upstream-h2.log" &
     for _ in $(seq 100); do curl -so /dev/null --http2-prior-knowledge -H 'Host: h2' http://127.0.0.1:18082/ && break; sleep 0.1; done
     LOAD=h2c TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request reprise-h2c 17001 \
-      "$CACHE/target/release/reprise-sidecar" --config "$CONF/reprise.yaml" \
+      "$SIDECAR" --config "$CONF/reprise.yaml" \
       --listen 127.0.0.1:17001 --admin 127.0.0.1:17101
     LOAD=h2c per_request haproxy-h2c 17003 haproxy -db -f "$CONF/haproxy.cfg"
     LOAD=h2c per_request bare-forwarder-h2c 17022 "$CACHE/target/release/bench-bare-forwarder-h2" 127.0.0.1:17022 127.0.0.1:18082
