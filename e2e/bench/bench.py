@@ -820,6 +820,20 @@ def fmt(v, digits):
     return f"{v:,.{digits}f}"
 
 
+def rounds_as_good(res, s, peer, key, hib):
+    """"; k/n": in k of the n rounds both have, s did at least as well as
+    peer in the same round (rounds are interleaved, so a pair shares the
+    host's state). A median ratio near 1.00 says little on its own; the
+    count says whether one system was ahead round after round."""
+    pairs = [(a.get(key), b.get(key)) for a, b in zip(res[s], res[peer])]
+    pairs = [(a, b) for a, b in pairs
+             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == a and b == b]
+    if not pairs or s == peer:
+        return ""
+    k = sum(1 for a, b in pairs if (a >= b if hib else a <= b))
+    return f"; {k}/{len(pairs)}"
+
+
 def table(res, metrics, ratio_keys, note=""):
     """metrics: [(key, label, digits, higher_is_better)]."""
     systems = list(res.keys())
@@ -838,13 +852,14 @@ def table(res, metrics, ratio_keys, note=""):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in systems:
         cells = [f"**{s}**" if s.startswith("reprise") else s]
-        for key, label, digits, _ in metrics:
+        for key, label, digits, hib in metrics:
             v = medians[s][key]
             cells.append(fmt(v, digits))
             if key in ratio_keys:
                 b = best.get(key)
                 d = medians.get("direct", {}).get(key)
-                cells.append(f"{v / b[0]:.2f}× ({b[1]})" if b and b[0] and v == v else "—")
+                k = rounds_as_good(res, s, b[1], key, hib) if b and s != "direct" else ""
+                cells.append(f"{v / b[0]:.2f}× ({b[1]}{k})" if b and b[0] and v == v else "—")
                 cells.append(f"{v / d:.2f}×" if d and d == d and v == v else "—")
         lines.append("| " + " | ".join(cells) + " |")
     if note:
@@ -1034,7 +1049,8 @@ def main():
               f"with one worker each (Reprise TOKIO_WORKER_THREADS=1, Envoy --concurrency 1, HAProxy nbthread 1, "
               f"nginx worker_processes 1, Traefik GOMAXPROCS=1); load generators and upstreams pinned to CPU {LOAD_CPU}. "
               f"{args.rounds} rounds interleaved across systems; medians shown. "
-              f"\"÷ best peer\" divides by the best of Envoy, HAProxy, nginx and Traefik (named in brackets); "
+              f"\"÷ best peer\" divides by the best of Envoy, HAProxy, nginx and Traefik (named in brackets, with "
+              f"k/n: the rounds, of n, in which the system did at least as well as that peer in the same round); "
               f"\"÷ direct\" by the no-proxy figure.\n\n"
               f"Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f". Total run time {total / 60:.1f} min.\n")
     doc = header + "\n" + "\n".join(sections) + "\n" + targets
