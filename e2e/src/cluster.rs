@@ -15,8 +15,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 mod node;
 
 pub use node::{
-    chart_dir, drive, helm_bin, node_app_yaml, node_name, node_transparent_app_yaml, Release,
-    NODE_POLICY,
+    chart_dir, drive, helm_bin, helm_in, node_app_yaml, node_name, node_transparent_app_yaml,
+    Release, NODE_POLICY,
 };
 
 /// One test's (or the demo's) namespace on the local control plane.
@@ -103,16 +103,7 @@ impl Cluster {
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new("kubectl")
-            .env("KUBECONFIG", &self.kubeconfig)
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).to_string())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).to_string())
-        }
+        kubectl_with(&self.kubeconfig, args)
     }
 
     pub fn apply(&self, yaml: &str) -> Result<String, String> {
@@ -352,6 +343,20 @@ impl Drop for Cluster {
             "--force",
         ]);
         let _ = self.kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
+    }
+}
+
+/// `kubectl ARGS` against `kubeconfig`: stdout, or stderr as the error.
+pub fn kubectl_with(kubeconfig: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("kubectl")
+        .env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).to_string())
     }
 }
 

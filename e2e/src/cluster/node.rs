@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use super::get;
+use super::{get, kubectl_with};
 
 /// The real node's name when the cluster has one (`REPRISE_E2E_NODE`, set by
 /// `e2e/cluster.sh env`), else `None` (an `--api-only` cluster).
@@ -26,6 +26,27 @@ pub fn helm_bin() -> String {
 /// `charts/reprise` in this checkout.
 pub fn chart_dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/reprise"))
+}
+
+/// `helm ARGS -n NS` against `kubeconfig`: stdout and stderr together,
+/// as the error too when helm fails.
+pub fn helm_in(kubeconfig: &str, ns: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(helm_bin())
+        .env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .args(["-n", ns])
+        .output()
+        .map_err(|e| format!("cannot run helm ({}): {e}", helm_bin()))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
 }
 
 /// A Helm release of `charts/reprise` in a namespace of its own; uninstalled
@@ -48,36 +69,14 @@ impl Release {
 
     /// `helm ARGS -n NS`; stdout and stderr together.
     pub fn helm(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(helm_bin())
-            .env("KUBECONFIG", &self.kubeconfig)
-            .args(args)
-            .args(["-n", &self.ns])
-            .output()
-            .map_err(|e| format!("cannot run helm ({}): {e}", helm_bin()))?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if out.status.success() {
-            Ok(text)
-        } else {
-            Err(text)
-        }
+        helm_in(&self.kubeconfig, &self.ns, args)
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new("kubectl")
-            .env("KUBECONFIG", &self.kubeconfig)
-            .args(["-n", &self.ns])
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).to_string())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).to_string())
-        }
+        kubectl_with(
+            &self.kubeconfig,
+            &[&["-n", self.ns.as_str()], args].concat(),
+        )
     }
 
     /// `helm install NAME charts/reprise --create-namespace --wait` with the

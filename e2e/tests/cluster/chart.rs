@@ -9,14 +9,10 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use reprise_e2e::cluster::{free, rand_suffix, Cluster, Proc};
+use reprise_e2e::cluster::{free, helm_in, rand_suffix, Cluster, Proc};
 
 const RELEASE: &str = "reprise";
 const WEBHOOK: &str = "reprise-sidecar-injector";
-
-fn helm() -> String {
-    std::env::var("HELM").unwrap_or_else(|_| "helm".into())
-}
 
 /// Uninstalls the release and deletes its namespace, whatever the test did.
 struct Release<'a> {
@@ -26,22 +22,7 @@ struct Release<'a> {
 
 impl Release<'_> {
     fn helm(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(helm())
-            .env("KUBECONFIG", &self.c.kubeconfig)
-            .args(args)
-            .args(["-n", &self.ns])
-            .output()
-            .map_err(|e| format!("cannot run helm ({}): {e}", helm()))?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if out.status.success() {
-            Ok(text)
-        } else {
-            Err(text)
-        }
+        helm_in(&self.c.kubeconfig, &self.ns, args)
     }
 }
 
