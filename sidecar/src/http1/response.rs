@@ -7,8 +7,8 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Version};
 
 use super::{
-    content_length, digits, has_token, is_chunked, record_spans, Framing, Spans, WireError,
-    MAX_HEADERS, MAX_HEAD_BYTES,
+    content_length, digits, has_token, is_chunked, Framing, Spans, WireError, MAX_HEADERS,
+    MAX_HEAD_BYTES,
 };
 
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -73,16 +73,17 @@ pub fn parse_response(
         };
         // Field offsets, then the head frozen once: every value is a slice
         // of it (no copy, no allocation per value).
-        record_spans(buf, parsed.headers, spans);
+        spans.record(buf, parsed.headers);
         let head = buf.split_to(len).freeze();
         let mut headers = HeaderMap::with_capacity(spans.len());
         let mut keep_alive = version == Version::HTTP_11;
         let mut saw_close = false;
         let mut hop_by_hop = false;
         let (mut lengths, mut length, mut transfer_encoding) = (0u32, None, false);
-        for &[n0, n1, v0, v1] in spans.iter() {
-            let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
-            let name = HeaderName::from_bytes(&head[n0..n1])
+        for i in 0..spans.len() {
+            let [n0, n1, v0, v1] = spans.field(i);
+            let name = spans
+                .name(i, &head[n0..n1])
                 .map_err(|_| WireError::protocol("invalid response header name"))?;
             let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
                 .map_err(|_| WireError::protocol("invalid response header value"))?;
@@ -361,6 +362,55 @@ mod tests {
         assert_eq!(
             framing("HTTP/1.1 200\r\ncontent-length: 0\r\n\r\n"),
             Ok(Framing::Length(0))
+        );
+    }
+
+    /// Each field as `name: value`, in order.
+    fn fields(headers: &HeaderMap) -> Vec<String> {
+        headers
+            .iter()
+            .map(|(n, v)| format!("{n}: {}", v.to_str().expect("ascii")))
+            .collect()
+    }
+
+    #[test]
+    fn names_kept_from_earlier_heads_parse_as_a_fresh_parser_would() {
+        // Heads one connection might see in turn: the same names in other
+        // cases and orders, more and fewer fields, names that differ only
+        // in punctuation, a custom name, one too long to keep.
+        let heads = [
+            "Server: nginx\r\nDate: d\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n",
+            "server: nginx\r\nDATE: d\r\ncontent-type: a\r\ncontent-length: 0\r\n",
+            "Date: d\r\nServer: s\r\nX-A^B: 1\r\nContent-Length: 0\r\n",
+            "Date: d\r\nServer: s\r\nX-A~B: 2\r\nContent-Length: 0\r\n",
+            "X-A-Name-Longer-Than-24-Bytes: 1\r\nX-Custom: 2\r\nX-Custom: 3\r\nContent-Length: 0\r\n",
+            "Content-Length: 0\r\n",
+            "X-A-Name-Longer-Than-24-Bytes: 4\r\nx-custom: 5\r\nX-CUSTOM: 6\r\nContent-Length: 0\r\n",
+        ];
+        let mut kept = Spans::new();
+        for head in heads {
+            let bytes = format!("HTTP/1.1 200 OK\r\n{head}\r\n");
+            let again = parse_response(
+                &mut BytesMut::from(bytes.as_bytes()),
+                &Method::GET,
+                &mut kept,
+            )
+            .expect("valid")
+            .expect("complete");
+            let fresh = parse(bytes.as_bytes(), Method::GET)
+                .expect("valid")
+                .expect("complete");
+            assert_eq!(fields(&again.headers), fields(&fresh.headers), "{head}");
+        }
+        assert_eq!(
+            kept.names
+                .iter()
+                .map(|k| k.name.as_str())
+                .collect::<Vec<_>>(),
+            // Position 0 from the one-field head: the long name after it
+            // is parsed each time, never kept.
+            ["content-length", "x-custom", "x-custom", "content-length"],
+            "what is kept"
         );
     }
 }

@@ -31,7 +31,7 @@ use bytes::BytesMut;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Uri, Version};
 
-use super::{has_token, record_spans, Encoding, Framing, Spans, MAX_HEADERS};
+use super::{has_token, Encoding, Framing, Spans, MAX_HEADERS};
 
 /// The longest request target (hyper's).
 pub const MAX_TARGET_BYTES: usize = (u16::MAX - 1) as usize;
@@ -135,7 +135,7 @@ pub fn parse_request(
         Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::bad("invalid method"))?;
     let target_at = target.as_ptr() as usize - buf.as_ptr() as usize;
     let target_end = target_at + target.len();
-    record_spans(buf, parsed.headers, spans);
+    spans.record(buf, parsed.headers);
     let http11 = minor == 1;
     // The head frozen once: the target and every value are slices of it.
     let head = buf.split_to(len).freeze();
@@ -149,9 +149,10 @@ pub fn parse_request(
     let mut expect_continue = false;
     let mut upgrade = method == Method::CONNECT;
     let mut trailers = false;
-    for &[n0, n1, v0, v1] in spans.iter() {
-        let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
-        let name = HeaderName::from_bytes(&head[n0..n1])
+    for i in 0..spans.len() {
+        let [n0, n1, v0, v1] = spans.field(i);
+        let name = spans
+            .name(i, &head[n0..n1])
             .map_err(|_| HeadError::bad("invalid header name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
             .map_err(|_| HeadError::bad("invalid header value"))?;

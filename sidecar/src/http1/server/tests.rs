@@ -349,3 +349,26 @@ fn a_refusal_is_a_whole_response_that_closes() {
     assert!(text.contains("\r\ncontent-length: 0\r\n"));
     assert!(text.ends_with("\r\n\r\n"));
 }
+
+#[test]
+fn names_kept_from_a_connections_earlier_requests_parse_as_a_fresh_parser_would() {
+    let mut kept = Spans::new();
+    for head in [
+        "GET / HTTP/1.1\r\nHost: a\r\nUser-Agent: h2load\r\n\r\n",
+        "GET / HTTP/1.1\r\nhost: a\r\nUSER-AGENT: h2load\r\n\r\n",
+        "GET / HTTP/1.1\r\nUser-Agent: curl\r\nHost: b\r\nAccept: */*\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: c\r\n\r\n",
+    ] {
+        let again = parse_request(&mut BytesMut::from(head.as_bytes()), 1024, &mut kept)
+            .expect("valid")
+            .expect("complete");
+        let fresh = self::head(head);
+        let fields = |h: &RequestHead| -> Vec<(String, String)> {
+            h.headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().expect("ascii").to_owned()))
+                .collect()
+        };
+        assert_eq!(fields(&again), fields(&fresh), "{head}");
+    }
+}
