@@ -157,6 +157,9 @@ impl Spans {
             if i < self.names.len() {
                 self.names[i] = known;
             } else if i == self.names.len() {
+                // Room for this head's fields only: an idle client connection
+                // keeps one or two names, not `Vec`'s first four slots.
+                self.names.reserve_exact(self.offsets.len() - i);
                 self.names.push(known);
             }
         }
