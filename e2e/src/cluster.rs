@@ -343,6 +343,13 @@ impl Drop for Cluster {
             "--force",
         ]);
         let _ = self.kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
+        // The work dir (applied YAML, kubeconfigs, logs) is kept only when
+        // the test failed, to read; a passing run would leave one per test.
+        if std::thread::panicking() {
+            eprintln!("kept {} (the test failed)", self.work.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.work);
+        }
     }
 }
 
