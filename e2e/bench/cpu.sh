@@ -43,10 +43,10 @@ measure() {
   nice -n -20 taskset -c 0 "$@" >"$WORK/$label.log" 2>&1 &
   local pid=$!
   for _ in $(seq 100); do curl -fso /dev/null -H 'Host: bench' "http://127.0.0.1:$port/" && break; sleep 0.1; done
-  nice -n -20 taskset -c 1 h2load --h1 -n 20000 -c 50 -H ':authority: bench' "http://127.0.0.1:$port/" >/dev/null
+  nice -n -20 taskset -c 1 h2load --h1 -n 20000 -c 50 -H ':authority: bench' "http://127.0.0.1:$port/" >/dev/null || true
   local before after out
   before=$(awk '{print $1}' "/proc/$pid/schedstat")
-  out=$(nice -n -20 taskset -c 1 h2load --h1 -n "$N" -c 50 -H ':authority: bench' "http://127.0.0.1:$port/")
+  out=$(nice -n -20 taskset -c 1 h2load --h1 -n "$N" -c 50 -H ':authority: bench' "http://127.0.0.1:$port/") || true
   after=$(awk '{print $1}' "/proc/$pid/schedstat")
   kill "$pid"
   wait "$pid" 2>/dev/null || true
@@ -76,7 +76,10 @@ for r in $(seq "$ROUNDS"); do
     order=()
     for ((i = ${#systems[@]} - 1; i >= 0; i--)); do order+=("${systems[$i]}"); done
   fi
-  for s in "${order[@]}"; do echo "$r $(run_system "$s")"; done
+  for s in "${order[@]}"; do
+    row=$(run_system "$s") || exit 1
+    echo "$r $row"
+  done
 done | tee "$WORK/rounds"
 python3 - "$WORK/rounds" <<'PY'
 import statistics, sys
