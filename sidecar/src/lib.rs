@@ -33,6 +33,7 @@ mod random;
 pub mod retry;
 pub mod run;
 pub mod server;
+mod socket;
 
 pub use observe::metrics::{EndpointStats, UpstreamStats};
 pub use proxy::local::ERROR_HEADER;

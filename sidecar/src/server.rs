@@ -242,7 +242,7 @@ async fn serve_http(
     // pins it).
     let conn_drain = Arc::new(ConnDrain::new());
     let conn = std::pin::pin!(http1::serve(
-        stream,
+        crate::socket::Socket::new(stream),
         proxy,
         dest,
         Arc::clone(&conn_drain),

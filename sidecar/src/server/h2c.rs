@@ -46,6 +46,7 @@ use crate::proxy::body::{ClientBody, H2Recv};
 use crate::proxy::route::Destination;
 use crate::proxy::tunnel::h2_stream::{self, H2Stream};
 use crate::proxy::Proxy;
+use crate::socket::Socket;
 
 /// hyper's HTTP/2 server defaults, which the sidecar's h2c listener had:
 /// 1 MiB windows per stream and connection, 16 KiB frames, 200 streams at
@@ -83,8 +84,8 @@ pub(super) struct H2cConnection {
 }
 
 enum State {
-    Handshaking(Handshake<TcpStream, Bytes>),
-    Serving(Connection<TcpStream, Bytes>),
+    Handshaking(Handshake<Socket, Bytes>),
+    Serving(Connection<Socket, Bytes>),
 }
 
 impl H2cConnection {
@@ -96,7 +97,7 @@ impl H2cConnection {
         dest: Destination,
     ) -> Self {
         Self {
-            state: State::Handshaking(builder.handshake(io)),
+            state: State::Handshaking(builder.handshake(Socket::new(io))),
             shutdown_pending: false,
             proxy,
             dest,

@@ -52,6 +52,7 @@ pub(crate) use self::stream::H2Body;
 use super::IDLE_TIMEOUT;
 use crate::retry::failure::{classify_h2_error, FailureKind, Stage};
 use crate::retry::replay_body::AttemptBody;
+use crate::socket::Socket;
 
 /// Per-stream receive window: hyper's client default, kept from when the
 /// endpoints' h2c connections were hyper's (2 MiB; 5 MiB for the connection).
@@ -295,7 +296,7 @@ impl Http2Endpoint {
     /// Dials the endpoint and shakes hands.
     async fn connect(&self) -> Result<Sender, (FailureKind, Stage)> {
         let stream = super::dial(self.addr, self.connect_timeout).await?;
-        handshake(stream, self.addr).await
+        handshake(Socket::new(stream), self.addr).await
     }
 
     /// Connections held open now (closed ones not yet seen included).

@@ -45,11 +45,12 @@ use crate::http1::{self as codec, reads, Decoder, Encoding, WireError};
 use crate::retry::attempt::{AttemptFields, AttemptRequest, RequestHead};
 use crate::retry::failure::Stage;
 use crate::retry::replay_body::AttemptBody;
+use crate::socket::Socket;
 
 /// One connection: the socket and the bytes read from it not yet consumed.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    io: TcpStream,
+    io: Socket,
     read: BytesMut,
     read_size: usize,
     /// The head buffer, kept between requests.
@@ -61,7 +62,7 @@ pub(crate) struct Conn {
 impl Conn {
     pub(crate) fn new(io: TcpStream) -> Box<Self> {
         Box::new(Self {
-            io,
+            io: Socket::new(io),
             read: BytesMut::new(),
             read_size: reads::READ_INIT,
             out: Vec::new(),
@@ -74,13 +75,13 @@ impl Conn {
     /// call) unless it says something arrived.
     pub(crate) fn is_open(&self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
-        match self.io.poll_read_ready(&mut cx) {
+        match self.io.stream().poll_read_ready(&mut cx) {
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             // A stale readiness (the last read took everything without
             // seeing `WouldBlock`) or a real event: one peek tells.
             Poll::Ready(Ok(())) => matches!(
-                self.io.try_read(&mut [0u8; 1]),
+                self.io.stream().try_read(&mut [0u8; 1]),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
             ),
         }

@@ -46,7 +46,7 @@ impl Http1Body {
         }
         let conn = self.conn.take()?;
         let Conn { io, mut read, .. } = *conn;
-        Some(Prefixed::new(read.split().freeze(), io))
+        Some(Prefixed::new(read.split().freeze(), io.into_stream()))
     }
 
     /// The connection is no longer this body's.
