@@ -361,9 +361,9 @@ fn serve_request(
     proxy: Arc<Proxy>,
     req: Request<ClientBody>,
     dest: Destination,
-    conn: Option<Arc<ConnDrain>>,
+    conn: Option<&Arc<ConnDrain>>,
 ) -> impl Future<Output = Result<Response<ServedBody>, Infallible>> + Send {
-    let end = conn.as_ref().map(ConnDrain::request);
+    let end = conn.map(ConnDrain::request);
     let http1 = req.version() <= Version::HTTP_11;
     let connect = req.method() == Method::CONNECT;
     Arc::clone(&proxy)

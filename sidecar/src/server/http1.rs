@@ -94,7 +94,7 @@ pub(super) async fn serve<I: Stream>(
             Arc::clone(&proxy),
             request,
             dest.clone(),
-            Some(Arc::clone(&drain)),
+            Some(&drain),
         ));
         let response = poll_fn(|cx| loop {
             if let Poll::Ready(response) = Pin::new(&mut serving).poll(cx) {
