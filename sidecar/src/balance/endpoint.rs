@@ -8,6 +8,7 @@ use reprise_crds::{Endpoint, PassiveHealth};
 
 use super::client::EndpointClient;
 use crate::clock;
+use crate::retry::attempt::TimerPool;
 
 /// How far each attempt's outcome moves the failure estimate toward 1 (failed)
 /// or 0 (answered): a quarter, so two failures in a row already halve an
@@ -48,6 +49,8 @@ pub struct EndpointState {
     consecutive_failures: AtomicU32,
     ejected_until_ms: AtomicU64,
     ejections: AtomicU64,
+    /// Attempt timers kept for the next attempts.
+    pub(crate) timers: TimerPool,
 }
 
 /// Decrements the endpoint's in-flight count when the attempt ends.
@@ -75,6 +78,7 @@ impl EndpointState {
             consecutive_failures: AtomicU32::new(0),
             ejected_until_ms: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
+            timers: TimerPool::default(),
         }
     }
 

@@ -7,7 +7,9 @@
 
 mod grpc_timeout;
 mod request;
+mod timer;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,6 +24,7 @@ pub(crate) use self::grpc_timeout::parse_grpc_timeout;
 pub(crate) use self::request::{
     AttemptFields, AttemptRequest, KeptFields, RequestHead, RequestTemplate,
 };
+pub(crate) use self::timer::TimerPool;
 use super::failure::{FailureKind, Stage};
 use super::replay_body::BoxError;
 use crate::balance::client::{early_body_failure, EndpointBody};
@@ -130,10 +133,25 @@ pub(crate) async fn send(
     let response = state.client.request(request, started);
     let result = match timeout {
         // At `started` plus the limit: `timeout` would read the clock again.
-        Some((limit, kind)) => match tokio::time::timeout_at(started + limit, response).await {
-            Ok(r) => r,
-            Err(_) => Err((kind, Stage::AfterWrite)),
-        },
+        // A kept timer (see `timer`), polled outside the task's cooperative
+        // budget, as `tokio::time::Timeout` polls its own once the future
+        // it guards used the budget up: a response that keeps using it can
+        // never keep its timeout from firing.
+        Some((limit, kind)) => {
+            let mut timer =
+                std::pin::pin!(tokio::task::unconstrained(state.timers.at(started + limit)));
+            let mut response = std::pin::pin!(response);
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = response.as_mut().poll(cx) {
+                    return Poll::Ready(r);
+                }
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err((kind, Stage::AfterWrite))),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await
+        }
         None => response.await,
     };
     let result = match result {
