@@ -8,7 +8,9 @@
 //! only updates the entry it already has in the wheel (one atomic
 //! compare-and-swap); the wheel moves it when the earlier deadline comes.
 //! A kept timer whose deadline passes while unused wakes the task that last
-//! polled it once, which re-polls and finds nothing to do.
+//! polled it once, which re-polls and finds nothing to do; until then it
+//! holds that task's waker (at most [`KEEP`] per endpoint, for at most the
+//! attempt timeout, 15 s by default).
 
 use std::future::Future;
 use std::pin::Pin;
