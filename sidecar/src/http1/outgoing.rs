@@ -32,11 +32,25 @@ use crate::retry::replay_body::{AttemptBody, BoxError};
 /// larger frames are written from their own buffers.
 const COALESCE: usize = 16 * 1024;
 
-/// Queued bytes at which the writer stops taking frames and writes: four of
-/// the client reads measured above, and the size at which Linux's loopback
-/// and a default socket buffer (`tcp_wmem` 16 KiB-4 MiB, autotuned) take a
-/// write whole.
-const GATHER: usize = 256 * 1024;
+/// Queued bytes at which the writer stops taking frames and writes: two of
+/// a client's 16 KiB reads (`reads::REQUEST_READ_MAX`). Larger writes take
+/// less of the sidecar's CPU but more of the CPU the client and the endpoint
+/// share, which is what limits a transfer on one host. A 1 GiB upload, curl
+/// and the endpoint on one CPU, the sidecar on the other, 16 rounds each,
+/// HAProxy in the same rounds at 2,100 MiB/s:
+///
+/// | cap | MiB/s | sidecar CPU | the other CPU's busy time |
+/// |---|---|---|---|
+/// | 256 KiB | 1,996 | 290 ms | 520 ms |
+/// | 64 KiB | 2,054 | 303 ms | 510 ms |
+/// | 32 KiB | 2,104 | 308 ms | 495 ms |
+///
+/// The benchmark's scenario 5 (`e2e/bench/results/2026-12-05-1225.md`,
+/// `1226`, `1227`; 36 rounds against 256 KiB in the same rounds): uploads
+/// 1.015× per round (at least as fast in 27 of 36), downloads 1.021× (25 of
+/// 36). A response frame of 32 KiB or more is written at once, without the
+/// reader's turn, and downloads read up to 256 KiB at a time.
+const GATHER: usize = 32 * 1024;
 
 /// Buffers per vectored write (hyper's client queues at most 16).
 const SLICES: usize = 16;
