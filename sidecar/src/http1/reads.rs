@@ -3,7 +3,7 @@
 //! read that filled it, up to a cap that differs by direction. The cap
 //! bounds the room asked for, not each read: once every frame cut from the
 //! buffer is gone, `BytesMut::reserve` reclaims the whole allocation and
-//! may grow it, so a read can take up to about twice the cap (24 KiB and
+//! may grow it, so a read can take up to about twice the cap (120 KiB and
 //! 504 KiB in `reads/tests.rs`). The figures below were measured so; a hard
 //! per-read limit (`BufMut::limit`) made no difference to uploads.
 //!
@@ -12,11 +12,12 @@
 //! with hyper's client (`e2e/bench/results/2026-12-01-2030.md`, scenario
 //! 5), and again 1,291-1,445 against 1,685-1,864 on 2026-12-05.
 //!
-//! Requests (the server side, reading a client): up to 16 KiB, HAProxy's
-//! buffer size. A reader that takes everything the socket holds in one call
-//! empties it faster than a client sends and then sleeps until the next
-//! send wakes it; the wake-up is paid by the sender, on the sender's CPU.
-//! A 1 GiB upload (curl on the other CPU with the upstream), per GiB:
+//! Requests (the server side, reading a client): up to 64 KiB. How large
+//! depends on how the body is written on (`outgoing.rs`): a reader that
+//! takes everything the socket holds outruns the client and sleeps until
+//! its next send, and while body writes were gathered up to 256 KiB, small
+//! reads paid: a 1 GiB upload (curl on the other CPU with the upstream),
+//! per GiB:
 //!
 //! | cap | MiB/s | sidecar wake-ups | curl system time | sidecar CPU |
 //! |---|---|---|---|---|
@@ -25,9 +26,13 @@
 //! | 64 KiB | 1,333 (median of 12) | 6,400 | 0.46 s | 410 ms |
 //! | 16 KiB | 1,435 (median of 12) | 3,400 | 0.39 s | 425 ms |
 //!
-//! HAProxy in the same rounds: 1,282-1,415 and 1,361, its 16 KiB reads
-//! waking it 640-1,450 times (`e2e/bench/results/2026-12-05-issue18-uploads.md`).
-//! 32 KiB fell between (1,376).
+//! (HAProxy in the same rounds: 1,282-1,415 and 1,361.) With gathers of
+//! 32 KiB, a read of 32 KiB or more is written on at once, and larger reads
+//! won instead, through `bench.py` (scenario 5, 8 rounds each, against 16
+//! KiB in the same rounds): 64 KiB 1.027× per round (faster in 8 of 8),
+//! 128 KiB 1.032× (7 of 8), 256 KiB 1.023× and 1.013× (6 of 8); the sidecar's
+//! CPU per GiB 299 ms at 16 KiB, 264 at 64, 242 at 256
+//! (`e2e/bench/results/2026-12-05-issue18-uploads.md`).
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -42,7 +47,7 @@ pub(crate) const READ_INIT: usize = 8 * 1024;
 pub(crate) const RESPONSE_READ_MAX: usize = 256 * 1024;
 
 /// The largest read of a request (from a client).
-pub(crate) const REQUEST_READ_MAX: usize = 16 * 1024;
+pub(crate) const REQUEST_READ_MAX: usize = 64 * 1024;
 
 /// Reads more of `io` into `buf`, at most `*size` bytes beyond what it
 /// holds, doubling `*size` up to `max` when the read filled the room;

@@ -29,10 +29,13 @@ fn read_sizes(max: usize) -> Vec<usize> {
 }
 
 #[test]
-fn a_request_read_grows_to_16_kib_and_stays_under_32() {
+fn a_request_read_grows_to_64_kib_and_stays_under_128() {
     let sizes = read_sizes(REQUEST_READ_MAX);
-    // Past the cap, every read takes the 24 KiB a reclaimed buffer holds.
-    assert_eq!(sizes[..4], [8 << 10, 16 << 10, 24 << 10, 24 << 10]);
+    // Past the cap, every read takes the 120 KiB a reclaimed buffer holds.
+    assert_eq!(
+        sizes[..6],
+        [8 << 10, 16 << 10, 32 << 10, 64 << 10, 120 << 10, 120 << 10]
+    );
     assert!(sizes.iter().all(|&n| n < 2 * REQUEST_READ_MAX), "{sizes:?}");
     assert_eq!(sizes.iter().sum::<usize>(), 1 << 20);
 }
