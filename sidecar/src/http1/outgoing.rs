@@ -32,12 +32,14 @@ use crate::retry::replay_body::{AttemptBody, BoxError};
 /// larger frames are written from their own buffers.
 const COALESCE: usize = 16 * 1024;
 
-/// Queued bytes at which the writer stops taking frames and writes: two of
-/// a client's 16 KiB reads (`reads::REQUEST_READ_MAX`). Larger writes take
-/// less of the sidecar's CPU but more of the CPU the client and the endpoint
+/// Queued bytes at which the writer stops taking frames and writes; a
+/// frame this large or larger is written at once. Larger writes took less
+/// of the sidecar's CPU but more of the CPU the client and the endpoint
 /// share, which is what limits a transfer on one host. A 1 GiB upload, curl
-/// and the endpoint on one CPU, the sidecar on the other, 16 rounds each,
-/// HAProxy in the same rounds at 2,100 MiB/s:
+/// and the endpoint on one CPU, the sidecar on the other, the client's
+/// request read 16 KiB at a time (since raised to 64 KiB, see
+/// `reads::REQUEST_READ_MAX`), 16 rounds each, HAProxy in the same rounds
+/// at 2,100 MiB/s:
 ///
 /// | cap | MiB/s | sidecar CPU | the other CPU's busy time |
 /// |---|---|---|---|
