@@ -50,8 +50,8 @@ const COALESCE: usize = 16 * 1024;
 /// The benchmark's scenario 5 (`e2e/bench/results/2026-12-05-1225.md`,
 /// `1226`, `1227`; 36 rounds against 256 KiB in the same rounds): uploads
 /// 1.015× per round (at least as fast in 27 of 36), downloads 1.021× (25 of
-/// 36). A response frame of 32 KiB or more is written at once, without the
-/// reader's turn, and downloads read up to 256 KiB at a time.
+/// 36). Responses are read up to 256 KiB at a time, so their frames mostly
+/// go out one per write.
 const GATHER: usize = 32 * 1024;
 
 /// Buffers per vectored write (hyper's client queues at most 16).

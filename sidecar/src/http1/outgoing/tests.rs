@@ -246,6 +246,23 @@ fn gathering_stops_at_its_cap() {
     assert_eq!(wire.bytes, [HEAD, &frames.concat()].concat());
 }
 
+#[test]
+fn a_frame_at_the_cap_is_written_without_a_turn() {
+    let big = frame(GATHER, b'g');
+    // Pending after the frame: a smaller frame would wait for a turn.
+    let steps = vec![Step::Data(big.clone()), Step::Pending, Step::Pending];
+    let mut out = outgoing(
+        Encoding::Length(2 * GATHER as u64),
+        &HeaderMap::new(),
+        steps,
+    );
+    let mut wire = Wire::default();
+    let (result, woke) = poll(&mut out, &mut wire);
+    assert!(result.is_pending() && !woke, "no turn for the reader");
+    assert_eq!(wire.writes, 1);
+    assert_eq!(wire.bytes, [HEAD, &big].concat());
+}
+
 /// xorshift64: the same cases every run.
 struct Rng(u64);
 
