@@ -1055,13 +1055,27 @@ def main():
               f"Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f". Total run time {total / 60:.1f} min.\n")
     doc = header + "\n" + "\n".join(sections) + "\n" + targets
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{stamp}.md")
-    with open(path, "w") as f:
+    stamp, f = claim_results(args.out, stamp)
+    path = f.name
+    with f:
         f.write(doc)
     with open(os.path.join(args.out, f"{stamp}.json"), "w") as f:
         json.dump({"versions": versions, "args": vars(args), "rounds": raw}, f, indent=1, default=str)
     print("\n" + targets)
     log(f"results: {path}")
+
+
+def claim_results(out, stamp):
+    """The results' name and its .md opened for writing: `stamp` (the minute
+    the run started), or `stamp-2`, `-3`... when a run started in the same
+    minute already wrote it, so no run overwrites another's files."""
+    for n in range(1, 100):
+        name = stamp if n == 1 else f"{stamp}-{n}"
+        try:
+            return name, open(os.path.join(out, f"{name}.md"), "x")
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free results name for {stamp} in {out}")
 
 
 def check_targets(m):
