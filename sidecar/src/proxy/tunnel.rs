@@ -186,7 +186,7 @@ where
     tokio::spawn(async move {
         let _open = guard;
         if let Some(mut client) = client.switched().await {
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            relay::copy(&mut client, &mut server).await;
         }
     });
 }

@@ -3,6 +3,8 @@
 //! the other, and the other direction keeps flowing), so a client that
 //! shuts down its sending side still reads the whole reply.
 
+mod copy;
+
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -46,12 +48,13 @@ pub(crate) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<T
 }
 
 /// Copies both ways until both directions have closed; the bytes sent from
-/// `client` to `server`, and back, as far as they got.
-pub(crate) async fn copy<T>(client: &mut T, server: &mut TcpStream) -> (u64, u64)
+/// `client` to `server`, and back, as far as they got (0 after an error).
+pub(crate) async fn copy<C, S>(client: &mut C, server: &mut S) -> (u64, u64)
 where
-    T: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
-    match tokio::io::copy_bidirectional(client, server).await {
+    match copy::copy_both(client, server).await {
         Ok(counts) => counts,
         Err(e) => {
             tracing::debug!(error = %e, "opaque relay ended with an error");
