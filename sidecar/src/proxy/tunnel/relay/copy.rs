@@ -111,6 +111,11 @@ impl Direction {
         }
         loop {
             if self.pos == self.end && !self.read_done {
+                // Each read spends from the task's budget: a reader that
+                // always has bytes must not keep the thread's other tasks
+                // waiting (the socket's own budget does not cover every
+                // reader the relay is given).
+                let coop = ready!(tokio::task::coop::poll_proceed(cx));
                 let mut read = ReadBuf::new(&mut self.buf);
                 match reader.as_mut().poll_read(cx, &mut read) {
                     Poll::Pending => {
@@ -121,7 +126,10 @@ impl Direction {
                         }
                         return Poll::Pending;
                     }
-                    Poll::Ready(result) => result?,
+                    Poll::Ready(result) => {
+                        coop.made_progress();
+                        result?;
+                    }
                 }
                 let n = read.filled().len();
                 if n == 0 {

@@ -1,6 +1,8 @@
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -26,6 +28,8 @@ struct Scripted {
     written: Vec<u8>,
     shut_down: bool,
     fail_writes: bool,
+    /// Reads answered so far, for another task to look at.
+    reads_done: Arc<AtomicUsize>,
 }
 
 impl Scripted {
@@ -45,6 +49,7 @@ impl AsyncRead for Scripted {
     ) -> Poll<io::Result<()>> {
         let room = buf.remaining();
         self.offered.push(room);
+        self.reads_done.fetch_add(1, Ordering::Relaxed);
         let n = match self.reads.pop_front() {
             None => 0,
             Some(Read::Fill) => room,
@@ -200,4 +205,25 @@ async fn a_half_close_travels_through_and_the_other_way_keeps_flowing() {
         .expect("relay task")
         .expect("relay ends cleanly");
     assert_eq!((forth, back), (7, reply.len() as u64));
+}
+
+#[tokio::test]
+async fn a_reader_that_always_has_bytes_leaves_other_tasks_their_turn() {
+    const READS: usize = 10_000;
+    let a = Scripted::reading([Read::Bytes(1); READS]);
+    let reads = Arc::clone(&a.reads_done);
+    let relay = tokio::spawn(async move {
+        let (mut a, mut b) = (a, Scripted::default());
+        copy_both(&mut a, &mut b).await
+    });
+    // Spawned second, so on this one-thread runtime it runs only when the
+    // relay's task gives the thread up.
+    let seen = tokio::spawn(async move { reads.load(Ordering::Relaxed) });
+    let seen = seen.await.expect("observer task");
+    let (forth, _) = relay.await.expect("relay task").expect("copies");
+    assert_eq!(forth, READS as u64);
+    assert!(
+        seen < READS,
+        "the other task ran only after all {READS} reads"
+    );
 }
