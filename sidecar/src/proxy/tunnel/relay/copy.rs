@@ -2,8 +2,8 @@
 //! while the bytes come in bulk and shrinks back once they trickle.
 //!
 //! tokio's `copy_bidirectional` reads 8 KiB at a time, and the sidecar's
-//! relays ran at 0.75× HAProxy's `mode tcp` on a 1 GiB transfer, with a
-//! third more CPU per GiB. A throwaway tokio relay with fixed buffers
+//! relays ran at 0.65-0.78× Envoy's `tcp_proxy` on a 1 GiB transfer, with
+//! a third more CPU per GiB. A throwaway tokio relay with fixed buffers
 //! (curl and the benchmark's Go endpoint through it, MiB/s):
 //!
 //! | buffer | upload | download | relay CPU per GiB, down |
@@ -20,9 +20,9 @@
 //! read fills it, up to [`MAX`]; two reads in a row that would have fit in
 //! a quarter of it halve it again. Idle and chatty relays hold what they
 //! did before; bulk transfers get 64 KiB reads and writes. Through the
-//! sidecar (`e2e/bench/tunnel.sh`, 6 rounds): uploads 2,512 → 3,780 MiB/s,
-//! 1.12× HAProxy; downloads 2,472 → 3,956, 1.18×; 405 → 220 ms of CPU per
-//! GiB against HAProxy's 300 (`e2e/bench/results/2026-12-05-issue18-relay.md`).
+//! sidecar (`e2e/bench/tunnel.sh`, 8 rounds): uploads 2,654 → 3,894 MiB/s,
+//! 1.14× Envoy; downloads 2,252 → 4,116, 1.19×; 215-220 ms of CPU per GiB
+//! against Envoy's 290-305 (`e2e/bench/results/2026-12-05-issue18-relay.md`).
 //!
 //! The contract is `copy_bidirectional`'s: bytes are written in the order
 //! read; EOF from one side shuts down writing towards the other while the
