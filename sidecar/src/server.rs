@@ -29,11 +29,12 @@ use tokio::sync::watch;
 pub use self::admin::{Admin, LogLevelSetter};
 use self::drain::{reached, ConnDrain, Drain, DrainPhase, ServedBody, SideWake};
 use self::h2c::H2cConnection;
-use self::sniff::Protocol;
+pub(crate) use self::sniff::{tunnelled, Protocol};
 use self::transparent::OwnListeners;
 use crate::clock;
 use crate::proxy::body::ClientBody;
 use crate::proxy::route::Destination;
+use crate::proxy::tunnel::upgrade::Stream;
 use crate::proxy::Proxy;
 
 /// How long a new connection may stay silent before its first bytes, and then
@@ -226,11 +227,42 @@ async fn serve_http(
     builder: Arc<HttpBuilders>,
     drain: watch::Receiver<Drain>,
 ) {
+    let io = crate::socket::Socket::new(stream);
+    serve_io(io, protocol, dest, proxy, builder, drain).await;
+}
+
+/// Serves the HTTP a CONNECT tunnel carries (`protocol`, told by its first
+/// bytes), each request routed as `dest` says, with the listener's servers,
+/// limits and header read timeout. It does not follow the drain: the drain
+/// waits for an open tunnel, up to its timeout, as for any other.
+pub(crate) async fn serve_tunnelled<T: Stream>(
+    io: T,
+    protocol: Protocol,
+    dest: Destination,
+    proxy: Arc<Proxy>,
+) {
+    let builder = Arc::new(HttpBuilders::new(
+        proxy.config().proxy.max_request_header_bytes,
+    ));
+    // A drain that never starts: its sender lives as long as the tunnel.
+    let (_serving, drain) = watch::channel(Drain::SERVING);
+    serve_io(io, protocol, dest, proxy, builder, drain).await;
+}
+
+/// [`serve_http`] on any byte stream.
+async fn serve_io<T: Stream>(
+    io: T,
+    protocol: Protocol,
+    dest: Destination,
+    proxy: Arc<Proxy>,
+    builder: Arc<HttpBuilders>,
+    drain: watch::Receiver<Drain>,
+) {
     // h2c: the h2 crate's server directly (see [`h2c`]). Boxed: HTTP/2's
     // connection state is larger than HTTP/1's, and inline it would size
     // every connection's task, HTTP/1 ones included, for the rarer protocol.
     if protocol == Protocol::H2c {
-        let mut conn = Box::pin(H2cConnection::new(stream, &builder.h2, proxy, dest));
+        let mut conn = Box::pin(H2cConnection::new(io, &builder.h2, proxy, dest));
         if let Err(e) = drive(conn.as_mut(), |c| c.graceful_shutdown(), drain, None).await {
             tracing::debug!(error = %e, "client connection ended with an error");
         }
@@ -242,7 +274,7 @@ async fn serve_http(
     // pins it).
     let conn_drain = Arc::new(ConnDrain::new());
     let conn = std::pin::pin!(http1::serve(
-        crate::socket::Socket::new(stream),
+        io,
         proxy,
         dest,
         Arc::clone(&conn_drain),

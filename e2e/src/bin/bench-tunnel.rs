@@ -9,6 +9,10 @@
 //! - `bench-tunnel up|down ADDR BYTES [--connect HOST:PORT]`: the client. It
 //!   sends or receives BYTES through ADDR (after a CONNECT to HOST:PORT when
 //!   given) and prints MiB/s, timed from its first byte to the last.
+//! - `bench-tunnel requests ADDR N [--connect HOST:PORT]`: N keep-alive
+//!   `GET /` requests with `Host: bench`, one at a time on one connection
+//!   (inside the tunnel when `--connect` is given); each answer must be a
+//!   `200` with a `content-length` body. Prints requests per second.
 //!
 //! Plain blocking sockets, 64 KiB writes and 256 KiB reads: the ends cost
 //! the CPU they share little, so the relay between them shows.
@@ -40,8 +44,19 @@ fn main() -> anyhow::Result<()> {
             println!("{mibs:.0}");
             Ok(())
         }
+        Some("requests") if args.len() == 3 || args.len() == 5 => {
+            let n: u64 = args[2].parse().context("N")?;
+            let connect = match args.get(3).map(String::as_str) {
+                Some("--connect") => Some(args[4].as_str()),
+                Some(other) => bail!("unknown option {other}"),
+                None => None,
+            };
+            println!("{:.0}", requests(&args[1], n, connect)?);
+            Ok(())
+        }
         _ => bail!(
-            "usage: bench-tunnel serve ADDR... | bench-tunnel up|down ADDR BYTES [--connect HOST:PORT]"
+            "usage: bench-tunnel serve ADDR... | bench-tunnel up|down ADDR BYTES [--connect HOST:PORT] \
+             | bench-tunnel requests ADDR N [--connect HOST:PORT]"
         ),
     }
 }
@@ -112,6 +127,55 @@ fn transfer(addr: &str, up: bool, bytes: u64, connect: Option<&str>) -> anyhow::
         ensure!(got == bytes, "received {got} bytes of {bytes}");
     }
     Ok(bytes as f64 / f64::from(1 << 20) / started.elapsed().as_secs_f64())
+}
+
+/// `n` requests one after another on one connection: requests per second.
+fn requests(addr: &str, n: u64, connect: Option<&str>) -> anyhow::Result<f64> {
+    let mut conn = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
+    conn.set_nodelay(true)?;
+    if let Some(target) = connect {
+        tunnel(&mut conn, target)?;
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    let started = Instant::now();
+    for _ in 0..n {
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")?;
+        read_response(&mut conn, &mut buf)?;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Reads one `200` response whose body has a `content-length`.
+fn read_response(conn: &mut TcpStream, buf: &mut [u8]) -> anyhow::Result<()> {
+    let mut have = 0;
+    loop {
+        ensure!(have < buf.len(), "response head over {} bytes", buf.len());
+        let k = conn.read(&mut buf[have..])?;
+        ensure!(k > 0, "the connection closed mid-response");
+        have += k;
+        let Some(end) = buf[..have].windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = std::str::from_utf8(&buf[..end]).context("response head")?;
+        ensure!(head.starts_with("HTTP/1.1 200"), "not a 200: {head}");
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())?
+            })
+            .context("no content-length")?;
+        let mut body = have - (end + 4);
+        ensure!(body <= length, "more bytes than one response");
+        while body < length {
+            let want = (length - body).min(buf.len());
+            let k = conn.read(&mut buf[..want])?;
+            ensure!(k > 0, "the connection closed mid-body");
+            body += k;
+        }
+        return Ok(());
+    }
 }
 
 /// Sends CONNECT and reads the answer's head, which must be a 2xx.

@@ -30,8 +30,6 @@ pub enum ClientBody {
     /// Read whole with its head (no trailers): what a small body sent in
     /// the same packets as its head is.
     Full(Option<Bytes>),
-    /// Read by hyper's server: the connections inside a CONNECT tunnel.
-    Hyper(Incoming),
     /// An h2c stream's data, read through the h2 crate directly.
     H2(H2Recv),
     /// None: a CONNECT stream, whose bytes after the answer are the
@@ -50,7 +48,6 @@ impl Body for ClientBody {
         match self.get_mut() {
             ClientBody::Http1(inner) => inner.poll_frame(cx),
             ClientBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
             ClientBody::H2(inner) => inner.poll_frame(cx).map_err(Into::into),
             ClientBody::Empty => Poll::Ready(None),
         }
@@ -60,7 +57,6 @@ impl Body for ClientBody {
         match self {
             ClientBody::Http1(inner) => inner.is_end_stream(),
             ClientBody::Full(data) => data.is_none(),
-            ClientBody::Hyper(inner) => inner.is_end_stream(),
             ClientBody::H2(inner) => inner.is_end_stream(),
             ClientBody::Empty => true,
         }
@@ -72,7 +68,6 @@ impl Body for ClientBody {
             ClientBody::Full(data) => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            ClientBody::Hyper(inner) => inner.size_hint(),
             ClientBody::H2(inner) => inner.size_hint(),
             ClientBody::Empty => SizeHint::with_exact(0),
         }

@@ -13,11 +13,8 @@ pub(crate) mod upgrade;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::BytesMut;
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::Notify;
 
@@ -30,7 +27,7 @@ use super::route::Destination;
 use super::Proxy;
 use crate::balance::upstream::UpstreamState;
 use crate::retry::outcome::{Outcome, SkipReason};
-use crate::server::{FIRST_BYTES_WAIT, HEADER_READ_TIMEOUT};
+use crate::server::{self, FIRST_BYTES_WAIT, HEADER_READ_TIMEOUT};
 
 /// Tunnels open now.
 #[derive(Debug, Default)]
@@ -119,46 +116,37 @@ async fn carry<T>(mut io: T, upstream: Arc<UpstreamState>, proxy: Arc<Proxy>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut first = vec![0u8; 4096];
-    let n = match tokio::time::timeout(FIRST_BYTES_WAIT, io.read(&mut first)).await {
-        Ok(Ok(0) | Err(_)) => return,
-        Ok(Ok(n)) => n,
-        Err(_) => 0,
+    let mut first = BytesMut::with_capacity(4096);
+    // Silence for FIRST_BYTES_WAIT leaves `first` empty: a server-first protocol.
+    let read = tokio::time::timeout(FIRST_BYTES_WAIT, io.read_buf(&mut first)).await;
+    if let Ok(Ok(0) | Err(_)) = read {
+        return;
+    }
+    if first.first().is_none_or(|b| *b == TLS_HANDSHAKE) {
+        relay_to_upstream(Prefixed::new(first.freeze(), io), &upstream).await;
+        return;
+    }
+    // HTTP/1 or h2c: a first read that stopped inside the HTTP/2 preface
+    // waits for the rest, within the header read timeout.
+    let more = async {
+        loop {
+            if let Some(protocol) = server::tunnelled(&first) {
+                return Some(protocol);
+            }
+            if !matches!(io.read_buf(&mut first).await, Ok(n) if n > 0) {
+                return None;
+            }
+        }
     };
-    first.truncate(n);
-    let opaque = first.first().is_none_or(|b| *b == TLS_HANDSHAKE);
-    let io = Prefixed::new(Bytes::from(first), io);
-    if opaque {
-        relay_to_upstream(io, &upstream).await;
-    } else {
-        serve_inside(io, proxy, Arc::from(upstream.config.name.as_str())).await;
-    }
-}
-
-/// Serves the tunnel's bytes as a client connection whose requests go to
-/// the upstream named `upstream` (unless their own host names another),
-/// looked up per request so that a long-lived tunnel follows reloads.
-async fn serve_inside<T>(io: T, proxy: Arc<Proxy>, upstream: Arc<str>)
-where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        Arc::clone(&proxy).handle_routed(
-            req.map(ClientBody::Hyper),
-            Destination::Tunnel(Arc::clone(&upstream)),
-        )
-    });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    if let Err(e) = builder
-        .serve_connection_with_upgrades(TokioIo::new(io), service)
-        .await
-    {
-        tracing::debug!(error = %e, "connection inside a CONNECT tunnel ended with an error");
-    }
+    let Ok(Some(protocol)) = tokio::time::timeout(HEADER_READ_TIMEOUT, more).await else {
+        return;
+    };
+    // Requests go to `upstream` unless their own host names another; it is
+    // looked up by name per request, so a long-lived tunnel follows reloads
+    // (and does not keep a replaced upstream's state alive).
+    let dest = Destination::Tunnel(Arc::from(upstream.config.name.as_str()));
+    drop(upstream);
+    server::serve_tunnelled(Prefixed::new(first.freeze(), io), protocol, dest, proxy).await;
 }
 
 /// An opaque tunnel: the bytes relayed to one endpoint of `upstream`.

@@ -37,7 +37,7 @@ use http::header::{HeaderValue, CONTENT_LENGTH, DATE};
 use http::{Method, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::drain::ServedBody;
 use super::request_box::RequestBox;
@@ -74,30 +74,31 @@ pub(super) fn builder(max_head: usize) -> h2::server::Builder {
     builder
 }
 
-/// One client's h2c connection: resolves when it has closed.
-pub(super) struct H2cConnection {
-    state: State,
+/// One client's h2c connection: resolves when it has closed. `T` is a
+/// proxy listener's socket, or the bytes of a CONNECT tunnel.
+pub(super) struct H2cConnection<T = Socket> {
+    state: State<T>,
     /// The drain asked for GOAWAY before the handshake finished.
     shutdown_pending: bool,
     proxy: Arc<Proxy>,
     dest: Destination,
 }
 
-enum State {
-    Handshaking(Handshake<Socket, Bytes>),
-    Serving(Connection<Socket, Bytes>),
+enum State<T> {
+    Handshaking(Handshake<T, Bytes>),
+    Serving(Connection<T, Bytes>),
 }
 
-impl H2cConnection {
+impl<T: AsyncRead + AsyncWrite + Unpin> H2cConnection<T> {
     /// Starts the handshake (the client's preface, then SETTINGS).
     pub(super) fn new(
-        io: TcpStream,
+        io: T,
         builder: &h2::server::Builder,
         proxy: Arc<Proxy>,
         dest: Destination,
     ) -> Self {
         Self {
-            state: State::Handshaking(builder.handshake(Socket::new(io))),
+            state: State::Handshaking(builder.handshake(io)),
             shutdown_pending: false,
             proxy,
             dest,
@@ -114,7 +115,7 @@ impl H2cConnection {
     }
 }
 
-impl Future for H2cConnection {
+impl<T: AsyncRead + AsyncWrite + Unpin> Future for H2cConnection<T> {
     type Output = Result<(), h2::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

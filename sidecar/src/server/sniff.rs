@@ -104,6 +104,18 @@ pub(crate) async fn captured(
         .flatten()
 }
 
+/// What a CONNECT tunnel that does not start with TLS carries, by its first
+/// bytes: h2c after the HTTP/2 preface, HTTP/1 otherwise (bytes that are no
+/// request get the HTTP/1 server's `400`); `None` while they are a strict
+/// prefix of the preface.
+pub(crate) fn tunnelled(first: &[u8]) -> Option<Protocol> {
+    let n = first.len().min(PREFACE.len());
+    if first[..n] != PREFACE[..n] {
+        return Some(Protocol::Http1);
+    }
+    (n == PREFACE.len()).then_some(Protocol::H2c)
+}
+
 /// What the bytes received so far are: the h2c preface, an HTTP/1.x request
 /// line (`METHOD SP target SP HTTP/1.x CRLF`, RFC 9112 §3), something else,
 /// or the start of one of the first two.
@@ -157,6 +169,29 @@ fn is_tchar(b: u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tunnel_is_h2c_after_the_whole_preface_and_http1_otherwise() {
+        let mut preface_and_more = PREFACE.to_vec();
+        preface_and_more.extend_from_slice(b"\0\0\x12\x04");
+        let cases: &[(&[u8], Option<Protocol>)] = &[
+            (PREFACE, Some(Protocol::H2c)),
+            (&preface_and_more, Some(Protocol::H2c)),
+            (b"PRI * HTTP/2", None),
+            (b"P", None),
+            (b"GET / HTTP/1.1\r\n", Some(Protocol::Http1)),
+            (b"PRI * HTTP/1.1\r\n", Some(Protocol::Http1)),
+            (b"\x00garbage", Some(Protocol::Http1)),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(
+                tunnelled(bytes),
+                *want,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
 
     #[test]
     fn request_lines_and_the_preface_are_http_everything_else_opaque() {

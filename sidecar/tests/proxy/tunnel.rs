@@ -61,6 +61,27 @@ async fn http_inside_a_tunnel_to_an_upstream_is_retried() {
 }
 
 #[tokio::test]
+async fn a_request_whose_first_bytes_could_start_the_http2_preface_is_served() {
+    // "P" could begin "PRI * HTTP/2.0" (h2c) or "PUT": the tunnel waits for
+    // the next bytes to tell, then serves HTTP/1.
+    let up = Upstream::start(|_| Action::Reply(200)).await;
+    let sidecar = Sidecar::start(api(&[&up])).await;
+    let mut wire = tunnel(&sidecar).await;
+    wire.get_mut().write_all(b"P").await.expect("first byte");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    wire.get_mut()
+        .write_all(b"UT /items HTTP/1.1\r\nHost: api\r\nContent-Length: 2\r\n\r\nok")
+        .await
+        .expect("the rest of the request");
+    let answer = wire.read_response("PUT").await.expect("its answer");
+    assert_eq!(answer.status, 200);
+    assert_eq!(get(&mut wire, "api").await, 200, "the tunnel stays open");
+    let got = up.received();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].method, "PUT");
+}
+
+#[tokio::test]
 async fn a_connect_over_h2c_carries_http_to_the_upstream() {
     // RFC 9113 §8.5: the stream's DATA frames are the tunnel's bytes.
     let (up, sidecar) = once_unavailable().await;

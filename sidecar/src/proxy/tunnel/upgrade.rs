@@ -6,13 +6,12 @@
 //! connection over through [`Handover::hand_over`], with the bytes it had
 //! already read behind the head. Whoever took the [`PendingUpgrade`] out
 //! (with [`ClientUpgrade::take`]) gets it. Connections inside a CONNECT
-//! tunnel are served by hyper, whose own upgrade mechanism stands in then.
+//! tunnel are served by the same server, so their upgrades work alike.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use http::Request;
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 
@@ -49,10 +48,7 @@ impl std::fmt::Debug for Handover {
 
 impl std::fmt::Debug for ClientUpgrade {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ClientUpgrade::Own(_) => "ClientUpgrade::Own",
-            ClientUpgrade::Hyper(_) => "ClientUpgrade::Hyper",
-        })
+        f.write_str("ClientUpgrade")
     }
 }
 
@@ -75,34 +71,22 @@ impl Handover {
     }
 }
 
-/// The proxy's claim on a client connection that may change hands.
-pub(crate) enum ClientUpgrade {
-    /// From the sidecar's HTTP/1 server.
-    Own(Option<oneshot::Receiver<Upgraded>>),
-    /// From hyper's server (inside a CONNECT tunnel).
-    Hyper(hyper::upgrade::OnUpgrade),
-}
+/// The proxy's claim on a client connection that may change hands: none
+/// when the request did not come from the sidecar's HTTP/1 server, or the
+/// connection was claimed before.
+pub(crate) struct ClientUpgrade(Option<oneshot::Receiver<Upgraded>>);
 
 impl ClientUpgrade {
     /// Takes the claim out of `req`.
     pub(crate) fn take(req: &mut Request<ClientBody>) -> Self {
-        match req.extensions_mut().remove::<PendingUpgrade>() {
-            Some(PendingUpgrade(rx)) => {
-                ClientUpgrade::Own(rx.lock().unwrap_or_else(PoisonError::into_inner).take())
-            }
-            None => ClientUpgrade::Hyper(hyper::upgrade::on(req)),
-        }
+        ClientUpgrade(req.extensions_mut().remove::<PendingUpgrade>().and_then(
+            |PendingUpgrade(rx)| rx.lock().unwrap_or_else(PoisonError::into_inner).take(),
+        ))
     }
 
     /// The connection once switched; `None` when it never will be (the
     /// answer was no switch, or the connection ended first).
     pub(crate) async fn switched(self) -> Option<Upgraded> {
-        match self {
-            ClientUpgrade::Own(rx) => rx?.await.ok(),
-            ClientUpgrade::Hyper(on) => {
-                let upgraded = on.await.ok()?;
-                Some(Box::new(TokioIo::new(upgraded)))
-            }
-        }
+        self.0?.await.ok()
     }
 }
