@@ -73,7 +73,7 @@ struct Direction {
     small_reads: u8,
     /// The reader reached EOF.
     read_done: bool,
-    /// Bytes written since the last flush.
+    /// Bytes were written since the last flush.
     unflushed: bool,
     /// EOF has been passed on (the writer shut down).
     done: bool,
