@@ -35,29 +35,28 @@ fn main() -> anyhow::Result<()> {
         Some("serve") if args.len() > 1 => serve(&args[1..]),
         Some(dir @ ("up" | "down")) if args.len() == 3 || args.len() == 5 => {
             let bytes: u64 = args[2].parse().context("BYTES")?;
-            let connect = match args.get(3).map(String::as_str) {
-                Some("--connect") => Some(args[4].as_str()),
-                Some(other) => bail!("unknown option {other}"),
-                None => None,
-            };
-            let mibs = transfer(&args[1], dir == "up", bytes, connect)?;
+            let mibs = transfer(&args[1], dir == "up", bytes, connect_option(&args[3..])?)?;
             println!("{mibs:.0}");
             Ok(())
         }
         Some("requests") if args.len() == 3 || args.len() == 5 => {
             let n: u64 = args[2].parse().context("N")?;
-            let connect = match args.get(3).map(String::as_str) {
-                Some("--connect") => Some(args[4].as_str()),
-                Some(other) => bail!("unknown option {other}"),
-                None => None,
-            };
-            println!("{:.0}", requests(&args[1], n, connect)?);
+            println!("{:.0}", requests(&args[1], n, connect_option(&args[3..])?)?);
             Ok(())
         }
         _ => bail!(
             "usage: bench-tunnel serve ADDR... | bench-tunnel up|down ADDR BYTES [--connect HOST:PORT] \
              | bench-tunnel requests ADDR N [--connect HOST:PORT]"
         ),
+    }
+}
+
+/// `[--connect HOST:PORT]`, what follows a client's positional arguments.
+fn connect_option(rest: &[String]) -> anyhow::Result<Option<&str>> {
+    match rest {
+        [] => Ok(None),
+        [flag, target] if flag == "--connect" => Ok(Some(target.as_str())),
+        other => bail!("unknown options {other:?}"),
     }
 }
 
@@ -105,11 +104,7 @@ fn answer(mut conn: TcpStream) -> anyhow::Result<()> {
 
 /// The client's side: MiB/s from its first byte to the last.
 fn transfer(addr: &str, up: bool, bytes: u64, connect: Option<&str>) -> anyhow::Result<f64> {
-    let mut conn = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
-    conn.set_nodelay(true)?;
-    if let Some(target) = connect {
-        tunnel(&mut conn, target)?;
-    }
+    let mut conn = open(addr, connect)?;
     let started = Instant::now();
     if up {
         conn.write_all(&[0x16, b'U'])?;
@@ -131,11 +126,7 @@ fn transfer(addr: &str, up: bool, bytes: u64, connect: Option<&str>) -> anyhow::
 
 /// `n` requests one after another on one connection: requests per second.
 fn requests(addr: &str, n: u64, connect: Option<&str>) -> anyhow::Result<f64> {
-    let mut conn = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
-    conn.set_nodelay(true)?;
-    if let Some(target) = connect {
-        tunnel(&mut conn, target)?;
-    }
+    let mut conn = open(addr, connect)?;
     let mut buf = vec![0u8; 64 * 1024];
     let started = Instant::now();
     for _ in 0..n {
@@ -176,6 +167,16 @@ fn read_response(conn: &mut TcpStream, buf: &mut [u8]) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+}
+
+/// A connection to `addr`, through a CONNECT tunnel to `connect` if given.
+fn open(addr: &str, connect: Option<&str>) -> anyhow::Result<TcpStream> {
+    let mut conn = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
+    conn.set_nodelay(true)?;
+    if let Some(target) = connect {
+        tunnel(&mut conn, target)?;
+    }
+    Ok(conn)
 }
 
 /// Sends CONNECT and reads the answer's head, which must be a 2xx.
