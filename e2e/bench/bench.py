@@ -177,6 +177,30 @@ def steal_ms(cpu):
     return 0.0
 
 
+def wakeup_ipis(cpu):
+    """Rescheduling and function-call interrupts CPU `cpu` has taken so far
+    (/proc/interrupts RES + CAL): how often another CPU had to wake it, here
+    a sender waking a process that sleeps on an idle CPU."""
+    n = 0
+    with open("/proc/interrupts") as f:
+        cpus = f.readline().split()
+        col = cpus.index(f"CPU{cpu}") + 1
+        for line in f:
+            fields = line.split()
+            if fields and fields[0] in ("RES:", "CAL:"):
+                n += int(fields[col])
+    return n
+
+
+def idle_ms(cpu):
+    """Time CPU `cpu` has been idle so far (/proc/stat), in ms."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                return int(line.split()[4]) * 1000 / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
 def http_get(addr, host, path="/", timeout=2.0):
     req = urllib.request.Request(f"http://{addr}{path}", headers={"Host": host})
     try:
@@ -547,13 +571,16 @@ def s1_passthrough(args, systems):
             if s == "direct":
                 return wrk(addr_of(s), "bench", args.s1_seconds, args.s1_conns)
             u0, k0, st0 = *cpu_seconds(fleet.pid(s)), steal_ms(PROXY_CPU)
+            ipi0, idle0 = wakeup_ipis(LOAD_CPU), idle_ms(LOAD_CPU)
             res = wrk(addr_of(s), "bench", args.s1_seconds, args.s1_conns)
             u1, k1 = cpu_seconds(fleet.pid(s))
             res["steal_ms"] = steal_ms(PROXY_CPU) - st0
+            res["load_idle_pct"] = (idle_ms(LOAD_CPU) - idle0) / (10 * args.s1_seconds)
             n = res["rps"] * args.s1_seconds
             if n > 0:
                 res["user_us"] = (u1 - u0) / n * 1e6
                 res["kernel_us"] = (k1 - k0) / n * 1e6
+                res["load_ipis"] = (wakeup_ipis(LOAD_CPU) - ipi0) / n * 1000
             return res
 
         return interleave(systems, args.rounds, one, "s1 pass-through", fleet.failed)
@@ -947,12 +974,20 @@ def main():
                                     ("p99", "p99 ms", 3, False), ("errors", "errors", 0, False),
                                     ("user_us", "user CPU µs/req", 1, False),
                                     ("kernel_us", "kernel CPU µs/req", 1, False),
+                                    ("load_ipis", f"wake-ups of CPU {LOAD_CPU} per 1,000 req", 0, False),
+                                    ("load_idle_pct", f"CPU {LOAD_CPU} idle %", 1, False),
                                     ("steal_ms", f"CPU {PROXY_CPU} steal ms", 0, False)], {"rps", "p99"},
                               f"wrk, 1 thread, {args.s1_conns} keep-alive connections, {args.s1_seconds} s per round, "
                               f"128-byte body from nginx. `reprise+log` is Reprise with its default per-request access "
                               f"log on (to /dev/null); every other proxy has access logs off. CPU µs/req: the proxy's "
                               f"processes' user and kernel time over the round (/proc/PID/stat) ÷ requests served; the "
-                              f"kernel share includes the loopback TCP receive work its sends trigger.\n\n"
+                              f"kernel share includes the loopback TCP receive work its sends trigger, and the "
+                              f"interrupts that wake CPU {LOAD_CPU} when wrk and the upstream sleep there: its "
+                              f"rescheduling and function-call interrupts per 1,000 requests (/proc/interrupts) and "
+                              f"its idle share show which side of the split waits. A proxy that keeps CPU {LOAD_CPU} "
+                              f"waiting pays for waking it (in this VM a wake-up interrupt costs its sender a few µs), "
+                              f"so its kernel time per request is higher than the same system calls cost a proxy "
+                              f"that is not the bottleneck (`e2e/bench/results/2026-12-05-issue18-wakeups.md`).\n\n"
                               f"`bare-forwarder` is a reference ceiling, not a peer "
                               f"(e2e/src/bin/bench-bare-forwarder.rs): it copies each request and response between a "
                               f"client connection and its own upstream connection, with no routing, header handling, "
