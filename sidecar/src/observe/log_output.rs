@@ -235,6 +235,15 @@ mod tests {
         }
     }
 
+    /// Waits up to 5 s for `done`.
+    fn eventually(done: impl Fn() -> bool) -> bool {
+        let start = std::time::Instant::now();
+        while !done() && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        done()
+    }
+
     #[test]
     fn lines_are_written_in_batches_in_order_and_flushed_on_drop() {
         let sink = Sink::default();
@@ -260,20 +269,8 @@ mod tests {
             BatchedWriter::with_limits(sink.clone(), Duration::from_millis(10), 1 << 20)
                 .expect("spawn");
         w.write_all(b"hello\n").expect("write");
-        let start = std::time::Instant::now();
-        while sink.text().is_empty() && start.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        eventually(|| !sink.text().is_empty());
         assert_eq!(sink.text(), "hello\n");
-    }
-
-    /// Waits up to 5 s for `done`.
-    fn eventually(done: impl Fn() -> bool) -> bool {
-        let start = std::time::Instant::now();
-        while !done() && start.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        done()
     }
 
     #[test]
