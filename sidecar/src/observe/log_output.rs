@@ -235,6 +235,14 @@ mod tests {
         }
     }
 
+    /// A writer into a fresh sink, writing out every `interval` and
+    /// keeping at most `limit` bytes buffered.
+    fn writer(interval: Duration, limit: usize) -> (Sink, BatchedWriter, FlushGuard) {
+        let sink = Sink::default();
+        let (w, guard) = BatchedWriter::with_limits(sink.clone(), interval, limit).expect("spawn");
+        (sink, w, guard)
+    }
+
     /// Waits up to 5 s for `done`.
     fn eventually(done: impl Fn() -> bool) -> bool {
         let start = std::time::Instant::now();
@@ -246,11 +254,8 @@ mod tests {
 
     #[test]
     fn lines_are_written_in_batches_in_order_and_flushed_on_drop() {
-        let sink = Sink::default();
         // An interval far longer than the test: only the drop can flush.
-        let (mut w, guard) =
-            BatchedWriter::with_limits(sink.clone(), Duration::from_secs(3600), 1 << 20)
-                .expect("spawn");
+        let (sink, mut w, guard) = writer(Duration::from_secs(3600), 1 << 20);
         for i in 0..100 {
             w.write_all(format!("line {i}\n").as_bytes())
                 .expect("write");
@@ -264,10 +269,7 @@ mod tests {
 
     #[test]
     fn the_writer_thread_writes_out_every_interval() {
-        let sink = Sink::default();
-        let (mut w, _guard) =
-            BatchedWriter::with_limits(sink.clone(), Duration::from_millis(10), 1 << 20)
-                .expect("spawn");
+        let (sink, mut w, _guard) = writer(Duration::from_millis(10), 1 << 20);
         w.write_all(b"hello\n").expect("write");
         eventually(|| !sink.text().is_empty());
         assert_eq!(sink.text(), "hello\n");
@@ -275,10 +277,7 @@ mod tests {
 
     #[test]
     fn an_idle_writer_sleeps_until_a_line_comes() {
-        let sink = Sink::default();
-        let (mut w, _guard) =
-            BatchedWriter::with_limits(sink.clone(), Duration::from_millis(5), 1 << 20)
-                .expect("spawn");
+        let (sink, mut w, _guard) = writer(Duration::from_millis(5), 1 << 20);
         let shared = Arc::clone(&w.shared);
         let wakes = || shared.wakes.load(Ordering::Relaxed);
         // Forty intervals with nothing to write: a timer would have woken
@@ -304,10 +303,7 @@ mod tests {
 
     #[test]
     fn lines_that_keep_coming_do_not_wake_the_writer() {
-        let sink = Sink::default();
-        let (mut w, _guard) =
-            BatchedWriter::with_limits(sink.clone(), Duration::from_millis(20), 1 << 20)
-                .expect("spawn");
+        let (sink, mut w, _guard) = writer(Duration::from_millis(20), 1 << 20);
         // A line a millisecond for 300 ms: 15 intervals, each with lines.
         let start = std::time::Instant::now();
         let mut sent = 0;
@@ -326,9 +322,7 @@ mod tests {
 
     #[test]
     fn lines_past_the_limit_are_dropped_whole_and_counted() {
-        let sink = Sink::default();
-        let (mut w, guard) =
-            BatchedWriter::with_limits(sink.clone(), Duration::from_secs(3600), 16).expect("spawn");
+        let (sink, mut w, guard) = writer(Duration::from_secs(3600), 16);
         w.write_all(b"0123456789\n").expect("write"); // 11 bytes: kept
         w.write_all(b"abcdefghij\n").expect("write"); // would make 22: dropped
         w.write_all(b"xyz\n").expect("write"); // 15: kept
