@@ -11,6 +11,8 @@
 //! - [`client`]: one-shot HTTP clients (hyper, and raw bytes on a socket).
 //! - [`http1`]: HTTP/1.1 message framing (heads, Content-Length, chunked),
 //!   which the upstream and the raw client share.
+//! - [`layers`]: a crate's module layering read from its sources, held
+//!   against a table of floors (`testkit/tests/layers.rs` holds the tables).
 //!
 //! Test support: a failure to set something up panics with a message naming
 //! what failed, or returns `anyhow` errors where a long-running driver (the
@@ -35,6 +37,7 @@ pub mod client;
 pub mod config;
 pub mod grpc;
 pub mod http1;
+pub mod layers;
 pub mod prometheus;
 pub mod sidecar;
 pub mod upstream;
