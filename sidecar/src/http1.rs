@@ -59,7 +59,7 @@ pub use self::request::{
     encode_last_chunk, encode_request_line, request_framing, Encoding, RequestFraming,
 };
 pub use self::response::{parse_response, ResponseHead};
-use crate::retry::failure::{FailureKind, Stage};
+use crate::exchange::failure::{FailureKind, Stage};
 
 /// What a connection keeps between the heads it parses, so parsing
 /// allocates nothing and names are rarely parsed: where each field's name
@@ -216,7 +216,7 @@ impl WireError {
     /// A socket error, classified by its kind as on hyper's connections
     /// (`classify_io`).
     pub fn io(what: &'static str, e: io::Error) -> Self {
-        let kind = crate::retry::failure::classify_io(&e);
+        let kind = crate::exchange::failure::classify_io(&e);
         Self {
             kind,
             stage: Stage::AfterWrite,

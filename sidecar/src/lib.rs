@@ -24,6 +24,7 @@ mod balance;
 mod capture;
 mod clock;
 pub mod config;
+mod exchange;
 /// HTTP/1.1 on the wire, public only for the fuzz targets (`fuzz/fuzz_targets/`).
 #[doc(hidden)]
 pub mod http1;
@@ -110,8 +111,4 @@ pub enum Error {
         /// Its explanation.
         message: String,
     },
-    /// An attempt's view of a streaming request body was polled after a newer
-    /// attempt took the body over.
-    #[error("request body was handed to a newer attempt")]
-    BodySuperseded,
 }

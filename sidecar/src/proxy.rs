@@ -17,7 +17,6 @@
 pub(crate) mod admit;
 pub(crate) mod body;
 mod forward;
-pub(crate) mod hop_by_hop;
 pub(crate) mod local;
 mod prepare;
 mod respond;
@@ -33,17 +32,20 @@ use http::{Method, Request, Response};
 use reprise_crds::Config;
 use tokio::time::Instant;
 
-use self::body::{ClientBody, ProxyBody};
+use self::body::ProxyBody;
 use self::local::{Local, ERROR_HEADER};
 use self::route::{Destination, RequestFacts, Routes};
 use self::tunnel::Tunnels;
 use crate::balance::client::{passthrough_client, PassthroughClient};
+use crate::exchange::body::replay::ReplayReservation;
+use crate::exchange::body::ClientBody;
+use crate::exchange::grpc::{grpc_code, parse_grpc_timeout};
+use crate::exchange::hop_by_hop;
 use crate::observe::access_log::AccessLog;
 use crate::observe::metrics::{ProxyMetrics, UpstreamStats};
 use crate::observe::spans::RequestSpan;
 use crate::observe::Tracing;
 use crate::random::ThreadRandom;
-use crate::retry::replay_body::ReplayReservation;
 use crate::retry::{self, Plan};
 
 /// The proxy's shared state: the current routes and process-wide counters.
@@ -273,7 +275,7 @@ impl Proxy {
                 arrived.filter(|_| grpc && retry_policy.is_some_and(|p| p.enabled()))
             {
                 template.grpc_deadline =
-                    retry::attempt::parse_grpc_timeout(&template.head.headers).map(|d| arrived + d);
+                    parse_grpc_timeout(&template.head.headers).map(|d| arrived + d);
             }
             let logged = logging.then(|| {
                 (
@@ -316,7 +318,7 @@ impl Proxy {
                     admitted.max_retries(),
                     &report,
                     response.status(),
-                    grpc.then(|| body::grpc_code(response.headers())).flatten(),
+                    grpc.then(|| grpc_code(response.headers())).flatten(),
                     arrived,
                     span.trace_id(),
                 );
@@ -332,7 +334,7 @@ impl Proxy {
             span.end(
                 response.status(),
                 local_error,
-                grpc.then(|| body::grpc_code(response.headers())).flatten(),
+                grpc.then(|| grpc_code(response.headers())).flatten(),
             );
         }
         Ok(response)

@@ -13,8 +13,10 @@
 //! sends one attempt; [`verdict`] classifies its result (pure) and observes it
 //! in one step (passive health, spans, metrics); [`gate`] decides whether and
 //! when to go again; [`hedge`] races a speculative duplicate; [`backoff`],
-//! [`budget`], [`replay_body`], [`failure`] and [`outcome`] are the parts the
-//! gates read.
+//! [`budget`] and [`failure`] are the parts the gates read. [`upstream`]
+//! composes one upstream's endpoints with its budget and metrics. The
+//! bodies, failure kinds, outcomes and report the loop speaks in are the
+//! crate's vocabulary (`exchange`).
 
 pub(crate) mod attempt;
 pub(crate) mod backoff;
@@ -22,8 +24,7 @@ pub(crate) mod budget;
 pub(crate) mod failure;
 mod gate;
 mod hedge;
-pub(crate) mod outcome;
-pub(crate) mod replay_body;
+pub(crate) mod upstream;
 pub(crate) mod verdict;
 
 use std::time::Duration;
@@ -34,15 +35,17 @@ use tokio::time::Instant;
 
 use self::attempt::{KeptFields, RequestTemplate, UpstreamBody};
 pub use self::backoff::full_jitter;
-pub use self::failure::{retry_after, retry_after_at, FailureKind, RETRY_AFTER_MAX_SECS};
+pub use self::failure::{retry_after, retry_after_at, RETRY_AFTER_MAX_SECS};
 use self::gate::{Decision, Trigger};
-use self::outcome::{ExhaustedBy, Outcome, SkipReason};
-use self::replay_body::{AttemptBody, ReplayBody};
+use self::upstream::UpstreamState;
 use self::verdict::Verdict;
-use crate::balance::picker::{self, Tried};
-use crate::balance::upstream::UpstreamState;
+use crate::balance::picker;
+use crate::exchange::body::replay::{AttemptBody, ReplayBody};
+use crate::exchange::body::ClientBody;
+pub use crate::exchange::failure::FailureKind;
+use crate::exchange::outcome::{ExhaustedBy, Outcome, SkipReason};
+use crate::exchange::report::{Report, Tried};
 use crate::observe::spans::RequestSpan;
-use crate::proxy::body::ClientBody;
 pub use crate::random::{Random, ThreadRandom};
 
 /// Where the request body comes from.
@@ -78,23 +81,6 @@ pub(crate) enum Final {
     Local(FailureKind),
     /// The upstream has no endpoints.
     NoEndpoint,
-}
-
-/// What happened, for the log event, metrics and traces.
-#[derive(Debug)]
-pub(crate) struct Report {
-    /// The outcome.
-    pub(crate) outcome: Outcome,
-    /// Attempts made, the first (and any hedge) included.
-    pub(crate) attempts: u32,
-    /// Endpoints tried, in order.
-    pub(crate) tried: Tried,
-    /// The first failure's kind.
-    pub(crate) first_error: Option<FailureKind>,
-    /// The delays slept before each retry.
-    pub(crate) backoffs: Vec<Duration>,
-    /// True when a hedge was sent.
-    pub(crate) hedged: bool,
 }
 
 /// One request's retry state: what every gate reads and every step updates.
@@ -353,7 +339,7 @@ pub(crate) mod testing {
     use reprise_crds::file::ConfigFile;
     use reprise_crds::file::{EndpointSpec, RetriesSpec, UpstreamSpec};
 
-    use crate::balance::upstream::UpstreamState;
+    use crate::retry::upstream::UpstreamState;
 
     /// An upstream `api` of three endpoints with `retries`.
     pub(crate) fn upstream(retries: RetriesSpec) -> UpstreamState {

@@ -32,7 +32,7 @@ use self::h2c::H2cConnection;
 pub(crate) use self::sniff::{tunnelled, Protocol};
 use self::transparent::OwnListeners;
 use crate::clock;
-use crate::proxy::body::ClientBody;
+use crate::exchange::body::ClientBody;
 use crate::proxy::route::Destination;
 use crate::proxy::tunnel::upgrade::Stream;
 use crate::proxy::Proxy;

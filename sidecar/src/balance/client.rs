@@ -36,11 +36,11 @@ use tokio::time::Instant;
 use self::http1::conn::Http1Body;
 use self::http1::Http1Pool;
 use self::http2::{H2Body, Http2Endpoint};
+use crate::exchange::body::{replay::AttemptBody, BoxError};
+use crate::exchange::failure::{classify_connect_error, FailureKind, Stage};
+use crate::exchange::prefixed::Prefixed;
+use crate::exchange::request::AttemptRequest;
 use crate::http1::WireError;
-use crate::proxy::tunnel::prefixed::Prefixed;
-use crate::retry::attempt::AttemptRequest;
-use crate::retry::failure::{classify_connect_error, FailureKind, Stage};
-use crate::retry::replay_body::{AttemptBody, BoxError};
 
 /// How long an unused connection stays open, for every client: hyper-util's
 /// default, kept from before the endpoints' clients were the sidecar's own.

@@ -6,9 +6,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use http::uri::Authority;
 use reprise_crds::{Endpoint, PassiveHealth};
 
+mod timer;
+
+pub(crate) use self::timer::TimerPool;
 use super::client::EndpointClient;
 use crate::clock;
-use crate::retry::attempt::TimerPool;
 
 /// How far each attempt's outcome moves the failure estimate toward 1 (failed)
 /// or 0 (answered): a quarter, so two failures in a row already halve an

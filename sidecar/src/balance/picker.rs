@@ -5,37 +5,8 @@
 use std::sync::Arc;
 
 use super::endpoint::EndpointState;
+use crate::exchange::report::Tried;
 use crate::random::Random;
-
-/// Most attempts one request can make: 10 retries, the first attempt and a hedge.
-pub const MAX_TRIED: usize = 12;
-
-/// Endpoints one request has tried, by index, without allocating.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Tried {
-    len: usize,
-    idx: [usize; MAX_TRIED],
-}
-
-impl Tried {
-    /// Records that `i` was tried.
-    pub fn insert(&mut self, i: usize) {
-        if !self.contains(i) && self.len < MAX_TRIED {
-            self.idx[self.len] = i;
-            self.len += 1;
-        }
-    }
-
-    /// True when `i` was tried.
-    pub fn contains(&self, i: usize) -> bool {
-        self.idx[..self.len].contains(&i)
-    }
-
-    /// Indexes tried, in order.
-    pub fn as_slice(&self) -> &[usize] {
-        &self.idx[..self.len]
-    }
-}
 
 /// Picks an endpoint index, or `None` when no endpoint is left.
 ///

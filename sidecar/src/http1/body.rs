@@ -289,7 +289,7 @@ fn parse_trailers(section: &[u8]) -> Result<HeaderMap, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry::failure::FailureKind;
+    use crate::exchange::failure::FailureKind;
 
     fn body(
         framing: Framing,

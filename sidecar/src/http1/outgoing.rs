@@ -26,7 +26,7 @@ use http_body::{Body, Frame};
 use tokio::io::AsyncWrite;
 
 use super::{self as codec, Encoding, WireError};
-use crate::retry::replay_body::{AttemptBody, BoxError};
+use crate::exchange::body::{replay::AttemptBody, BoxError};
 
 /// Body bytes copied behind the head (or a chunk-size line) into one write;
 /// larger frames are written from their own buffers.

@@ -114,7 +114,7 @@ pub fn parse_response(
                 hop_by_hop = true;
             } else if name == KEEP_ALIVE {
                 continue;
-            } else if crate::proxy::hop_by_hop::is_hop_by_hop(&name) {
+            } else if crate::exchange::hop_by_hop::is_hop_by_hop(&name) {
                 hop_by_hop = true;
             }
             headers.append(name, value);
@@ -173,7 +173,7 @@ pub fn parse_response(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry::failure::FailureKind;
+    use crate::exchange::failure::FailureKind;
 
     fn parse(bytes: &[u8], method: Method) -> Result<Option<ResponseHead>, WireError> {
         parse_response(&mut BytesMut::from(bytes), &method, &mut Spans::new())

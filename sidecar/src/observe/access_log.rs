@@ -13,9 +13,9 @@ use http::{Method, StatusCode};
 use tokio::time::Instant;
 
 use super::log_output::BatchedWriter;
-use crate::balance::upstream::UpstreamState;
-use crate::proxy::route::PolicySource;
-use crate::retry::Report;
+use crate::exchange::report::PolicySource;
+use crate::exchange::report::Report;
+use crate::retry::upstream::UpstreamState;
 
 /// The `tracing` target of access log lines.
 pub const TARGET: &str = "reprise::request";

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use reprise_telemetry::prometheus::{Exposition, Gauge, Histogram};
 
-use crate::balance::upstream::UpstreamState;
+use crate::exchange::outcome::Outcome;
 use crate::proxy::Proxy;
-use crate::retry::outcome::Outcome;
+use crate::retry::upstream::UpstreamState;
 
 mod families;
 use self::families::FAMILIES;

@@ -24,9 +24,9 @@ const RPC_METHOD: &str = "rpc.method";
 const RPC_GRPC_STATUS_CODE: &str = "rpc.grpc.status_code";
 use reprise_crds::Endpoint;
 
-use crate::proxy::route::PolicySource;
-use crate::retry::failure::FailureKind;
-use crate::retry::Report;
+use crate::exchange::failure::FailureKind;
+use crate::exchange::report::PolicySource;
+use crate::exchange::report::Report;
 use reprise_telemetry::propagation;
 use reprise_telemetry::Tracing;
 

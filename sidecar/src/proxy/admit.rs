@@ -5,9 +5,9 @@
 //! skipped up front.
 
 use super::route::{ChosenPolicy, RequestFacts, Routes};
-use crate::balance::upstream::UpstreamState;
+use crate::exchange::outcome::SkipReason;
 use crate::observe::metrics::ProxyMetrics;
-use crate::retry::outcome::SkipReason;
+use crate::retry::upstream::UpstreamState;
 use crate::retry::Plan;
 
 /// What the admit phase decided.

@@ -9,13 +9,14 @@ use std::net::SocketAddr;
 use http::header::{HeaderValue, HOST};
 use http::{Method, Request, Response, Version};
 
-use super::body::{ClientBody, ProxyBody};
-use super::hop_by_hop;
+use super::body::ProxyBody;
 use super::local::Local;
 use crate::balance::client::PassthroughClient;
+use crate::exchange::body::replay::AttemptBody;
+use crate::exchange::body::ClientBody;
+use crate::exchange::failure::classify_client_error;
+use crate::exchange::hop_by_hop;
 use crate::observe::spans::RequestSpan;
-use crate::retry::failure::classify_client_error;
-use crate::retry::replay_body::AttemptBody;
 
 /// Forwards `req` to the host it names.
 pub(crate) async fn forward(

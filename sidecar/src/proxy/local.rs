@@ -14,7 +14,7 @@ use http::{Response, StatusCode};
 use reprise_crds::grpc;
 
 use super::body::ProxyBody;
-use crate::retry::FailureKind;
+use crate::exchange::failure::FailureKind;
 
 /// Response header naming the local failure the sidecar answered for. A
 /// `HeaderName`, not a `&str`: every response is checked for it, and a

@@ -9,12 +9,13 @@ use http::uri::{Authority, PathAndQuery};
 use http::Version;
 use reprise_crds::{Protocol, RetryPolicy};
 
-use super::body::ClientBody;
-use super::hop_by_hop;
 use super::local::Local;
-use crate::balance::upstream::UpstreamState;
-use crate::retry::attempt::{RequestHead, RequestTemplate};
-use crate::retry::replay_body::{ReplayBody, ReplayReservation};
+use crate::exchange::body::replay::{ReplayBody, ReplayReservation};
+use crate::exchange::body::ClientBody;
+use crate::exchange::hop_by_hop;
+use crate::exchange::request::RequestHead;
+use crate::retry::attempt::RequestTemplate;
+use crate::retry::upstream::UpstreamState;
 use crate::retry::BodySource;
 
 /// True for a gRPC request (`content-type: application/grpc`, `+proto`, ...).

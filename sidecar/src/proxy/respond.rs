@@ -8,13 +8,14 @@ use std::sync::Arc;
 use http::{Response, StatusCode};
 
 use super::body::ProxyBody;
-use super::hop_by_hop;
 use super::local::Local;
 use super::tunnel::upgrade::ClientUpgrade;
 use super::tunnel::{self, Tunnels};
-use crate::balance::upstream::UpstreamState;
+use crate::exchange::hop_by_hop;
+use crate::exchange::report::Report;
 use crate::retry::attempt::UpstreamBody;
-use crate::retry::{verdict, Final, Report};
+use crate::retry::upstream::UpstreamState;
+use crate::retry::{verdict, Final};
 
 /// The response to the client for `fin`; `grpc` for a gRPC request (its
 /// local answers are gRPC statuses, and its response's status is counted).

@@ -14,7 +14,8 @@ use reprise_crds::cel_match::CelRequest;
 use reprise_crds::snapshot::Fnv1a;
 use reprise_crds::{Config, RetryPolicy};
 
-use crate::balance::upstream::UpstreamState;
+use crate::exchange::report::PolicySource;
+use crate::retry::upstream::UpstreamState;
 
 /// A configuration ready to serve.
 #[derive(Debug)]
@@ -70,15 +71,6 @@ pub struct ChosenPolicy<'a> {
     pub source: PolicySource<'a>,
     /// The policy.
     pub policy: &'a RetryPolicy,
-}
-
-/// Where a policy came from.
-#[derive(Clone, Copy, Debug)]
-pub enum PolicySource<'a> {
-    /// A retry rule, by id.
-    Rule(&'a str),
-    /// The upstream's own `retries` block.
-    Upstream,
 }
 
 impl Routes {
@@ -187,15 +179,6 @@ impl Routes {
             source: PolicySource::Upstream,
             policy: &upstream.config.retries,
         })
-    }
-}
-
-impl std::fmt::Display for PolicySource<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PolicySource::Rule(id) => write!(f, "rule:{id}"),
-            PolicySource::Upstream => f.write_str("upstream"),
-        }
     }
 }
 

@@ -6,7 +6,6 @@
 //! drain counts it as in flight and waits for it, up to the drain timeout.
 
 pub(crate) mod h2_stream;
-pub(crate) mod prefixed;
 pub(crate) mod relay;
 pub(crate) mod upgrade;
 
@@ -19,14 +18,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::Notify;
 
 use self::h2_stream::PendingTunnel;
-use self::prefixed::Prefixed;
 use self::upgrade::ClientUpgrade;
-use super::body::{ClientBody, ProxyBody};
+use super::body::ProxyBody;
 use super::local::Local;
 use super::route::Destination;
 use super::Proxy;
-use crate::balance::upstream::UpstreamState;
-use crate::retry::outcome::{Outcome, SkipReason};
+use crate::exchange::body::ClientBody;
+use crate::exchange::outcome::{Outcome, SkipReason};
+use crate::exchange::prefixed::Prefixed;
+use crate::retry::upstream::UpstreamState;
 use crate::server::{self, FIRST_BYTES_WAIT, HEADER_READ_TIMEOUT};
 
 /// Tunnels open now.

@@ -5,9 +5,7 @@
 //! what is left of that timeout): trailers before any message are a status
 //! the gates may retry; a message commits the response.
 
-mod grpc_timeout;
 mod request;
-mod timer;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,17 +18,14 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
-pub(crate) use self::grpc_timeout::parse_grpc_timeout;
-pub(crate) use self::request::{
-    AttemptFields, AttemptRequest, KeptFields, RequestHead, RequestTemplate,
-};
-pub(crate) use self::timer::TimerPool;
-use super::failure::{FailureKind, Stage};
-use super::replay_body::BoxError;
+pub(crate) use self::request::{KeptFields, RequestTemplate};
+use super::upstream::UpstreamState;
 use crate::balance::client::{early_body_failure, EndpointBody};
-use crate::balance::upstream::UpstreamState;
+use crate::exchange::body::BoxError;
+use crate::exchange::failure::{FailureKind, Stage};
+use crate::exchange::prefixed::Prefixed;
+use crate::exchange::request::AttemptRequest;
 use crate::observe::spans::AttemptSpan;
-use crate::proxy::tunnel::prefixed::Prefixed;
 
 /// An upstream response's body, with its first frame when it was awaited
 /// before the response was judged.

@@ -18,10 +18,11 @@ use tokio::time::Instant;
 
 use super::attempt::UpstreamBody;
 use super::backoff::full_jitter;
-use super::failure::{Failure, FailureKind, Stage, Wait};
-use super::outcome::{ExhaustedBy, Outcome, SkipReason};
+use super::failure::{Failure, Wait};
 use super::{BodySource, RetryState};
 use crate::balance::picker;
+use crate::exchange::failure::{FailureKind, Stage};
+use crate::exchange::outcome::{ExhaustedBy, Outcome, SkipReason};
 use crate::random::Random;
 
 /// What asks for another attempt.
@@ -126,8 +127,8 @@ mod tests {
     use reprise_crds::file::{HedgeSpec, RetriesSpec};
 
     use super::*;
+    use crate::exchange::body::replay::ReplayBody;
     use crate::random::scripted::Scripted;
-    use crate::retry::replay_body::ReplayBody;
     use crate::retry::testing::upstream;
     use crate::retry::{Plan, RetryState};
 

@@ -13,9 +13,11 @@ use http::HeaderMap;
 use reprise_crds::RetryPolicy;
 
 use super::attempt::{Attempted, UpstreamBody};
-use super::failure::{self, Failure, FailureKind, Stage, Wait};
-use super::{Report, RetryState};
-use crate::balance::upstream::UpstreamState;
+use super::failure::{self, Failure, Wait};
+use super::upstream::UpstreamState;
+use super::RetryState;
+use crate::exchange::failure::{FailureKind, Stage};
+use crate::exchange::report::Report;
 use crate::observe::spans::AttemptSpan;
 
 /// What an attempt's result means for the request.
@@ -31,7 +33,7 @@ pub(crate) enum Verdict {
 /// Trailers-Only response, or in trailers that came before any message),
 /// with the fields it came in.
 pub(crate) fn grpc_status(response: &http::Response<UpstreamBody>) -> Option<(u8, &HeaderMap)> {
-    let code = crate::proxy::body::grpc_code;
+    let code = crate::exchange::grpc::grpc_code;
     if let Some(c) = code(response.headers()) {
         return Some((c, response.headers()));
     }

@@ -255,7 +255,7 @@ impl ServedBody {
 
 impl Body for ServedBody {
     type Data = Bytes;
-    type Error = crate::retry::replay_body::BoxError;
+    type Error = crate::exchange::body::BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,

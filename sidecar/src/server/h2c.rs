@@ -42,7 +42,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::drain::ServedBody;
 use super::request_box::RequestBox;
 use super::serve_request;
-use crate::proxy::body::{ClientBody, H2Recv};
+use crate::exchange::body::{ClientBody, H2Recv};
 use crate::proxy::route::Destination;
 use crate::proxy::tunnel::h2_stream::{self, H2Stream};
 use crate::proxy::Proxy;

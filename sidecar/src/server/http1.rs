@@ -41,15 +41,15 @@ use tokio::io::AsyncWriteExt;
 use super::drain::ConnDrain;
 use super::request_box::RequestBox;
 use super::serve_request;
+use crate::exchange::body::h1_recv::{self, H1Sender, Want};
+use crate::exchange::body::BoxError;
+use crate::exchange::body::ClientBody;
 use crate::http1::outgoing::Outgoing;
 use crate::http1::server::{self as codec, BodyLength, Exchange, RequestHead};
 use crate::http1::{reads, Decoded, Decoder, Encoding, Framing, Spans};
-use crate::proxy::body::h1_recv::{self, H1Sender, Want};
-use crate::proxy::body::ClientBody;
 use crate::proxy::route::Destination;
 use crate::proxy::tunnel::upgrade::{self, Handover, Stream};
 use crate::proxy::Proxy;
-use crate::retry::replay_body::BoxError;
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 

@@ -37,8 +37,8 @@ use tokio::time::Instant;
 
 use self::conn::{Conn, Failed, Http1Body};
 use super::IDLE_TIMEOUT;
-use crate::retry::attempt::AttemptRequest;
-use crate::retry::failure::{FailureKind, Stage};
+use crate::exchange::failure::{FailureKind, Stage};
+use crate::exchange::request::AttemptRequest;
 
 /// The idle connections of one HTTP/1 endpoint.
 #[derive(Debug)]

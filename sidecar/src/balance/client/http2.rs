@@ -50,8 +50,8 @@ use tokio::time::Instant;
 
 pub(crate) use self::stream::H2Body;
 use super::IDLE_TIMEOUT;
-use crate::retry::failure::{classify_h2_error, FailureKind, Stage};
-use crate::retry::replay_body::AttemptBody;
+use crate::exchange::body::replay::AttemptBody;
+use crate::exchange::failure::{classify_h2_error, FailureKind, Stage};
 use crate::socket::Socket;
 
 /// Per-stream receive window: hyper's client default, kept from when the

@@ -350,6 +350,9 @@ fn a_body_longer_than_its_length_is_refused_before_it_is_written() {
     let Poll::Ready(Err(e)) = poll(&mut out, &mut wire).0 else {
         panic!("a body over its Content-Length must fail");
     };
-    assert_eq!(e.kind, crate::retry::FailureKind::RequestBodyError);
+    assert_eq!(
+        e.kind,
+        crate::exchange::failure::FailureKind::RequestBodyError
+    );
     assert!(!out.wrote_any);
 }

@@ -12,9 +12,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::balance::picker::{self, Tried};
-use crate::balance::upstream::UpstreamState;
+use crate::balance::picker;
+use crate::exchange::report::Tried;
 use crate::random::ThreadRandom;
+use crate::retry::upstream::UpstreamState;
 
 /// Connects to one endpoint of `upstream`, picked as a request's first
 /// attempt would be, within the upstream's connect timeout. A refused

@@ -15,8 +15,8 @@ use http::Request;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 
-use super::prefixed::Prefixed;
-use crate::proxy::body::ClientBody;
+use crate::exchange::body::ClientBody;
+use crate::exchange::prefixed::Prefixed;
 
 /// A byte stream a tunnel can carry.
 pub(crate) trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}

@@ -40,11 +40,11 @@ mod body;
 
 pub(crate) use self::body::Http1Body;
 use super::Http1Pool;
+use crate::exchange::body::replay::AttemptBody;
+use crate::exchange::failure::Stage;
+use crate::exchange::request::{AttemptFields, AttemptRequest, RequestHead};
 use crate::http1::outgoing::Outgoing;
 use crate::http1::{self as codec, reads, Decoder, Encoding, WireError};
-use crate::retry::attempt::{AttemptFields, AttemptRequest, RequestHead};
-use crate::retry::failure::Stage;
-use crate::retry::replay_body::AttemptBody;
 use crate::socket::Socket;
 
 /// One connection: the socket and the bytes read from it not yet consumed.
@@ -152,7 +152,9 @@ pub(crate) async fn send<'t>(
                 Poll::Ready(Ok(())) => writing = false,
                 Poll::Ready(Err(e)) => {
                     writing = false;
-                    if e.kind == crate::retry::FailureKind::RequestBodyError || !out.wrote_any {
+                    if e.kind == crate::exchange::failure::FailureKind::RequestBodyError
+                        || !out.wrote_any
+                    {
                         return Poll::Ready(Err(e));
                     }
                     // The endpoint may have answered before it stopped
@@ -187,7 +189,10 @@ pub(crate) async fn send<'t>(
     .await;
     let head = match head {
         Ok(head) => head,
-        Err(e) if !out.wrote_any && e.kind != crate::retry::FailureKind::RequestBodyError => {
+        Err(e)
+            if !out.wrote_any
+                && e.kind != crate::exchange::failure::FailureKind::RequestBodyError =>
+        {
             if out.read_body {
                 // Nothing reached the endpoint, but part of this attempt's
                 // body was taken to go behind the head: it cannot be sent

@@ -6,7 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
-use crate::retry::replay_body::AttemptBody;
+use crate::exchange::body::replay::AttemptBody;
 
 /// A loopback upstream that hands each accepted connection, with its
 /// number (from 1), to `serve`; counts connections.

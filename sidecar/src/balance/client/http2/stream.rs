@@ -21,8 +21,8 @@ use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
 use super::StreamSlot;
-use crate::proxy::body::H2Recv;
-use crate::retry::replay_body::{AttemptBody, BoxError};
+use crate::exchange::body::H2Recv;
+use crate::exchange::body::{replay::AttemptBody, BoxError};
 
 /// The response body of one h2c stream.
 #[derive(Debug)]

@@ -11,10 +11,10 @@ use tokio::net::TcpStream;
 
 use super::super::Http1Pool;
 use super::Conn;
+use crate::exchange::body::BoxError;
+use crate::exchange::prefixed::Prefixed;
 use crate::http1::outgoing::Outgoing;
 use crate::http1::{Decoded, Decoder, WireError};
-use crate::proxy::tunnel::prefixed::Prefixed;
-use crate::retry::replay_body::BoxError;
 
 /// A response body read straight off its connection; the connection goes
 /// back to the pool as the body ends.

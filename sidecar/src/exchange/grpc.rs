@@ -1,16 +1,17 @@
-//! gRPC's deadline field (`grpc-timeout`): read from a client's request,
-//! and written on each attempt as the time left.
+//! gRPC's fields the proxy reads and writes: the deadline (`grpc-timeout`),
+//! read from a client's request and written on each attempt as the time
+//! left, and the status (`grpc-status`) of a response's head or trailers.
 
 use std::time::Duration;
 
 use http::HeaderMap;
 
 /// The client's gRPC deadline, rewritten on each attempt to the time left.
-pub(super) const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+pub(crate) const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 /// `grpc-timeout` for `left`: milliseconds (8 digits at most, as the spec
 /// allows), else seconds.
-pub(super) fn value_for(left: Duration) -> String {
+pub(crate) fn value_for(left: Duration) -> String {
     let ms = left.as_millis();
     if ms < 100_000_000 {
         format!("{ms}m")
@@ -37,6 +38,12 @@ pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// The `grpc-status` in `fields`, if any.
+pub(crate) fn grpc_code(fields: &http::HeaderMap) -> Option<u8> {
+    const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+    fields.get(&GRPC_STATUS)?.to_str().ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Frame, SizeHint};
 
-use crate::retry::replay_body::BoxError;
+use super::BoxError;
 
 /// The consuming half: a request body.
 #[derive(Debug)]

@@ -13,10 +13,13 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::proxy::body::ClientBody;
+use super::{BoxError, ClientBody};
 
-/// Error type of bodies the sidecar sends upstream.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The error of an attempt's view of a streaming body polled after a newer
+/// attempt took the body over (that attempt was abandoned: a hedge lost).
+#[derive(Debug, thiserror::Error)]
+#[error("request body was handed to a newer attempt")]
+pub(crate) struct BodySuperseded;
 
 /// The bytes every replay buffer in this process holds together, bounded by the
 /// configured reservation (64 MiB by default).
@@ -251,7 +254,7 @@ impl Body for AttemptBody {
             AttemptBody::Shared(state, generation) => {
                 let mut s = lock(state);
                 if s.generation != *generation {
-                    return Poll::Ready(Some(Err(crate::Error::BodySuperseded.into())));
+                    return Poll::Ready(Some(Err(BodySuperseded.into())));
                 }
                 if let Some(prefix) = s.prefix.take() {
                     s.consumed = true;

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use reprise_crds::Upstream;
 
-use super::client::endpoint_client;
-use super::endpoint::EndpointState;
+use super::budget::RetryBudget;
+use crate::balance::client::endpoint_client;
+use crate::balance::endpoint::EndpointState;
 use crate::observe::metrics::UpstreamMetrics;
-use crate::retry::budget::RetryBudget;
 
 /// An upstream as the proxy runs it. Rebuilt on every reload, but its budget,
 /// metrics and each endpoint's state (with its connection pool) carry over.

@@ -1,0 +1,232 @@
+//! What went wrong with one attempt, and how far it got: the failure
+//! taxonomy every log line, metric label and span names (pinned by
+//! `names_are_stable`), and the classification of the clients' errors by
+//! their types (hyper's and h2's error kinds, `io::ErrorKind`), never their
+//! text.
+
+use http::StatusCode;
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::io;
+
+/// The error kind of a failed attempt, named as in traces, logs and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The endpoint refused the connection.
+    ConnectRefused,
+    /// The connection was not established within `connect_ms`.
+    ConnectTimeout,
+    /// Another error while connecting.
+    ConnectError,
+    /// The connection was reset.
+    ConnectionReset,
+    /// The connection closed before response headers arrived.
+    ConnectionClosed,
+    /// The endpoint sent something that is not valid HTTP.
+    ProtocolError,
+    /// No response headers within the per-attempt timeout.
+    ReadTimeout,
+    /// The total deadline ran out during the attempt.
+    DeadlineExceeded,
+    /// Reading the client's request body failed (the client went away or sent bad framing).
+    RequestBodyError,
+    /// The endpoint answered with a status configured as retryable.
+    UpstreamStatus(u16),
+    /// The endpoint answered a gRPC request with a `grpc-status` configured as
+    /// retryable, before any response message.
+    GrpcStatus(u8),
+    /// The endpoint reset the HTTP/2 stream before response headers
+    /// (REFUSED_STREAM: it did not process the request, RFC 9113 §8.7).
+    StreamRefused,
+    /// The endpoint reset the HTTP/2 stream before response headers, for
+    /// another reason (it may have processed the request).
+    StreamReset,
+    /// Any other failure.
+    Other,
+}
+
+/// How far a failed attempt got, which decides whether its failure boundary allows a retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Before the request was written: the upstream cannot have seen it.
+    Connect,
+    /// After the request may have reached the upstream, before response headers.
+    AfterWrite,
+    /// Response headers arrived (a status failure).
+    Response,
+}
+
+impl FailureKind {
+    /// The kind's name, e.g. `connect_refused` or `upstream_status_503`.
+    pub fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
+            FailureKind::ConnectRefused => "connect_refused",
+            FailureKind::ConnectTimeout => "connect_timeout",
+            FailureKind::ConnectError => "connect_error",
+            FailureKind::ConnectionReset => "connection_reset",
+            FailureKind::ConnectionClosed => "connection_closed",
+            FailureKind::ProtocolError => "protocol_error",
+            FailureKind::ReadTimeout => "read_timeout",
+            FailureKind::DeadlineExceeded => "deadline_exceeded",
+            FailureKind::RequestBodyError => "request_body_error",
+            FailureKind::Other => "other",
+            FailureKind::StreamRefused => "stream_refused",
+            FailureKind::StreamReset => "stream_reset",
+            FailureKind::UpstreamStatus(s) => return Cow::Owned(format!("upstream_status_{s}")),
+            FailureKind::GrpcStatus(c) => {
+                return Cow::Owned(format!(
+                    "grpc_status_{}",
+                    reprise_crds::grpc::name_of(*c).replace('-', "_")
+                ))
+            }
+        })
+    }
+
+    /// True for transport failures (everything but a status): these feed passive health.
+    pub fn is_transport(&self) -> bool {
+        !matches!(
+            self,
+            FailureKind::UpstreamStatus(_)
+                | FailureKind::GrpcStatus(_)
+                | FailureKind::RequestBodyError
+                | FailureKind::DeadlineExceeded
+        )
+    }
+
+    /// The status the sidecar answers with when this failure is final and no
+    /// upstream response exists.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            FailureKind::ReadTimeout
+            | FailureKind::DeadlineExceeded
+            | FailureKind::ConnectTimeout => StatusCode::GATEWAY_TIMEOUT,
+            FailureKind::RequestBodyError => StatusCode::BAD_REQUEST,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+}
+
+/// Classifies an error from hyper-util's pooled client (hosts outside every
+/// upstream).
+pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (FailureKind, Stage) {
+    if err.is_connect() {
+        // hyper-util reports its own connect timeout as an `io::Error` of kind
+        // `TimedOut`, like the kernel's.
+        return classify_connect(find_io(err));
+    }
+    classify_chain(err.source())
+}
+
+/// Classifies a failed dial of an endpoint: `TimedOut` is the connect
+/// timeout (the sidecar's own, or the kernel's).
+pub fn classify_connect_error(err: &io::Error) -> (FailureKind, Stage) {
+    classify_connect(Some(err))
+}
+
+/// How an h2c endpoint's stream or connection failed: its socket error
+/// when it had one (as hyper's client classified them before the endpoints'
+/// h2c connections were the h2 crate's own), else its reset or GOAWAY
+/// reason, with the same rules as [`classify_client_error`].
+pub(crate) fn classify_h2_error(err: &h2::Error) -> (FailureKind, Stage) {
+    match err.get_io() {
+        Some(io) => (classify_io(io), Stage::AfterWrite),
+        None => classify_chain(Some(err)),
+    }
+}
+
+fn classify_connect(io: Option<&io::Error>) -> (FailureKind, Stage) {
+    let kind = match io.map(io::Error::kind) {
+        Some(io::ErrorKind::ConnectionRefused) => FailureKind::ConnectRefused,
+        Some(io::ErrorKind::TimedOut) => FailureKind::ConnectTimeout,
+        _ => FailureKind::ConnectError,
+    };
+    (kind, Stage::Connect)
+}
+
+/// A socket error on an open connection, by its kind (hyper's client and
+/// the sidecar's own HTTP/1 codec alike).
+pub(crate) fn classify_io(e: &io::Error) -> FailureKind {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionAborted => FailureKind::ConnectionReset,
+        io::ErrorKind::UnexpectedEof => FailureKind::ConnectionClosed,
+        io::ErrorKind::TimedOut => FailureKind::ReadTimeout,
+        _ => FailureKind::Other,
+    }
+}
+
+/// The first error in `source`'s chain that says what happened.
+fn classify_chain(mut source: Option<&(dyn StdError + 'static)>) -> (FailureKind, Stage) {
+    while let Some(e) = source {
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            // A user error is the request body's own failure (the client's bad
+            // chunked framing or its dropped connection), even when it carries an
+            // I/O error: that error is the client's, never the upstream's.
+            if h.is_user() || (h.is_body_write_aborted() && find_io(h).is_none()) {
+                return (FailureKind::RequestBodyError, Stage::AfterWrite);
+            }
+            if h.is_parse() || h.is_parse_status() {
+                return (FailureKind::ProtocolError, Stage::AfterWrite);
+            }
+            if h.is_incomplete_message() {
+                return (FailureKind::ConnectionClosed, Stage::AfterWrite);
+            }
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return (classify_io(io), Stage::AfterWrite);
+        }
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            if h2.is_reset() || h2.is_go_away() {
+                // REFUSED_STREAM promises the request was not processed, so
+                // it is safe to retry even at the connect boundary.
+                return if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                    (FailureKind::StreamRefused, Stage::Connect)
+                } else {
+                    (FailureKind::StreamReset, Stage::AfterWrite)
+                };
+            }
+        }
+        source = e.source();
+    }
+    (FailureKind::Other, Stage::AfterWrite)
+}
+
+fn find_io<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a io::Error> {
+    let mut source: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return Some(io);
+        }
+        source = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_stable() {
+        assert_eq!(
+            FailureKind::UpstreamStatus(503).name(),
+            "upstream_status_503"
+        );
+        assert_eq!(FailureKind::ConnectRefused.name(), "connect_refused");
+        assert_eq!(FailureKind::ReadTimeout.name(), "read_timeout");
+        assert!(!FailureKind::UpstreamStatus(503).is_transport());
+        assert_eq!(
+            FailureKind::GrpcStatus(14).name(),
+            "grpc_status_unavailable"
+        );
+        assert_eq!(
+            FailureKind::GrpcStatus(8).name(),
+            "grpc_status_resource_exhausted"
+        );
+        assert!(!FailureKind::GrpcStatus(14).is_transport());
+        assert_eq!(FailureKind::StreamRefused.name(), "stream_refused");
+        assert_eq!(FailureKind::StreamReset.name(), "stream_reset");
+        assert!(FailureKind::ConnectionReset.is_transport());
+    }
+}
