@@ -100,11 +100,6 @@ impl Proxy {
         &self.tracing
     }
 
-    /// The Prometheus text `/metrics` serves.
-    pub fn metrics_text(&self) -> String {
-        crate::observe::metrics::render(self)
-    }
-
     /// Swaps in a new configuration atomically; budgets, pools and endpoint
     /// health carry over. In-flight requests finish on the routes they started with.
     pub fn reload(&self, config: Config) {
@@ -123,10 +118,7 @@ impl Proxy {
 
     /// What upstream `name` (or an alias of it) has done so far.
     pub fn stats(&self, name: &str) -> Option<UpstreamStats> {
-        self.routes
-            .load()
-            .upstream(name)
-            .map(|u| UpstreamStats::of(u))
+        self.routes.load().upstream(name).map(|u| u.stats())
     }
 
     /// Bytes the request replay buffers hold now.
@@ -228,7 +220,7 @@ impl Proxy {
             };
             span.routed(&upstream.config.name);
             if req.method() == Method::CONNECT {
-                break 'serve tunnel::connect(req, upstream, Arc::clone(&self));
+                break 'serve tunnel::connect(req, upstream, &self.tunnels);
             }
             // HTTP/2 has no `Upgrade` (RFC 9113 §8.6; the h2 crate refuses
             // the field as connection-specific): no lookups for it.
@@ -311,7 +303,8 @@ impl Proxy {
                 respond::respond(fin, &report, client_upgrade, &upstream, &self.tunnels, grpc);
             if let (Some((method, path)), Some(arrived)) = (logged, arrived) {
                 self.access_log.request(
-                    &upstream,
+                    &upstream.config.name,
+                    |i| upstream.endpoints[i].label.as_str(),
                     &method,
                     &path,
                     admitted.chosen.map(|c| c.source),

@@ -10,6 +10,7 @@ mod http1;
 mod request_box;
 mod sniff;
 mod transparent;
+mod tunnel;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -26,15 +27,16 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-pub use self::admin::{Admin, LogLevelSetter};
+pub use self::admin::{metrics_text, Admin, LogLevelSetter};
 use self::drain::{reached, ConnDrain, Drain, DrainPhase, ServedBody, SideWake};
 use self::h2c::H2cConnection;
-pub(crate) use self::sniff::{tunnelled, Protocol};
+use self::sniff::{tunnelled, Protocol};
 use self::transparent::OwnListeners;
 use crate::clock;
 use crate::exchange::body::ClientBody;
 use crate::proxy::route::Destination;
 use crate::proxy::tunnel::upgrade::Stream;
+use crate::proxy::tunnel::OpenTunnel;
 use crate::proxy::Proxy;
 
 /// How long a new connection may stay silent before its first bytes, and then
@@ -235,7 +237,7 @@ async fn serve_http(
 /// bytes), each request routed as `dest` says, with the listener's servers,
 /// limits and header read timeout. It does not follow the drain: the drain
 /// waits for an open tunnel, up to its timeout, as for any other.
-pub(crate) async fn serve_tunnelled<T: Stream>(
+async fn serve_tunnelled<T: Stream>(
     io: T,
     protocol: Protocol,
     dest: Destination,
@@ -402,6 +404,12 @@ fn serve_request(
         .handle_routed(req, dest)
         .map(move |response| {
             let Ok(mut response) = response;
+            // An answered CONNECT: its tunnel is carried once the answer is out.
+            if connect {
+                if let Some(open) = OpenTunnel::take(&mut response) {
+                    tunnel::spawn(open, Arc::clone(&proxy));
+                }
+            }
             // An upgrade or an established tunnel takes over the connection:
             // it must not be told to close. HTTP/2 has no Connection header
             // (RFC 9113 §8.2.2).

@@ -15,7 +15,6 @@ use tokio::time::Instant;
 use super::log_output::BatchedWriter;
 use crate::exchange::report::PolicySource;
 use crate::exchange::report::Report;
-use crate::retry::upstream::UpstreamState;
 
 /// The `tracing` target of access log lines.
 pub const TARGET: &str = "reprise::request";
@@ -105,12 +104,14 @@ impl AccessLog {
 }
 
 impl AccessLog {
-    /// Logs one logical request to `upstream`: what it was, which policy
-    /// applied, what the retry loop did and what the client got.
+    /// Logs one logical request to `upstream` (whose endpoint `i` is logged
+    /// as `endpoint_label(i)`): what it was, which policy applied, what the
+    /// retry loop did and what the client got.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn request(
+    pub(crate) fn request<'u>(
         &self,
-        upstream: &UpstreamState,
+        upstream: &str,
+        endpoint_label: impl Fn(usize) -> &'u str,
         method: &Method,
         path: &http::uri::PathAndQuery,
         source: Option<PolicySource<'_>>,
@@ -121,12 +122,11 @@ impl AccessLog {
         started: Instant,
         trace_id: Option<String>,
     ) {
-        let endpoint_label = |i: &usize| upstream.endpoints[*i].label.as_str();
         let endpoints: std::borrow::Cow<'_, str> = match report.tried.as_slice() {
-            [one] => endpoint_label(one).into(),
+            [one] => endpoint_label(*one).into(),
             tried => tried
                 .iter()
-                .map(endpoint_label)
+                .map(|i| endpoint_label(*i))
                 .collect::<Vec<_>>()
                 .join(",")
                 .into(),
@@ -137,7 +137,7 @@ impl AccessLog {
             Some(s) => s.to_string().into(),
         };
         self.record(&Entry {
-            upstream: &upstream.config.name,
+            upstream,
             method: method.as_str(),
             path: path.path(),
             rule: &rule,

@@ -1,6 +1,7 @@
-//! Counters behind `/metrics`, and the read-only [`UpstreamStats`] snapshot
-//! that both the Prometheus text and callers (tests, tools) read, so there is
-//! one way to look at what the proxy has done.
+//! Counters behind `/metrics`, the catalogue of its metric families, and the
+//! read-only [`UpstreamStats`] snapshot that both the Prometheus text (drawn
+//! by the admin server) and callers (tests, tools) read, so there is one way
+//! to look at what the proxy has done.
 //!
 //! Hot-path counters are relaxed atomics; the per-reason maps are touched only
 //! when an attempt fails or a request is not plainly `ok`/`recovered`.
@@ -14,11 +15,9 @@ use std::time::Duration;
 use reprise_telemetry::prometheus::{Exposition, Gauge, Histogram};
 
 use crate::exchange::outcome::Outcome;
-use crate::proxy::Proxy;
-use crate::retry::upstream::UpstreamState;
 
 mod families;
-use self::families::FAMILIES;
+pub(crate) use self::families::FAMILIES;
 
 /// Upper bounds of the attempt latency histogram, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -82,6 +81,14 @@ pub(crate) struct CapturedMetrics {
 }
 
 impl ProxyMetrics {
+    /// CEL evaluation failures so far, by rule.
+    pub(crate) fn cel_errors(&self) -> BTreeMap<String, u64> {
+        self.cel_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Counts a CEL condition of rule `rule` that failed to evaluate.
     pub(crate) fn record_cel_error(&self, rule: &str) {
         let mut map = self.cel_errors.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,23 +213,27 @@ impl UpstreamMetrics {
     pub(crate) fn record_attempt(&self, elapsed: Duration) {
         self.attempt_latency.observe(elapsed);
     }
+
+    /// Writes the attempt latency histogram as `name` with `labels`.
+    pub(crate) fn render_latency(&self, out: &mut Exposition, name: &str, labels: &[(&str, &str)]) {
+        self.attempt_latency.render(out, name, labels);
+    }
 }
 
 impl UpstreamStats {
-    /// The stats of `up` now.
-    pub(crate) fn of(up: &UpstreamState) -> Self {
-        let m = &up.metrics;
+    /// The counters of `m`, with `endpoints`' state; the budget's figures
+    /// are the caller's to fill in (the budget is composed a floor above).
+    pub(crate) fn counted(m: &UpstreamMetrics, endpoints: Vec<EndpointStats>) -> Self {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut outcomes = m.outcomes.lock().unwrap_or_else(|e| e.into_inner()).clone();
         outcomes.insert(("ok", ""), load(&m.ok));
         outcomes.insert(("recovered", ""), load(&m.recovered));
-        let (budget_requests, budget_retries) = up.budget.totals();
         Self {
             outcomes,
             retries: m.retries.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-            budget_requests,
-            budget_retries,
-            budget_remaining: up.budget.remaining(),
+            budget_requests: 0,
+            budget_retries: 0,
+            budget_remaining: 0,
             budget_refusals: load(&m.budget_refusals),
             hedges: load(&m.hedges),
             response_body_errors: load(&m.response_body_errors),
@@ -231,18 +242,7 @@ impl UpstreamStats {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
-            endpoints: up
-                .endpoints
-                .iter()
-                .map(|e| EndpointStats {
-                    addr: e.endpoint.addr,
-                    name: e.endpoint.name.clone(),
-                    in_flight: e.in_flight(),
-                    ejected: e.is_ejected(),
-                    ejections: e.ejections(),
-                    failure_estimate: e.failure_estimate(),
-                })
-                .collect(),
+            endpoints,
         }
     }
 
@@ -254,173 +254,4 @@ impl UpstreamStats {
             .map(|(_, v)| v)
             .sum()
     }
-}
-
-/// The `/metrics` text of `proxy`.
-pub(crate) fn render(proxy: &Proxy) -> String {
-    let routes = proxy.routes();
-    let mut out = Exposition::new(FAMILIES);
-    // By configured name only: aliases point at the same state.
-    let mut names: Vec<&String> = routes.config.upstreams.iter().map(|u| &u.name).collect();
-    names.sort();
-    for name in names {
-        let Some(up) = routes.upstreams.get(name) else {
-            continue;
-        };
-        let stats = UpstreamStats::of(up);
-        let upstream = [("upstream", name.as_str())];
-        // `ok` and `recovered` first, then the rest in order, as before.
-        for key in [("ok", ""), ("recovered", "")] {
-            let n = stats.outcomes.get(&key).copied().unwrap_or(0);
-            outcome_sample(&mut out, name, key, n);
-        }
-        for (key, n) in stats
-            .outcomes
-            .iter()
-            .filter(|((o, _), _)| !matches!(*o, "ok" | "recovered"))
-        {
-            outcome_sample(&mut out, name, *key, *n);
-        }
-        for (kind, n) in &stats.retries {
-            out.sample(
-                "reprise_retries_total",
-                &[("upstream", name), ("kind", kind)],
-                n,
-            );
-        }
-        out.sample(
-            "reprise_retry_budget_refusals_total",
-            &upstream,
-            stats.budget_refusals,
-        );
-        out.sample("reprise_hedges_total", &upstream, stats.hedges);
-        out.sample(
-            "reprise_response_body_errors_total",
-            &upstream,
-            stats.response_body_errors,
-        );
-        for (code, n) in &stats.grpc_statuses {
-            let status = reprise_crds::grpc::name_of(*code);
-            out.sample(
-                "reprise_grpc_responses_total",
-                &[("upstream", name.as_str()), ("grpc_status", &status)],
-                n,
-            );
-        }
-        up.metrics.attempt_latency.render(
-            &mut out,
-            "reprise_upstream_attempt_duration_seconds",
-            &upstream,
-        );
-        out.sample(
-            "reprise_retry_budget_remaining",
-            &upstream,
-            stats.budget_remaining,
-        );
-        for e in &stats.endpoints {
-            let addr = e.addr.to_string();
-            let labels = [
-                ("upstream", name.as_str()),
-                ("endpoint", addr.as_str()),
-                ("pod", e.name.as_deref().unwrap_or("")),
-            ];
-            out.sample("reprise_endpoint_in_flight", &labels, e.in_flight);
-            out.sample("reprise_endpoint_ejected", &labels, u8::from(e.ejected));
-            out.sample("reprise_endpoint_ejections_total", &labels, e.ejections);
-        }
-    }
-    let m = &proxy.metrics;
-    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    out.sample("reprise_requests_in_flight", &[], m.in_flight.get());
-    out.sample(
-        "reprise_replay_buffer_bytes",
-        &[],
-        proxy.reservation().in_use(),
-    );
-    out.sample(
-        "reprise_replay_buffer_limit_bytes",
-        &[],
-        routes.config.proxy.replay_reservation_bytes,
-    );
-    out.sample(
-        "reprise_config_reloads_total",
-        &[("result", "ok")],
-        load(&m.reloads_ok),
-    );
-    out.sample(
-        "reprise_config_reloads_total",
-        &[("result", "refused")],
-        load(&m.reloads_refused),
-    );
-    out.sample(
-        "reprise_unknown_upstream_total",
-        &[],
-        load(&m.unknown_upstream),
-    );
-    for (rule, n) in m
-        .cel_errors
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-    {
-        out.sample("reprise_rule_cel_errors_total", &[("rule", rule)], n);
-    }
-    let c = &m.captured;
-    for (protocol, n) in [("http1", &c.http1), ("h2c", &c.h2c), ("opaque", &c.opaque)] {
-        out.sample(
-            "reprise_captured_connections_total",
-            &[("protocol", protocol)],
-            load(n),
-        );
-    }
-    for (reason, n) in [
-        ("loop", &c.refused_loop),
-        ("no_original_destination", &c.refused_no_destination),
-    ] {
-        out.sample(
-            "reprise_captured_refused_total",
-            &[("reason", reason)],
-            load(n),
-        );
-    }
-    out.sample(
-        "reprise_opaque_connect_failures_total",
-        &[],
-        load(&c.opaque_connect_failures),
-    );
-    out.sample("reprise_opaque_connections_open", &[], c.opaque_open.get());
-    for (direction, n) in [
-        ("sent", &c.opaque_bytes_sent),
-        ("received", &c.opaque_bytes_received),
-    ] {
-        out.sample(
-            "reprise_opaque_bytes_total",
-            &[("direction", direction)],
-            load(n),
-        );
-    }
-    let spans = proxy.tracing().counters();
-    out.sample(
-        "reprise_trace_spans_exported_total",
-        &[],
-        spans.map_or(0, |c| c.exported()),
-    );
-    out.sample(
-        "reprise_trace_spans_dropped_total",
-        &[],
-        spans.map_or(0, |c| c.dropped()),
-    );
-    out.finish()
-}
-
-fn outcome_sample(out: &mut Exposition, upstream: &str, key: (&str, &str), n: u64) {
-    out.sample(
-        "reprise_requests_total",
-        &[
-            ("upstream", upstream),
-            ("outcome", key.0),
-            ("reason", key.1),
-        ],
-        n,
-    );
 }

@@ -8,7 +8,7 @@ use reprise_crds::Upstream;
 use super::budget::RetryBudget;
 use crate::balance::client::endpoint_client;
 use crate::balance::endpoint::EndpointState;
-use crate::observe::metrics::UpstreamMetrics;
+use crate::observe::metrics::{EndpointStats, UpstreamMetrics, UpstreamStats};
 
 /// An upstream as the proxy runs it. Rebuilt on every reload, but its budget,
 /// metrics and each endpoint's state (with its connection pool) carry over.
@@ -60,6 +60,32 @@ impl UpstreamState {
             config,
             endpoints,
             budget,
+        }
+    }
+}
+
+impl UpstreamState {
+    /// What this upstream has done so far: its counters, budget and
+    /// endpoints.
+    pub(crate) fn stats(&self) -> UpstreamStats {
+        let endpoints = self
+            .endpoints
+            .iter()
+            .map(|e| EndpointStats {
+                addr: e.endpoint.addr,
+                name: e.endpoint.name.clone(),
+                in_flight: e.in_flight(),
+                ejected: e.is_ejected(),
+                ejections: e.ejections(),
+                failure_estimate: e.failure_estimate(),
+            })
+            .collect();
+        let (budget_requests, budget_retries) = self.budget.totals();
+        UpstreamStats {
+            budget_requests,
+            budget_retries,
+            budget_remaining: self.budget.remaining(),
+            ..UpstreamStats::counted(&self.metrics, endpoints)
         }
     }
 }

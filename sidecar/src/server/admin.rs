@@ -10,7 +10,9 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::observe::metrics;
+mod metrics;
+
+pub use self::metrics::metrics_text;
 use crate::proxy::Proxy;
 
 /// Changes the log filter at run time; returns an error message for a bad filter.
@@ -68,7 +70,7 @@ impl Admin {
             (&Method::GET, "/metrics") => (
                 StatusCode::OK,
                 "text/plain; version=0.0.4",
-                metrics::render(&self.proxy),
+                metrics_text(&self.proxy),
             ),
             (&Method::PUT | &Method::POST, "/log-level") => self.set_log_level(req).await,
             (_, "/live" | "/ready" | "/config" | "/metrics" | "/log-level") => (

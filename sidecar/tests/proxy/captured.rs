@@ -41,7 +41,7 @@ async fn a_direct_connection_to_the_transparent_listener_is_reset() {
     );
     assert!(started.elapsed() < Duration::from_secs(1), "at once");
     assert!(up.received().is_empty(), "nothing reached the upstream");
-    let metrics = proxy.metrics_text();
+    let metrics = reprise_sidecar::server::metrics_text(&proxy);
     let refused = |reason: &str| {
         metrics
             .lines()

@@ -9,7 +9,7 @@ const fn family(name: &'static str, kind: Kind, help: &'static str) -> Family {
 }
 
 /// Every family, in exposition order, with its HELP text: names stay stable here.
-pub(super) const FAMILIES: &[Family] = &[
+pub(crate) const FAMILIES: &[Family] = &[
     family(
         "reprise_requests_total",
         Kind::Counter,

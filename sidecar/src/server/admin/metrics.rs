@@ -1,0 +1,196 @@
+//! The `/metrics` page: the Prometheus text of every upstream's counters,
+//! the proxy's own and the trace pipeline's, in the order of the family
+//! catalogue (`observe::metrics`), which the README's metric list is
+//! checked against.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use reprise_telemetry::prometheus::Exposition;
+
+use crate::observe::metrics::{UpstreamStats, FAMILIES};
+use crate::proxy::Proxy;
+use crate::retry::upstream::UpstreamState;
+
+/// The `/metrics` text of `proxy`.
+pub fn metrics_text(proxy: &Proxy) -> String {
+    let routes = proxy.routes();
+    let mut out = Exposition::new(FAMILIES);
+    // By configured name only: aliases point at the same state.
+    let mut names: Vec<&String> = routes.config.upstreams.iter().map(|u| &u.name).collect();
+    names.sort();
+    for name in names {
+        if let Some(up) = routes.upstreams.get(name) {
+            upstream_samples(&mut out, name, up);
+        }
+    }
+    proxy_samples(
+        &mut out,
+        proxy,
+        routes.config.proxy.replay_reservation_bytes,
+    );
+    captured_samples(&mut out, proxy);
+    trace_samples(&mut out, proxy);
+    out.finish()
+}
+
+/// One upstream's outcomes, retries, budget, gRPC statuses, attempt latency
+/// and endpoints.
+fn upstream_samples(out: &mut Exposition, name: &str, up: &UpstreamState) {
+    let stats: UpstreamStats = up.stats();
+    let upstream = [("upstream", name)];
+    // `ok` and `recovered` first, then the rest in order, as before.
+    for key in [("ok", ""), ("recovered", "")] {
+        let n = stats.outcomes.get(&key).copied().unwrap_or(0);
+        outcome_sample(out, name, key, n);
+    }
+    for (key, n) in stats
+        .outcomes
+        .iter()
+        .filter(|((o, _), _)| !matches!(*o, "ok" | "recovered"))
+    {
+        outcome_sample(out, name, *key, *n);
+    }
+    for (kind, n) in &stats.retries {
+        out.sample(
+            "reprise_retries_total",
+            &[("upstream", name), ("kind", kind)],
+            n,
+        );
+    }
+    out.sample(
+        "reprise_retry_budget_refusals_total",
+        &upstream,
+        stats.budget_refusals,
+    );
+    out.sample("reprise_hedges_total", &upstream, stats.hedges);
+    out.sample(
+        "reprise_response_body_errors_total",
+        &upstream,
+        stats.response_body_errors,
+    );
+    for (code, n) in &stats.grpc_statuses {
+        let status = reprise_crds::grpc::name_of(*code);
+        out.sample(
+            "reprise_grpc_responses_total",
+            &[("upstream", name), ("grpc_status", &status)],
+            n,
+        );
+    }
+    up.metrics
+        .render_latency(out, "reprise_upstream_attempt_duration_seconds", &upstream);
+    out.sample(
+        "reprise_retry_budget_remaining",
+        &upstream,
+        stats.budget_remaining,
+    );
+    for e in &stats.endpoints {
+        let addr = e.addr.to_string();
+        let labels = [
+            ("upstream", name),
+            ("endpoint", addr.as_str()),
+            ("pod", e.name.as_deref().unwrap_or("")),
+        ];
+        out.sample("reprise_endpoint_in_flight", &labels, e.in_flight);
+        out.sample("reprise_endpoint_ejected", &labels, u8::from(e.ejected));
+        out.sample("reprise_endpoint_ejections_total", &labels, e.ejections);
+    }
+}
+
+/// The proxy's own counters: requests in flight, replay memory, reloads,
+/// unknown hosts, CEL errors.
+fn proxy_samples(out: &mut Exposition, proxy: &Proxy, replay_limit: u64) {
+    let m = &proxy.metrics;
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    out.sample("reprise_requests_in_flight", &[], m.in_flight.get());
+    out.sample(
+        "reprise_replay_buffer_bytes",
+        &[],
+        proxy.reservation().in_use(),
+    );
+    out.sample("reprise_replay_buffer_limit_bytes", &[], replay_limit);
+    out.sample(
+        "reprise_config_reloads_total",
+        &[("result", "ok")],
+        load(&m.reloads_ok),
+    );
+    out.sample(
+        "reprise_config_reloads_total",
+        &[("result", "refused")],
+        load(&m.reloads_refused),
+    );
+    out.sample(
+        "reprise_unknown_upstream_total",
+        &[],
+        load(&m.unknown_upstream),
+    );
+    for (rule, n) in &m.cel_errors() {
+        out.sample("reprise_rule_cel_errors_total", &[("rule", rule)], n);
+    }
+}
+
+/// Transparent mode: captured connections by protocol, refusals, and the
+/// opaque relays' failures, open count and bytes.
+fn captured_samples(out: &mut Exposition, proxy: &Proxy) {
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let c = &proxy.metrics.captured;
+    for (protocol, n) in [("http1", &c.http1), ("h2c", &c.h2c), ("opaque", &c.opaque)] {
+        out.sample(
+            "reprise_captured_connections_total",
+            &[("protocol", protocol)],
+            load(n),
+        );
+    }
+    for (reason, n) in [
+        ("loop", &c.refused_loop),
+        ("no_original_destination", &c.refused_no_destination),
+    ] {
+        out.sample(
+            "reprise_captured_refused_total",
+            &[("reason", reason)],
+            load(n),
+        );
+    }
+    out.sample(
+        "reprise_opaque_connect_failures_total",
+        &[],
+        load(&c.opaque_connect_failures),
+    );
+    out.sample("reprise_opaque_connections_open", &[], c.opaque_open.get());
+    for (direction, n) in [
+        ("sent", &c.opaque_bytes_sent),
+        ("received", &c.opaque_bytes_received),
+    ] {
+        out.sample(
+            "reprise_opaque_bytes_total",
+            &[("direction", direction)],
+            load(n),
+        );
+    }
+}
+
+/// The trace pipeline's exported and dropped spans.
+fn trace_samples(out: &mut Exposition, proxy: &Proxy) {
+    let spans = proxy.tracing().counters();
+    out.sample(
+        "reprise_trace_spans_exported_total",
+        &[],
+        spans.map_or(0, |c| c.exported()),
+    );
+    out.sample(
+        "reprise_trace_spans_dropped_total",
+        &[],
+        spans.map_or(0, |c| c.dropped()),
+    );
+}
+
+fn outcome_sample(out: &mut Exposition, upstream: &str, key: (&str, &str), n: u64) {
+    out.sample(
+        "reprise_requests_total",
+        &[
+            ("upstream", upstream),
+            ("outcome", key.0),
+            ("reason", key.1),
+        ],
+        n,
+    );
+}
