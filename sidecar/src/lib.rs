@@ -43,6 +43,14 @@ pub use server::{
     serve, serve_proxy, Listeners, DRAIN_IDLE_GRACE, FIRST_BYTES_WAIT, HEADER_READ_TIMEOUT,
 };
 
+/// The causes [`Error`] carries from the libraries below (TLS, HTTP, I/O).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `": cause"` after an error's own message, when it has a cause.
+fn cause(source: Option<&(dyn std::error::Error + Send + Sync)>) -> String {
+    source.map_or_else(String::new, |e| format!(": {e}"))
+}
+
 /// Everything that can go wrong in the sidecar outside a request (a request's
 /// own failures are [`retry::FailureKind`]s, answered to its client).
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +73,16 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A `REPRISE_*` variable of Kubernetes mode is missing or malformed.
-    #[error("{0}")]
-    Environment(String),
+    #[error("{variable}: {rule}")]
+    Environment {
+        /// The variable, e.g. `REPRISE_CONTROLLER`.
+        variable: &'static str,
+        /// The rule its value (or its absence) breaks.
+        rule: String,
+        /// Why the value did not parse, when that is an error of its own.
+        #[source]
+        source: Option<http::uri::InvalidUri>,
+    },
     /// A flag of `reprise-sidecar iptables` breaks a rule.
     #[error("{flag}: {rule}")]
     Flag {
@@ -98,11 +114,25 @@ pub enum Error {
         source: std::io::Error,
     },
     /// TLS setup or the handshake with the controller failed.
-    #[error("TLS: {0}")]
-    Tls(String),
+    #[error("TLS: {what}: {source}")]
+    Tls {
+        /// The step: reading the trust bundle (and where from), the
+        /// protocol versions, the server name, the handshake.
+        what: String,
+        /// What failed.
+        #[source]
+        source: BoxError,
+    },
     /// Connecting to the controller or speaking HTTP with it failed.
-    #[error("connection: {0}")]
-    Connection(String),
+    #[error("connection: {what}{}", cause(.source.as_deref()))]
+    Connection {
+        /// The step that failed.
+        what: &'static str,
+        /// What failed, when an error said so (a silent controller is
+        /// only a timeout).
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The controller refused the subscription.
     #[error("controller answered {status}: {message}")]
     Refused {

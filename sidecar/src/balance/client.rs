@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use self::http1::conn::Http1Body;
 use self::http1::Http1Pool;
 use self::http2::{H2Body, Http2Endpoint};
-use crate::exchange::body::{replay::AttemptBody, BoxError};
+use crate::exchange::body::{impl_body, replay::AttemptBody, BoxError, Frames};
 use crate::exchange::failure::{classify_connect_error, FailureKind, Stage};
 use crate::exchange::prefixed::Prefixed;
 use crate::exchange::request::AttemptRequest;
@@ -121,34 +121,33 @@ impl EndpointBody {
     }
 }
 
-impl Body for EndpointBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+impl Frames for EndpointBody {
+    fn poll_next_frame(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
+        match self {
             EndpointBody::Http1(body) => Pin::new(body).poll_frame(cx),
             EndpointBody::H2c(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn is_ended(&self) -> bool {
         match self {
             EndpointBody::Http1(body) => body.is_end_stream(),
             EndpointBody::H2c(body) => body.is_end_stream(),
         }
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn size(&self) -> SizeHint {
         match self {
             EndpointBody::Http1(body) => body.size_hint(),
             EndpointBody::H2c(body) => body.size_hint(),
         }
     }
 }
+
+impl_body!(EndpointBody);
 
 /// How a response body's failure before its first frame counts: the
 /// endpoint's close is a closed connection, anything else a reset.

@@ -63,12 +63,17 @@ impl Subscription {
         let Ok(controller) = std::env::var(env::CONTROLLER) else {
             return Ok(None);
         };
-        let controller: Uri = controller
-            .parse()
-            .map_err(|e| Error::Environment(format!("{}: {e}", env::CONTROLLER)))?;
-        let var = |name: &str| {
-            std::env::var(name)
-                .map_err(|_| Error::Environment(format!("{name} must be set in Kubernetes mode")))
+        let controller: Uri = controller.parse().map_err(|e| Error::Environment {
+            variable: env::CONTROLLER,
+            rule: format!("not a URI: {e}"),
+            source: Some(e),
+        })?;
+        let var = |name: &'static str| {
+            std::env::var(name).map_err(|_| Error::Environment {
+                variable: name,
+                rule: "must be set in Kubernetes mode".into(),
+                source: None,
+            })
         };
         let path = |name: &str, default: &str| {
             PathBuf::from(std::env::var(name).unwrap_or_else(|_| default.to_string()))
@@ -88,7 +93,11 @@ impl Subscription {
                 .ok()
                 .map(|s| AddressMap::parse(&s))
                 .transpose()
-                .map_err(Error::Environment)?,
+                .map_err(|rule| Error::Environment {
+                    variable: env::ENDPOINT_ADDRESS_MAP,
+                    rule,
+                    source: None,
+                })?,
         }))
     }
 
@@ -169,7 +178,7 @@ impl Subscription {
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| Error::Connection(e.to_string()))?;
+            .map_err(|e| connection_failed("sending the subscription request", e))?;
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
             let status = response.status();
             let body = response
@@ -185,7 +194,7 @@ impl Subscription {
         }
         let io = hyper::upgrade::on(response)
             .await
-            .map_err(|e| Error::Connection(e.to_string()))?;
+            .map_err(|e| connection_failed("upgrading to the push stream", e))?;
         tracing::info!(controller = %self.controller, resume = ?version, "subscribed to the controller");
         let (read, mut write) = tokio::io::split(TokioIo::new(io));
         let mut reader = tokio::io::BufReader::new(read);
@@ -202,15 +211,19 @@ impl Subscription {
                     .read_until(b'\n', &mut line),
             )
             .await
-            .map_err(|_| Error::Connection(format!("no heartbeat for {silence:?}")))?
-            .map_err(|e| Error::Connection(e.to_string()))?;
+            .map_err(|_| Error::Connection {
+                what: "no heartbeat for three heartbeat intervals",
+                source: None,
+            })?
+            .map_err(|e| connection_failed("reading the push stream", e))?;
             if read == 0 {
                 return Ok(());
             }
             if !line.ends_with(b"\n") {
-                return Err(Error::Connection(
-                    "snapshot line over the size limit, or cut short".into(),
-                ));
+                return Err(Error::Connection {
+                    what: "snapshot line over the size limit, or cut short",
+                    source: None,
+                });
             }
             let text = &line[..line.len() - 1];
             if text.iter().all(u8::is_ascii_whitespace) {
@@ -222,11 +235,11 @@ impl Subscription {
             write
                 .write_all(&out)
                 .await
-                .map_err(|e| Error::Connection(e.to_string()))?;
+                .map_err(|e| connection_failed("sending the ACK", e))?;
             write
                 .flush()
                 .await
-                .map_err(|e| Error::Connection(e.to_string()))?;
+                .map_err(|e| connection_failed("sending the ACK", e))?;
         }
     }
 
@@ -301,7 +314,7 @@ impl Subscription {
             .header(NAMESPACE_HEADER, &self.namespace)
             .header("content-type", "application/json")
             .body(Full::new(body))
-            .map_err(|e| Error::Connection(e.to_string()))
+            .map_err(|e| connection_failed("building the request", e))
     }
 
     async fn connect(&self) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, Error> {
@@ -325,35 +338,41 @@ impl Subscription {
             TrustedCa::Pem(pem) => (pem.clone().into_bytes(), env::CA_PEM.to_string()),
         };
         for cert in CertificateDer::pem_slice_iter(&ca) {
-            let cert = cert.map_err(|e| Error::Tls(format!("{origin}: {e}")))?;
-            roots.add(cert).map_err(|e| Error::Tls(e.to_string()))?;
+            let cert = cert.map_err(|e| tls_failed(format!("reading {origin}"), e))?;
+            roots
+                .add(cert)
+                .map_err(|e| tls_failed(format!("a certificate of {origin}"), e))?;
         }
         let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(e.to_string()))?
+        .map_err(|e| tls_failed("protocol versions".into(), e))?
         .with_root_certificates(roots)
         .with_no_client_auth();
         // HTTP/1.1: the stream is upgraded to a plain bidirectional one.
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let name = self.server_name.clone().unwrap_or_else(|| host.clone());
-        let server_name = ServerName::try_from(name).map_err(|e| Error::Tls(e.to_string()))?;
+        let server_name = ServerName::try_from(name)
+            .map_err(|e| tls_failed("the controller's name".into(), e))?;
         let tcp = tokio::time::timeout(
             Duration::from_secs(5),
             tokio::net::TcpStream::connect((host.as_str(), port)),
         )
         .await
-        .map_err(|_| Error::Connection("connect timed out".into()))?
-        .map_err(|e| Error::Connection(e.to_string()))?;
+        .map_err(|_| Error::Connection {
+            what: "connect timed out",
+            source: None,
+        })?
+        .map_err(|e| connection_failed("connecting", e))?;
         let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(server_name, tcp)
             .await
-            .map_err(|e| Error::Tls(e.to_string()))?;
+            .map_err(|e| tls_failed("handshake with the controller".into(), e))?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .handshake(TokioIo::new(tls))
             .await
-            .map_err(|e| Error::Connection(e.to_string()))?;
+            .map_err(|e| connection_failed("the HTTP handshake", e))?;
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "controller connection ended");
@@ -378,4 +397,23 @@ fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(tmp, path)
+}
+
+/// A failed step of the conversation with the controller.
+fn connection_failed(
+    what: &'static str,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
+    Error::Connection {
+        what,
+        source: Some(Box::new(e)),
+    }
+}
+
+/// A failed step of the TLS setup.
+fn tls_failed(what: String, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Tls {
+        what,
+        source: Box::new(e),
+    }
 }

@@ -4,13 +4,12 @@
 //! ([`H2Recv`]), and each attempt's request body ([`replay`]: replayed from
 //! memory or streamed once).
 
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use h2::RecvStream;
 use http::HeaderMap;
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Frame, SizeHint};
 
 pub(crate) mod h1_recv;
 pub(crate) mod replay;
@@ -19,6 +18,65 @@ pub(crate) use self::h1_recv::H1Recv;
 
 /// Error type of bodies the sidecar sends upstream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a body of the sidecar's does: every one is `Unpin`, yields `Bytes`
+/// frames and fails with a [`BoxError`], so each says only how to take its
+/// next frame, whether it has ended and what it knows of its size, and
+/// [`impl_body!`] writes the [`Body`](http_body::Body) around it, the same for all.
+pub(crate) trait Frames: Unpin {
+    /// The next frame; see [`Body::poll_frame`](http_body::Body::poll_frame).
+    fn poll_next_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>;
+
+    /// True once nothing is left; see [`Body::is_end_stream`](http_body::Body::is_end_stream).
+    fn is_ended(&self) -> bool;
+
+    /// See [`Body::size_hint`](http_body::Body::size_hint).
+    fn size(&self) -> SizeHint;
+}
+
+/// Implements [`Body`](http_body::Body) for types that implement [`Frames`].
+macro_rules! impl_body {
+    ($($body:ty),+ $(,)?) => {$(
+        impl http_body::Body for $body {
+            type Data = bytes::Bytes;
+            type Error = $crate::exchange::body::BoxError;
+
+            #[inline]
+            fn poll_frame(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+                $crate::exchange::body::Frames::poll_next_frame(self.get_mut(), cx)
+            }
+
+            #[inline]
+            fn is_end_stream(&self) -> bool {
+                $crate::exchange::body::Frames::is_ended(self)
+            }
+
+            #[inline]
+            fn size_hint(&self) -> http_body::SizeHint {
+                $crate::exchange::body::Frames::size(self)
+            }
+        }
+    )+};
+}
+pub(crate) use impl_body;
+
+/// The next frame of a body that is one chunk of bytes, `data` (taken).
+pub(crate) fn chunk_frame(
+    data: &mut Option<Bytes>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    Poll::Ready(data.take().map(|d| Ok(Frame::data(d))))
+}
+
+/// The size of a body that is one chunk of bytes, `data`, or nothing left.
+pub(crate) fn chunk_hint(data: Option<&Bytes>) -> SizeHint {
+    SizeHint::with_exact(data.map_or(0, |d| d.len() as u64))
+}
 
 /// A request body from the client.
 #[derive(Debug)]
@@ -35,23 +93,20 @@ pub enum ClientBody {
     Empty,
 }
 
-impl Body for ClientBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+impl Frames for ClientBody {
+    fn poll_next_frame(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
+        match self {
             ClientBody::Http1(inner) => inner.poll_frame(cx),
-            ClientBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ClientBody::Full(data) => chunk_frame(data),
             ClientBody::H2(inner) => inner.poll_frame(cx).map_err(Into::into),
             ClientBody::Empty => Poll::Ready(None),
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn is_ended(&self) -> bool {
         match self {
             ClientBody::Http1(inner) => inner.is_end_stream(),
             ClientBody::Full(data) => data.is_none(),
@@ -60,17 +115,17 @@ impl Body for ClientBody {
         }
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn size(&self) -> SizeHint {
         match self {
             ClientBody::Http1(inner) => inner.size_hint(),
-            ClientBody::Full(data) => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
+            ClientBody::Full(data) => chunk_hint(data.as_ref()),
             ClientBody::H2(inner) => inner.size_hint(),
             ClientBody::Empty => SizeHint::with_exact(0),
         }
     }
 }
+
+impl_body!(ClientBody);
 
 /// The receiving half of an HTTP/2 stream (the client's request or an
 /// endpoint's response) read as a body: data frame by frame, each one's
@@ -109,7 +164,7 @@ impl H2Recv {
         }
     }
 
-    /// The next frame; see [`Body::poll_frame`].
+    /// The next frame; see [`Body::poll_frame`](http_body::Body::poll_frame).
     pub fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::exchange::body::BoxError;
+use crate::exchange::body::{chunk_frame, chunk_hint, impl_body, BoxError, Frames};
 use crate::exchange::grpc::grpc_code;
 use crate::retry::attempt::UpstreamBody;
 use crate::retry::upstream::UpstreamState;
@@ -43,16 +43,13 @@ impl ProxyBody {
     }
 }
 
-impl Body for ProxyBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+impl Frames for ProxyBody {
+    fn poll_next_frame(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ProxyBody::Local(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        match self {
+            ProxyBody::Local(data) => chunk_frame(data),
             ProxyBody::Passthrough(inner) => Pin::new(inner)
                 .poll_frame(cx)
                 .map_err(|e| Box::new(e) as BoxError),
@@ -79,7 +76,7 @@ impl Body for ProxyBody {
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn is_ended(&self) -> bool {
         match self {
             ProxyBody::Local(d) => d.is_none(),
             ProxyBody::Passthrough(inner) => inner.is_end_stream(),
@@ -87,11 +84,13 @@ impl Body for ProxyBody {
         }
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn size(&self) -> SizeHint {
         match self {
-            ProxyBody::Local(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
+            ProxyBody::Local(d) => chunk_hint(d.as_ref()),
             ProxyBody::Passthrough(inner) => inner.size_hint(),
             ProxyBody::Upstream { inner, .. } => inner.size_hint(),
         }
     }
 }
+
+impl_body!(ProxyBody);

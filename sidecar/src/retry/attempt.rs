@@ -21,7 +21,7 @@ use tokio::time::Instant;
 pub(crate) use self::request::{KeptFields, RequestTemplate};
 use super::upstream::UpstreamState;
 use crate::balance::client::{early_body_failure, EndpointBody};
-use crate::exchange::body::BoxError;
+use crate::exchange::body::{impl_body, BoxError, Frames};
 use crate::exchange::failure::{FailureKind, Stage};
 use crate::exchange::prefixed::Prefixed;
 use crate::exchange::request::AttemptRequest;
@@ -58,26 +58,22 @@ impl UpstreamBody {
     }
 }
 
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+impl Frames for UpstreamBody {
+    fn poll_next_frame(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if let Some(frame) = this.first.take() {
+        if let Some(frame) = self.first.take() {
             return Poll::Ready(Some(Ok(*frame)));
         }
-        Pin::new(&mut this.rest).poll_frame(cx)
+        Pin::new(&mut self.rest).poll_frame(cx)
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn is_ended(&self) -> bool {
         self.first.is_none() && self.rest.is_end_stream()
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn size(&self) -> SizeHint {
         let first = self
             .first
             .as_deref()
@@ -95,6 +91,8 @@ impl Body for UpstreamBody {
         hint
     }
 }
+
+impl_body!(UpstreamBody);
 
 /// One finished attempt, before it is classified.
 #[derive(Debug)]

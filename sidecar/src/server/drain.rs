@@ -23,6 +23,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{watch, Notify};
 
 use crate::clock;
+use crate::exchange::body::{impl_body, BoxError, Frames};
 use crate::proxy::body::ProxyBody;
 
 /// How far the drain has got.
@@ -253,25 +254,24 @@ impl ServedBody {
     }
 }
 
-impl Body for ServedBody {
-    type Data = Bytes;
-    type Error = crate::exchange::body::BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+impl Frames for ServedBody {
+    fn poll_next_frame(
+        &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn is_ended(&self) -> bool {
         self.inner.is_end_stream()
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn size(&self) -> SizeHint {
         self.inner.size_hint()
     }
 }
+
+impl_body!(ServedBody);
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use super::{BoxError, ClientBody};
+use super::{impl_body, BoxError, ClientBody, Frames};
 
 /// The error of an attempt's view of a streaming body polled after a newer
 /// attempt took the body over (that attempt was abandoned: a hedge lost).
@@ -234,15 +234,12 @@ fn lock(state: &Mutex<StreamState>) -> MutexGuard<'_, StreamState> {
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Body for AttemptBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+impl Frames for AttemptBody {
+    fn poll_next_frame(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
+        match self {
             AttemptBody::Empty => Poll::Ready(None),
             AttemptBody::Full(data, trailers) => {
                 if let Some(d) = data.take() {
@@ -284,7 +281,7 @@ impl Body for AttemptBody {
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn is_ended(&self) -> bool {
         match self {
             AttemptBody::Empty => true,
             AttemptBody::Full(data, trailers) => data.is_none() && trailers.is_none(),
@@ -296,7 +293,7 @@ impl Body for AttemptBody {
         }
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn size(&self) -> SizeHint {
         match self {
             AttemptBody::Empty => SizeHint::with_exact(0),
             AttemptBody::Full(data, _) => {
@@ -321,6 +318,8 @@ impl Body for AttemptBody {
         }
     }
 }
+
+impl_body!(AttemptBody);
 
 #[cfg(test)]
 mod tests {

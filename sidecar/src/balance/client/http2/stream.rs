@@ -10,19 +10,17 @@
 //! when the body fails (`INTERNAL_ERROR`) or when the endpoint resets the
 //! stream.
 
-use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use http::HeaderMap;
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
 use super::StreamSlot;
-use crate::exchange::body::H2Recv;
-use crate::exchange::body::{replay::AttemptBody, BoxError};
+use crate::exchange::body::{impl_body, replay::AttemptBody, BoxError, Frames, H2Recv};
 
 /// The response body of one h2c stream.
 #[derive(Debug)]
@@ -57,31 +55,29 @@ impl H2Body {
     }
 }
 
-impl Body for H2Body {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+impl Frames for H2Body {
+    fn poll_next_frame(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled = ready!(this.recv.poll_frame(cx));
+        let polled = ready!(self.recv.poll_frame(cx));
         // Anything but data ends the stream: trailers, the end, an error.
         if !matches!(&polled, Some(Ok(frame)) if frame.is_data()) {
-            this.slot = None;
+            self.slot = None;
         }
         Poll::Ready(polled.map(|r| r.map_err(Into::into)))
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn is_ended(&self) -> bool {
         self.recv.is_end_stream()
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn size(&self) -> SizeHint {
         self.recv.size_hint()
     }
 }
+
+impl_body!(H2Body);
 
 /// Streams `body` onto `send`: each data frame once the stream's window has
 /// room for it, then the trailers or the end. Stops, resetting the stream,

@@ -1,17 +1,16 @@
 //! A response body read off its connection, which goes back to the pool in
 //! the poll that yields the body's end.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Frame, SizeHint};
 use tokio::net::TcpStream;
 
 use super::super::Http1Pool;
 use super::Conn;
-use crate::exchange::body::BoxError;
+use crate::exchange::body::{impl_body, BoxError, Frames};
 use crate::exchange::prefixed::Prefixed;
 use crate::http1::outgoing::Outgoing;
 use crate::http1::{Decoded, Decoder, WireError};
@@ -87,47 +86,43 @@ impl Http1Body {
     }
 }
 
-impl Body for Http1Body {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+impl Frames for Http1Body {
+    fn poll_next_frame(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        this.poll_request_body(cx);
+        self.poll_request_body(cx);
         loop {
-            let Some(conn) = this.conn.as_mut() else {
+            let Some(conn) = self.conn.as_mut() else {
                 return Poll::Ready(None);
             };
-            match this.decoder.decode(&mut conn.read) {
+            match self.decoder.decode(&mut conn.read) {
                 Ok(Decoded::Data(data)) => {
-                    if this.decoder.is_done() {
-                        this.finish();
+                    if self.decoder.is_done() {
+                        self.finish();
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Ok(Decoded::Trailers(trailers)) => {
-                    this.finish();
+                    self.finish();
                     return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
                 }
                 Ok(Decoded::End) => {
-                    this.finish();
+                    self.finish();
                     return Poll::Ready(None);
                 }
                 Ok(Decoded::More) => {}
                 Err(e) => {
-                    this.conn = None;
+                    self.conn = None;
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
             }
             let read = ready!(conn.poll_fill(cx));
             match read {
                 Ok(0) => {
-                    let end = this.decoder.eof();
+                    let end = self.decoder.eof();
                     // Ended by the close: never reused.
-                    this.conn = None;
+                    self.conn = None;
                     return Poll::Ready(match end {
                         Ok(_) => None,
                         Err(e) => Some(Err(Box::new(e))),
@@ -135,7 +130,7 @@ impl Body for Http1Body {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    this.conn = None;
+                    self.conn = None;
                     return Poll::Ready(Some(Err(Box::new(WireError::io(
                         "reading the response body",
                         e,
@@ -145,17 +140,19 @@ impl Body for Http1Body {
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn is_ended(&self) -> bool {
         self.decoder.is_done()
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn size(&self) -> SizeHint {
         match self.decoder.remaining() {
             Some(n) => SizeHint::with_exact(n),
             None => SizeHint::default(),
         }
     }
 }
+
+impl_body!(Http1Body);
 
 impl Drop for Http1Body {
     fn drop(&mut self) {
