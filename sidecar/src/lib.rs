@@ -6,19 +6,27 @@
 //! matching retry rule's policy (else the upstream's `retries` block), and
 //! runs the retry loop: attempt cap, rolling budget, full-jitter backoff,
 //! total deadline, body replay, alternate endpoints and optional hedging, all
-//! before response headers reach the client. The folders follow a request:
+//! before response headers reach the client. The folders follow a request,
+//! each a floor that names only the floors below it (`run` on top; the
+//! table is `testkit/tests/layers.rs`):
 //!
-//! - [`server`]: listeners, protocol sniffing, the drain, the admin endpoint.
+//! - [`config`]: where the configuration comes from and how it changes;
+//!   `capture`: the `iptables` subcommand, the nat rules of transparent mode.
+//! - [`server`]: listeners, protocol sniffing, tunnels, the drain, the admin
+//!   endpoint and its `/metrics` page.
 //! - `proxy`: the request's phases: route, admit, prepare, forward, respond.
-//! - [`retry`]: the engine: attempts, gates, hedging, backoff, budget, replay.
-//! - `balance`: endpoints, the picker, per-upstream state, HTTP clients.
+//! - [`retry`]: the engine: attempts, gates, hedging, backoff, budget, and
+//!   each upstream's state.
+//! - `balance`: endpoints, the picker, HTTP clients.
 //! - `http1`: HTTP/1.1 on the wire, both directions, without I/O.
-//! - [`config`]: where the configuration comes from and how it changes.
 //! - [`observe`]: metrics and stats, the access log, log output, spans.
-//! - `capture`: the `iptables` subcommand, the nat rules of transparent mode.
+//! - `exchange`: the vocabulary every floor shares: bodies, the attempt's
+//!   request, failure kinds, outcomes, the report.
+//! - `clock`, `random`, `socket`: the leaves.
 //!
 //! `docs/architecture.md` walks the request and control paths through them.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod balance;
 mod capture;
