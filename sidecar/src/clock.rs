@@ -13,14 +13,14 @@ use tokio::time::Instant;
 static ORIGIN: OnceLock<Instant> = OnceLock::new();
 
 /// Milliseconds since the first call in this process (never 0).
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     let origin = *ORIGIN.get_or_init(Instant::now);
     u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
 }
 
 /// How often [`keep_date`] reads the wall clock: Envoy's cached date is
 /// refreshed at the same period, so a `date` is at most this late.
-pub const DATE_REFRESH: Duration = Duration::from_millis(500);
+pub(crate) const DATE_REFRESH: Duration = Duration::from_millis(500);
 
 /// The second [`date`] formats, stored by [`keep_date`]; 0 while no refresher
 /// runs, and then each call reads the clock itself.
@@ -32,7 +32,7 @@ static DATE_SECS: AtomicU64 = AtomicU64::new(0);
 /// While [`keep_date`] runs this reads no clock: one read per response was
 /// about 26 ns of the 7.7 µs an h2c request costs here (a third of a
 /// percent), for a value that changes once a second.
-pub fn date() -> HeaderValue {
+pub(crate) fn date() -> HeaderValue {
     thread_local! {
         static CACHED: RefCell<(u64, HeaderValue)> =
             const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
@@ -55,7 +55,7 @@ pub fn date() -> HeaderValue {
 
 /// Keeps [`date`]'s second current, every [`DATE_REFRESH`], until dropped
 /// (with its runtime, say), when [`date`] goes back to reading the clock.
-pub async fn keep_date() {
+pub(crate) async fn keep_date() {
     /// Hands [`date`] back its own clock reads when the refresher goes.
     struct Stop;
     impl Drop for Stop {

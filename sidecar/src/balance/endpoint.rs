@@ -34,7 +34,7 @@ const MIN_SUCCESS: f64 = 0.05;
 /// Live state of one endpoint, shared by every request and kept across reloads
 /// while the endpoint stays in the configuration.
 #[derive(Debug)]
-pub struct EndpointState {
+pub(crate) struct EndpointState {
     /// The configured endpoint.
     pub endpoint: Endpoint,
     /// Pooled connections to it.
@@ -57,11 +57,11 @@ pub struct EndpointState {
 
 /// Decrements the endpoint's in-flight count when the attempt ends.
 #[derive(Debug)]
-pub struct InFlight<'a>(&'a EndpointState);
+pub(crate) struct InFlight<'a>(&'a EndpointState);
 
 impl EndpointState {
     /// Fresh state for `endpoint`.
-    pub fn new(endpoint: Endpoint, client: EndpointClient) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, client: EndpointClient) -> Self {
         let authority = Authority::try_from(endpoint.addr.to_string().as_str())
             .unwrap_or_else(|_| Authority::from_static("invalid"));
         let label = endpoint
@@ -85,12 +85,12 @@ impl EndpointState {
     }
 
     /// Attempts currently waiting on this endpoint.
-    pub fn in_flight(&self) -> u32 {
+    pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Marks an attempt started; the guard marks it ended.
-    pub fn start(&self) -> InFlight<'_> {
+    pub(crate) fn start(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self)
     }
@@ -98,7 +98,7 @@ impl EndpointState {
     /// The share of recent attempts that failed (a retryable status, a
     /// transport error, a timeout), weighted toward the latest and decaying
     /// toward 0 with time: 0 for an endpoint with no recent failures.
-    pub fn failure_estimate(&self) -> f64 {
+    pub(crate) fn failure_estimate(&self) -> f64 {
         let bits = self.failure_bits.load(Ordering::Relaxed);
         if bits == 0 {
             return 0.0;
@@ -114,7 +114,7 @@ impl EndpointState {
 
     /// Feeds one attempt's outcome into the failure estimate. Concurrent
     /// updates may lose one another; the estimate only steers choice.
-    pub fn record_outcome(&self, failed: bool) {
+    pub(crate) fn record_outcome(&self, failed: bool) {
         if !failed && self.failure_bits.load(Ordering::Relaxed) == 0 {
             return; // the common case: nothing to decay, no shared write
         }
@@ -130,25 +130,25 @@ impl EndpointState {
     /// What sending one more attempt here is expected to cost: attempts in
     /// flight (including this one) divided by the squared success estimate,
     /// so an endpoint failing half its attempts counts four times as loaded.
-    pub fn cost(&self) -> f64 {
+    pub(crate) fn cost(&self) -> f64 {
         let success = (1.0 - self.failure_estimate()).max(MIN_SUCCESS);
         f64::from(self.in_flight() + 1) / (success * success)
     }
 
     /// True while passive health has this endpoint ejected.
-    pub fn is_ejected(&self) -> bool {
+    pub(crate) fn is_ejected(&self) -> bool {
         // 0: never ejected, and no clock read (the picker asks twice a request).
         let until = self.ejected_until_ms.load(Ordering::Relaxed);
         until != 0 && until > clock::now_ms()
     }
 
     /// Times this endpoint has been ejected.
-    pub fn ejections(&self) -> u64 {
+    pub(crate) fn ejections(&self) -> u64 {
         self.ejections.load(Ordering::Relaxed)
     }
 
     /// Records a success: the consecutive-failure count restarts.
-    pub fn record_success(&self) {
+    pub(crate) fn record_success(&self) {
         if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
             self.consecutive_failures.store(0, Ordering::Relaxed);
         }
@@ -156,7 +156,7 @@ impl EndpointState {
 
     /// Records a transport failure or mid-stream error; ejects the endpoint when the
     /// consecutive count reaches the threshold. Returns true when this call ejected it.
-    pub fn record_failure(&self, health: &PassiveHealth) -> bool {
+    pub(crate) fn record_failure(&self, health: &PassiveHealth) -> bool {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if health.consecutive_failures == 0 || n < health.consecutive_failures {
             return false;

@@ -13,7 +13,7 @@ use crate::random::Random;
 /// Preference: untried and healthy; then untried even if ejected (every
 /// endpoint ejected must not mean no traffic at all); then, only when
 /// `allow_reuse`, a tried one.
-pub fn pick(
+pub(crate) fn pick(
     endpoints: &[Arc<EndpointState>],
     tried: &Tried,
     allow_reuse: bool,

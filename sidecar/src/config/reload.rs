@@ -10,10 +10,10 @@ use crate::proxy::Proxy;
 
 /// How often the file is compared with what was last loaded. Polling (rather
 /// than inotify) also sees Kubernetes ConfigMap updates, which swap a symlink.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Watches `path` forever, reloading `proxy` on change or SIGHUP.
-pub async fn watch(path: PathBuf, proxy: Arc<Proxy>, loaded: Vec<u8>) {
+pub(crate) async fn watch(path: PathBuf, proxy: Arc<Proxy>, loaded: Vec<u8>) {
     let mut last = loaded;
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => Some(s),

@@ -17,7 +17,7 @@ pub(crate) mod replay;
 pub(crate) use self::h1_recv::H1Recv;
 
 /// Error type of bodies the sidecar sends upstream.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a body of the sidecar's does: every one is `Unpin`, yields `Bytes`
 /// frames and fails with a [`BoxError`], so each says only how to take its
@@ -80,7 +80,7 @@ pub(crate) fn chunk_hint(data: Option<&Bytes>) -> SizeHint {
 
 /// A request body from the client.
 #[derive(Debug)]
-pub enum ClientBody {
+pub(crate) enum ClientBody {
     /// Read by the sidecar's HTTP/1 server as it streams in.
     Http1(H1Recv),
     /// Read whole with its head (no trailers): what a small body sent in
@@ -132,7 +132,7 @@ impl_body!(ClientBody);
 /// flow-control window released as soon as it is read (what is buffered is
 /// the reader's, not the window's), then the trailers or the end.
 #[derive(Debug)]
-pub struct H2Recv {
+pub(crate) struct H2Recv {
     recv: RecvStream,
     /// The data has ended; trailers (or the end) are next.
     data_done: bool,
@@ -142,7 +142,7 @@ pub struct H2Recv {
 
 impl H2Recv {
     /// The body of a message whose head was `headers`.
-    pub fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
+    pub(crate) fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
         let left = headers
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -156,7 +156,7 @@ impl H2Recv {
 
     /// The body of a response that has none whatever its `content-length`
     /// says (to a HEAD request, or a 204 or 304).
-    pub fn without_content(recv: RecvStream) -> Self {
+    pub(crate) fn without_content(recv: RecvStream) -> Self {
         Self {
             recv,
             data_done: false,
@@ -165,7 +165,7 @@ impl H2Recv {
     }
 
     /// The next frame; see [`Body::poll_frame`](http_body::Body::poll_frame).
-    pub fn poll_frame(
+    pub(crate) fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
@@ -193,7 +193,7 @@ impl H2Recv {
     /// promises more data the answer is no without asking the stream, which
     /// takes the h2 crate's lock (about 120 instructions): a stream that
     /// ends short of it is an error the next read returns.
-    pub fn is_end_stream(&self) -> bool {
+    pub(crate) fn is_end_stream(&self) -> bool {
         if self.left.is_some_and(|left| left > 0) {
             return false;
         }
@@ -201,7 +201,7 @@ impl H2Recv {
     }
 
     /// Exact while the `content-length` says how much is left.
-    pub fn size_hint(&self) -> SizeHint {
+    pub(crate) fn size_hint(&self) -> SizeHint {
         match self.left {
             Some(left) => SizeHint::with_exact(left),
             None => SizeHint::default(),

@@ -108,7 +108,9 @@ impl FailureKind {
 
 /// Classifies an error from hyper-util's pooled client (hosts outside every
 /// upstream).
-pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (FailureKind, Stage) {
+pub(crate) fn classify_client_error(
+    err: &hyper_util::client::legacy::Error,
+) -> (FailureKind, Stage) {
     if err.is_connect() {
         // hyper-util reports its own connect timeout as an `io::Error` of kind
         // `TimedOut`, like the kernel's.
@@ -119,7 +121,7 @@ pub fn classify_client_error(err: &hyper_util::client::legacy::Error) -> (Failur
 
 /// Classifies a failed dial of an endpoint: `TimedOut` is the connect
 /// timeout (the sidecar's own, or the kernel's).
-pub fn classify_connect_error(err: &io::Error) -> (FailureKind, Stage) {
+pub(crate) fn classify_connect_error(err: &io::Error) -> (FailureKind, Stage) {
     classify_connect(Some(err))
 }
 

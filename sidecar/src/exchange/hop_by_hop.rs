@@ -10,7 +10,7 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 
 /// Removes hop-by-hop headers. With `keep_upgrade`, `Connection: upgrade` and
 /// `Upgrade` survive so an upgrade can be forwarded.
-pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
+pub(crate) fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     // One pass over the names finds which hop-by-hop headers are present
     // (usually none, or just Connection), so only those cost a hashed removal.
     // This runs twice per proxied request.
@@ -110,7 +110,7 @@ static HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 /// True when the request asks for a protocol upgrade (e.g. WebSocket).
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
+pub(crate) fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(UPGRADE)
         && headers
             .get_all(CONNECTION)

@@ -3,7 +3,7 @@
 
 /// What the retry layer did for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The first attempt's answer was final; no retry was needed.
     Ok,
     /// A retry produced the final answer after a retryable failure.
@@ -16,7 +16,7 @@ pub enum Outcome {
 
 /// Which limit ended the retries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ExhaustedBy {
+pub(crate) enum ExhaustedBy {
     /// The policy's attempt cap.
     Attempts,
     /// The upstream's retry budget.
@@ -31,7 +31,7 @@ pub enum ExhaustedBy {
 
 /// Why a failure was not retried at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SkipReason {
+pub(crate) enum SkipReason {
     /// No policy with attempts applies to this request.
     RetriesOff,
     /// The method is not retried by the policy (TRACE never is).
@@ -56,7 +56,7 @@ pub enum SkipReason {
 
 impl Outcome {
     /// `ok`, `recovered`, `exhausted` or `skipped`.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
             Outcome::Recovered => "recovered",
@@ -66,7 +66,7 @@ impl Outcome {
     }
 
     /// The reason for `exhausted` and `skipped`, else empty.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Outcome::Ok | Outcome::Recovered => "",
             Outcome::Exhausted(by) => match by {

@@ -26,18 +26,18 @@ pub(crate) struct Report {
 }
 
 /// Most attempts one request can make: 10 retries, the first attempt and a hedge.
-pub const MAX_TRIED: usize = 12;
+pub(crate) const MAX_TRIED: usize = 12;
 
 /// Endpoints one request has tried, by index, without allocating.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Tried {
+pub(crate) struct Tried {
     len: usize,
     idx: [usize; MAX_TRIED],
 }
 
 impl Tried {
     /// Records that `i` was tried.
-    pub fn insert(&mut self, i: usize) {
+    pub(crate) fn insert(&mut self, i: usize) {
         if !self.contains(i) && self.len < MAX_TRIED {
             self.idx[self.len] = i;
             self.len += 1;
@@ -45,19 +45,19 @@ impl Tried {
     }
 
     /// True when `i` was tried.
-    pub fn contains(&self, i: usize) -> bool {
+    pub(crate) fn contains(&self, i: usize) -> bool {
         self.idx[..self.len].contains(&i)
     }
 
     /// Indexes tried, in order.
-    pub fn as_slice(&self) -> &[usize] {
+    pub(crate) fn as_slice(&self) -> &[usize] {
         &self.idx[..self.len]
     }
 }
 
 /// Where a policy came from.
 #[derive(Clone, Copy, Debug)]
-pub enum PolicySource<'a> {
+pub(crate) enum PolicySource<'a> {
     /// A retry rule, by id.
     Rule(&'a str),
     /// The upstream's own `retries` block.

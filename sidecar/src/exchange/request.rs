@@ -21,7 +21,8 @@ use super::grpc::{self, GRPC_TIMEOUT};
 
 /// Request header carrying the attempt number (1 for the first) on retryable
 /// requests, like Envoy's `x-envoy-attempt-count`.
-pub const ATTEMPT_HEADER: http::HeaderName = http::HeaderName::from_static("x-reprise-attempt");
+pub(crate) const ATTEMPT_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-reprise-attempt");
 
 /// gRFC A6: how many attempts preceded this one, on every gRPC retry and hedge.
 const PREVIOUS_ATTEMPTS: http::HeaderName =

@@ -17,11 +17,11 @@ use crate::exchange::report::PolicySource;
 use crate::exchange::report::Report;
 
 /// The `tracing` target of access log lines.
-pub const TARGET: &str = "reprise::request";
+pub(crate) const TARGET: &str = "reprise::request";
 
 /// Where access log lines go.
 #[derive(Clone, Debug, Default)]
-pub enum AccessLog {
+pub(crate) enum AccessLog {
     /// As a `tracing` event, formatted by the installed subscriber (text logs,
     /// and library use such as tests).
     #[default]
@@ -32,7 +32,7 @@ pub enum AccessLog {
 
 /// One request's access log fields.
 #[derive(Debug)]
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     /// The upstream's name.
     pub upstream: &'a str,
     /// The request method.
@@ -69,12 +69,12 @@ pub struct Entry<'a> {
 impl AccessLog {
     /// True when the log filter lets `reprise::request` info lines through;
     /// callers check it before gathering an entry's fields.
-    pub fn enabled() -> bool {
+    pub(crate) fn enabled() -> bool {
         tracing::enabled!(target: TARGET, tracing::Level::INFO)
     }
 
     /// Logs `entry` if the log filter lets `reprise::request` info lines through.
-    pub fn record(&self, entry: &Entry<'_>) {
+    pub(crate) fn record(&self, entry: &Entry<'_>) {
         if !Self::enabled() {
             return;
         }
@@ -162,7 +162,7 @@ impl AccessLog {
 impl Entry<'_> {
     /// The line as `tracing-subscriber`'s flattened JSON formatter writes the
     /// equivalent event: timestamp, level, the message, the fields, the target.
-    pub fn json_line(&self, now: SystemTime) -> Vec<u8> {
+    pub(crate) fn json_line(&self, now: SystemTime) -> Vec<u8> {
         let mut line = Vec::with_capacity(384);
         line.extend_from_slice(b"{\"timestamp\":\"");
         push_timestamp(&mut line, now);

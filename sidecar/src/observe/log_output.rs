@@ -20,21 +20,21 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How long a line waits for others to share its write.
-pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+pub(crate) const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Most bytes held between two flushes. Lines past it are dropped and counted:
 /// a stalled stdout must neither grow the sidecar's memory nor block requests.
-pub const MAX_BUFFERED_BYTES: usize = 8 << 20;
+pub(crate) const MAX_BUFFERED_BYTES: usize = 8 << 20;
 
 /// Buffers log lines for the writer thread; cheap to clone.
 #[derive(Clone, Debug)]
-pub struct BatchedWriter {
+pub(crate) struct BatchedWriter {
     shared: Arc<Shared>,
 }
 
 /// Writes out what is left and stops the writer thread when dropped.
 #[derive(Debug)]
-pub struct FlushGuard {
+pub(crate) struct FlushGuard {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -61,14 +61,14 @@ struct State {
 
 impl BatchedWriter {
     /// Starts the writer thread for `sink` with the default interval and limit.
-    pub fn spawn(sink: impl Write + Send + 'static) -> io::Result<(Self, FlushGuard)> {
+    pub(crate) fn spawn(sink: impl Write + Send + 'static) -> io::Result<(Self, FlushGuard)> {
         Self::with_limits(sink, FLUSH_INTERVAL, MAX_BUFFERED_BYTES)
     }
 
     /// Starts the writer thread: it writes out the lines buffered within
     /// `interval` of the first one; at most `limit` bytes wait between two
     /// writes.
-    pub fn with_limits(
+    pub(crate) fn with_limits(
         mut sink: impl Write + Send + 'static,
         interval: Duration,
         limit: usize,
@@ -151,7 +151,7 @@ impl BatchedWriter {
     }
 
     /// Buffers one whole line, or drops and counts it when the buffer is full.
-    pub fn append(&self, line: &[u8]) {
+    pub(crate) fn append(&self, line: &[u8]) {
         let mut state = self.shared.lock();
         if state.lines.len() + line.len() > self.shared.limit {
             drop(state);

@@ -31,33 +31,33 @@ use reprise_telemetry::propagation;
 use reprise_telemetry::Tracing;
 
 /// `ok`, `recovered`, `exhausted` or `skipped` (SERVER span).
-pub const OUTCOME: &str = "reprise.outcome";
+pub(crate) const OUTCOME: &str = "reprise.outcome";
 /// Why `exhausted` or `skipped`, e.g. `budget` or `method` (SERVER span).
-pub const OUTCOME_REASON: &str = "reprise.outcome.reason";
+pub(crate) const OUTCOME_REASON: &str = "reprise.outcome.reason";
 /// `rule:<id>`, `upstream` (the upstream's own retries block) or `none` (SERVER span).
-pub const RULE: &str = "reprise.rule";
+pub(crate) const RULE: &str = "reprise.rule";
 /// The upstream the request was routed to (SERVER span).
-pub const UPSTREAM: &str = "reprise.upstream";
+pub(crate) const UPSTREAM: &str = "reprise.upstream";
 /// Attempts made, the first and any hedge included (SERVER span).
-pub const ATTEMPTS: &str = "reprise.attempts";
+pub(crate) const ATTEMPTS: &str = "reprise.attempts";
 /// Attempts the policy allows: its retries plus one (SERVER span).
-pub const MAX_ATTEMPTS: &str = "reprise.max_attempts";
+pub(crate) const MAX_ATTEMPTS: &str = "reprise.max_attempts";
 /// True when a hedge was sent (SERVER span).
-pub const HEDGED: &str = "reprise.hedged";
+pub(crate) const HEDGED: &str = "reprise.hedged";
 /// The endpoint's pod name, when the configuration knows it (CLIENT span).
-pub const ENDPOINT_POD: &str = "reprise.endpoint.pod";
+pub(crate) const ENDPOINT_POD: &str = "reprise.endpoint.pod";
 /// True on a speculative duplicate (CLIENT span).
-pub const HEDGE: &str = "reprise.hedge";
+pub(crate) const HEDGE: &str = "reprise.hedge";
 /// True on an attempt abandoned because the other one of a hedge answered first (CLIENT span).
-pub const CANCELLED: &str = "reprise.attempt.cancelled";
+pub(crate) const CANCELLED: &str = "reprise.attempt.cancelled";
 /// The delay slept before a retry, in milliseconds (`backoff` event).
-pub const BACKOFF_MS: &str = "reprise.backoff_ms";
+pub(crate) const BACKOFF_MS: &str = "reprise.backoff_ms";
 /// The wait before a hedge was sent, in milliseconds (`hedge` event).
-pub const HEDGE_DELAY_MS: &str = "reprise.hedge.delay_ms";
+pub(crate) const HEDGE_DELAY_MS: &str = "reprise.hedge.delay_ms";
 
 /// The SERVER span of one request.
 #[derive(Debug)]
-pub struct RequestSpan(Option<Inner>);
+pub(crate) struct RequestSpan(Option<Inner>);
 
 #[derive(Debug)]
 struct Inner {
@@ -77,23 +77,23 @@ struct Inner {
 /// the SDK's span is 280 bytes, and an attempt's span moves with it
 /// through several futures on every request, traced or not.
 #[derive(Debug)]
-pub struct AttemptSpan(Option<Box<Span>>);
+pub(crate) struct AttemptSpan(Option<Box<Span>>);
 
 impl RequestSpan {
     /// A span that records nothing.
-    pub fn off() -> Self {
+    pub(crate) fn off() -> Self {
         RequestSpan(None)
     }
 
     /// True when tracing was off for this request: the span records nothing
     /// and ending it does nothing.
-    pub fn is_off(&self) -> bool {
+    pub(crate) fn is_off(&self) -> bool {
         self.0.is_none()
     }
 
     /// Starts the SERVER span of `req` (a child of the application's
     /// `traceparent` when valid); records nothing while `tracing` is off.
-    pub fn start<B>(tracing: &Tracing, req: &Request<B>) -> Self {
+    pub(crate) fn start<B>(tracing: &Tracing, req: &Request<B>) -> Self {
         let Some(tracer) = tracing.tracer() else {
             return Self::off();
         };
@@ -128,7 +128,7 @@ impl RequestSpan {
     }
 
     /// The request was routed to `upstream`: names the span after it.
-    pub fn routed(&mut self, upstream: &str) {
+    pub(crate) fn routed(&mut self, upstream: &str) {
         let Some(inner) = self.0.as_mut().filter(|i| i.recording) else {
             return;
         };
@@ -142,7 +142,7 @@ impl RequestSpan {
     /// host the client addressed; an HTTP/1 request's URI has none), and the
     /// trace fields the attempt carries ([`AttemptSpan::trace_fields`]).
     /// `resends` is the number of attempts before this one (hedges included).
-    pub fn attempt(
+    pub(crate) fn attempt(
         &self,
         endpoint: &Endpoint,
         authority: &str,
@@ -172,7 +172,7 @@ impl RequestSpan {
     /// Starts the CLIENT span of a request forwarded once to a host outside
     /// every upstream (`authority` as the application addressed it) and puts
     /// its context in `request`'s `traceparent`.
-    pub fn forwarded<B>(&self, authority: &str, request: &mut Request<B>) -> AttemptSpan {
+    pub(crate) fn forwarded<B>(&self, authority: &str, request: &mut Request<B>) -> AttemptSpan {
         let span = self.client_span(
             request.method(),
             authority,
@@ -233,29 +233,29 @@ impl RequestSpan {
     }
 
     /// A retry will be sent after `delay`.
-    pub fn backoff(&self, delay: Duration) {
+    pub(crate) fn backoff(&self, delay: Duration) {
         self.event("backoff", || vec![KeyValue::new(BACKOFF_MS, millis(delay))]);
     }
 
     /// A hedge was sent after waiting `delay` for the first attempt.
-    pub fn hedge_launched(&self, delay: Duration) {
+    pub(crate) fn hedge_launched(&self, delay: Duration) {
         self.event("hedge", || {
             vec![KeyValue::new(HEDGE_DELAY_MS, millis(delay))]
         });
     }
 
     /// The retry budget refused a retry or a hedge.
-    pub fn budget_refused(&self) {
+    pub(crate) fn budget_refused(&self) {
         self.event("budget_refused", Vec::new);
     }
 
     /// The total deadline ended the retries.
-    pub fn deadline_exceeded(&self) {
+    pub(crate) fn deadline_exceeded(&self) {
         self.event("deadline_exceeded", Vec::new);
     }
 
     /// Records what the retry loop did: outcome, rule and attempts.
-    pub fn record_outcome(
+    pub(crate) fn record_outcome(
         &self,
         report: &Report,
         rule: Option<PolicySource<'_>>,
@@ -283,7 +283,7 @@ impl RequestSpan {
 
     /// The trace id (hex) when this request is traced and sampled, so its log
     /// event can point at the trace.
-    pub fn trace_id(&self) -> Option<String> {
+    pub(crate) fn trace_id(&self) -> Option<String> {
         self.0
             .as_ref()
             .filter(|i| i.recording)
@@ -294,7 +294,12 @@ impl RequestSpan {
     /// the failure kind when the sidecar answered itself (`x-reprise-error`).
     /// `grpc_status` is the response's `grpc-status` when its headers carry one
     /// (a Trailers-Only response or a local gRPC answer).
-    pub fn end(self, status: StatusCode, local_error: Option<&str>, grpc_status: Option<u8>) {
+    pub(crate) fn end(
+        self,
+        status: StatusCode,
+        local_error: Option<&str>,
+        grpc_status: Option<u8>,
+    ) {
         let Some(inner) = self.0 else {
             return;
         };
@@ -331,13 +336,13 @@ impl RequestSpan {
 impl AttemptSpan {
     /// The `traceparent` (and `tracestate`) the attempt sends, replacing the
     /// application's; `None` while tracing is off (the application's pass).
-    pub fn trace_fields(&self) -> Option<propagation::TraceFields> {
+    pub(crate) fn trace_fields(&self) -> Option<propagation::TraceFields> {
         propagation::trace_fields(self.0.as_ref()?.span_context())
     }
 
     /// The endpoint answered with a status the policy does not retry;
     /// `grpc_status` when a gRPC response's status is already known.
-    pub fn responded(mut self, status: u16, grpc_status: Option<u8>) {
+    pub(crate) fn responded(mut self, status: u16, grpc_status: Option<u8>) {
         if let Some(mut span) = self.0.take() {
             span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
             if let Some(code) = grpc_status {
@@ -353,7 +358,7 @@ impl AttemptSpan {
     }
 
     /// The attempt failed with `kind`; `status` when the endpoint answered one.
-    pub fn failed(mut self, kind: FailureKind, status: Option<u16>) {
+    pub(crate) fn failed(mut self, kind: FailureKind, status: Option<u16>) {
         if let Some(mut span) = self.0.take() {
             if let Some(status) = status {
                 span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));

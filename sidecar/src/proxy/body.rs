@@ -17,7 +17,7 @@ use crate::retry::upstream::UpstreamState;
 
 /// A response body towards the client.
 #[derive(Debug)]
-pub enum ProxyBody {
+pub(crate) enum ProxyBody {
     /// Streams from an endpoint. A failure here is never retried (headers are
     /// already sent); it counts against the endpoint's passive health.
     Upstream {
@@ -38,7 +38,7 @@ pub enum ProxyBody {
 
 impl ProxyBody {
     /// A local text body.
-    pub fn text(text: impl Into<Bytes>) -> Self {
+    pub(crate) fn text(text: impl Into<Bytes>) -> Self {
         ProxyBody::Local(Some(text.into()))
     }
 }

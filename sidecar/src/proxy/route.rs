@@ -19,7 +19,7 @@ use crate::retry::upstream::UpstreamState;
 
 /// A configuration ready to serve.
 #[derive(Debug)]
-pub struct Routes {
+pub(crate) struct Routes {
     /// The configuration it was built from.
     pub config: Arc<Config>,
     /// Upstreams by lower-case name and by each alias.
@@ -35,11 +35,11 @@ pub struct Routes {
 /// host cannot lengthen a chain (the collisions SipHash guards against need
 /// the attacker's keys inserted). SipHash cost about 160 instructions of a
 /// request's 27,000 for a five-letter host (`e2e/bench/instructions.sh`).
-pub type ConfigKeys = BuildHasherDefault<Fnv1a>;
+pub(crate) type ConfigKeys = BuildHasherDefault<Fnv1a>;
 
 /// Where a request goes when its host is not the whole story.
 #[derive(Clone, Debug)]
-pub enum Destination {
+pub(crate) enum Destination {
     /// The explicit proxy: the upstream the request's host names.
     Host,
     /// Inside a CONNECT tunnel to the upstream of this name: the request's
@@ -53,7 +53,7 @@ pub enum Destination {
 
 /// What rules match on: the request as the route phase sees it.
 #[derive(Debug)]
-pub struct RequestFacts<'a> {
+pub(crate) struct RequestFacts<'a> {
     /// The method.
     pub method: &'a str,
     /// The path, without the query.
@@ -66,7 +66,7 @@ pub struct RequestFacts<'a> {
 
 /// The policy chosen for one request and where it came from.
 #[derive(Clone, Copy, Debug)]
-pub struct ChosenPolicy<'a> {
+pub(crate) struct ChosenPolicy<'a> {
     /// `rule:<id>` or `upstream:<name>`.
     pub source: PolicySource<'a>,
     /// The policy.
@@ -75,7 +75,7 @@ pub struct ChosenPolicy<'a> {
 
 impl Routes {
     /// Builds routes for `config`, carrying live state over from `previous`.
-    pub fn new(config: Config, previous: Option<&Routes>) -> Self {
+    pub(crate) fn new(config: Config, previous: Option<&Routes>) -> Self {
         let mut upstreams = HashMap::default();
         let mut by_address = HashMap::default();
         for u in &config.upstreams {
@@ -113,12 +113,12 @@ impl Routes {
     }
 
     /// The upstream a transparently captured connection to `addr` belongs to.
-    pub fn upstream_at(&self, addr: &SocketAddr) -> Option<&Arc<UpstreamState>> {
+    pub(crate) fn upstream_at(&self, addr: &SocketAddr) -> Option<&Arc<UpstreamState>> {
         self.by_address.get(addr)
     }
 
     /// The upstream a host names (case-insensitive; any port already removed).
-    pub fn upstream(&self, host: &str) -> Option<&Arc<UpstreamState>> {
+    pub(crate) fn upstream(&self, host: &str) -> Option<&Arc<UpstreamState>> {
         match self.upstreams.get(host) {
             Some(u) => Some(u),
             None if host.bytes().any(|b| b.is_ascii_uppercase()) => {
@@ -132,7 +132,7 @@ impl Routes {
     /// retries block when it has attempts, else none. A rule's CEL condition
     /// runs only once its other conditions hold; one that fails to evaluate
     /// is no match, and `cel_error` hears of it.
-    pub fn policy_for<'a>(
+    pub(crate) fn policy_for<'a>(
         &'a self,
         upstream: &'a UpstreamState,
         request: &RequestFacts<'_>,
@@ -185,7 +185,7 @@ impl Routes {
 /// `authority`'s host, as `Authority::host` gives it (userinfo and port
 /// left out, IPv6 brackets kept), by one byte scan: `Authority::host` splits
 /// strings and cost about 200 instructions a request.
-pub fn authority_host(authority: &http::uri::Authority) -> &str {
+pub(crate) fn authority_host(authority: &http::uri::Authority) -> &str {
     let s = authority.as_str();
     let b = s.as_bytes();
     let start = b.iter().rposition(|&c| c == b'@').map_or(0, |i| i + 1);
@@ -202,7 +202,7 @@ pub fn authority_host(authority: &http::uri::Authority) -> &str {
 
 /// The host a request addresses: the absolute-form URI's host, else the Host
 /// header's, without a port.
-pub fn request_host<B>(req: &Request<B>) -> Option<&str> {
+pub(crate) fn request_host<B>(req: &Request<B>) -> Option<&str> {
     // Every HTTP/2 request has one (`:authority`); `authority_host` is the
     // cheaper `Authority::host`.
     if let Some(a) = req.uri().authority() {

@@ -17,7 +17,7 @@ const BUCKETS: usize = 10;
 /// to one upstream; every operation is a few relaxed atomic loads and adds,
 /// never a lock.
 #[derive(Debug)]
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     origin: Instant,
     bucket_ms: u64,
     window_secs: f64,
@@ -36,7 +36,7 @@ struct Bucket {
 
 impl RetryBudget {
     /// A budget with `settings`, empty.
-    pub fn new(settings: &BudgetSettings) -> Self {
+    pub(crate) fn new(settings: &BudgetSettings) -> Self {
         let window_ms = u64::try_from(settings.window.as_millis())
             .unwrap_or(u64::MAX)
             .max(BUCKETS as u64);
@@ -51,12 +51,12 @@ impl RetryBudget {
     }
 
     /// True when this budget's window matches `settings` (so a reload can keep its counts).
-    pub fn same_window(&self, settings: &BudgetSettings) -> bool {
+    pub(crate) fn same_window(&self, settings: &BudgetSettings) -> bool {
         (self.window_secs - settings.window.as_secs_f64()).abs() < 1e-9
     }
 
     /// Applies a reloaded percentage and floor without losing the window's counts.
-    pub fn update(&self, settings: &BudgetSettings) {
+    pub(crate) fn update(&self, settings: &BudgetSettings) {
         self.percent_bits
             .store(settings.percent.to_bits(), Ordering::Relaxed);
         self.min_per_second.store(
@@ -68,7 +68,7 @@ impl RetryBudget {
     /// Counts one logical request's first attempt (retries are counted by
     /// [`RetryBudget::try_withdraw`]).
     #[cfg(test)]
-    pub fn record_request(&self) {
+    pub(crate) fn record_request(&self) {
         self.record_request_at(Instant::now());
     }
 
@@ -76,14 +76,14 @@ impl RetryBudget {
     /// counted by [`RetryBudget::try_withdraw`]):
     /// the proxy passes the time it already read for the request (a clock
     /// read is about 26 ns here, a third of a percent of an h2c request).
-    pub fn record_request_at(&self, now: Instant) {
+    pub(crate) fn record_request_at(&self, now: Instant) {
         self.current_at(now)
             .requests
             .fetch_add(1, Ordering::Relaxed);
     }
 
     /// True when one more retry would be within budget. Does not charge it.
-    pub fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         let (requests, retries) = self.totals();
         self.allows(requests, retries + 1)
     }
@@ -91,7 +91,7 @@ impl RetryBudget {
     /// Charges one retry if it is within budget, counting it as a request to
     /// the upstream too; false (and nothing charged) if not. Concurrent callers
     /// each see their own charge, so the budget is never overdrawn.
-    pub fn try_withdraw(&self) -> bool {
+    pub(crate) fn try_withdraw(&self) -> bool {
         let bucket = self.current();
         bucket.retries.fetch_add(1, Ordering::Relaxed);
         let (requests, retries) = self.totals();
@@ -106,14 +106,14 @@ impl RetryBudget {
 
     /// Retries allowed in the current window at least (for metrics): each one
     /// granted also counts as a request, so more may follow.
-    pub fn remaining(&self) -> u64 {
+    pub(crate) fn remaining(&self) -> u64 {
         let (requests, retries) = self.totals();
         let allowed = (self.percent() * requests as f64 / 100.0 + self.floor()).floor();
         (allowed as u64).saturating_sub(retries)
     }
 
     /// Requests and retries counted in the window.
-    pub fn totals(&self) -> (u64, u64) {
+    pub(crate) fn totals(&self) -> (u64, u64) {
         let now = self.tick();
         let oldest = now.saturating_sub(BUCKETS as u64 - 1);
         let mut requests = 0;

@@ -10,7 +10,7 @@ use crate::exchange::failure::{FailureKind, Stage};
 
 /// A failed attempt.
 #[derive(Debug)]
-pub struct Failure<B> {
+pub(crate) struct Failure<B> {
     /// What went wrong.
     pub kind: FailureKind,
     /// How far it got.
@@ -24,7 +24,7 @@ pub struct Failure<B> {
 /// What a failed response asked about a retry: `Retry-After` (seconds or an
 /// HTTP-date) or gRPC's `grpc-retry-pushback-ms` (gRFC A6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wait {
+pub(crate) enum Wait {
     /// Nothing: the backoff applies.
     Backoff,
     /// Wait this long before the retry.
@@ -36,7 +36,7 @@ pub enum Wait {
 /// `grpc-retry-pushback-ms` (gRFC A6): a non-negative number of
 /// milliseconds is the delay before the retry; a negative or malformed value
 /// asks for no retry; absent, the backoff applies.
-pub fn grpc_pushback(headers: &HeaderMap) -> Wait {
+pub(crate) fn grpc_pushback(headers: &HeaderMap) -> Wait {
     let Some(value) = headers.get("grpc-retry-pushback-ms") else {
         return Wait::Backoff;
     };

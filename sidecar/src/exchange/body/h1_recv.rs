@@ -22,7 +22,7 @@ use super::BoxError;
 
 /// The consuming half: a request body.
 #[derive(Debug)]
-pub struct H1Recv {
+pub(crate) struct H1Recv {
     shared: Arc<Mutex<Slot>>,
     /// Bytes the `Content-Length` still promises (none when chunked).
     left: Option<u64>,
@@ -153,7 +153,7 @@ impl Drop for H1Sender {
 
 impl H1Recv {
     /// The next frame; see [`http_body::Body::poll_frame`].
-    pub fn poll_frame(
+    pub(crate) fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
@@ -199,13 +199,13 @@ impl H1Recv {
     }
 
     /// True once nothing is left to read.
-    pub fn is_end_stream(&self) -> bool {
+    pub(crate) fn is_end_stream(&self) -> bool {
         let slot = lock(&self.shared);
         slot.data.is_none() && matches!(slot.end, End::Ended)
     }
 
     /// Exact while the `Content-Length` says how much is left.
-    pub fn size_hint(&self) -> SizeHint {
+    pub(crate) fn size_hint(&self) -> SizeHint {
         match self.left {
             Some(left) => SizeHint::with_exact(left),
             None => SizeHint::default(),

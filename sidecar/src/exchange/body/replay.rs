@@ -24,21 +24,21 @@ pub(crate) struct BodySuperseded;
 /// The bytes every replay buffer in this process holds together, bounded by the
 /// configured reservation (64 MiB by default).
 #[derive(Debug)]
-pub struct ReplayReservation {
+pub(crate) struct ReplayReservation {
     limit: AtomicU64,
     in_use: AtomicU64,
 }
 
 /// Bytes held from a [`ReplayReservation`]; given back when dropped.
 #[derive(Debug)]
-pub struct Reserved {
+pub(crate) struct Reserved {
     pool: Arc<ReplayReservation>,
     bytes: u64,
 }
 
 /// A request body prepared for one or more attempts.
 #[derive(Debug)]
-pub enum ReplayBody {
+pub(crate) enum ReplayBody {
     /// Read whole; every attempt gets the same bytes.
     Buffered {
         /// The body.
@@ -54,7 +54,7 @@ pub enum ReplayBody {
 
 /// Shared state of a streaming body.
 #[derive(Debug)]
-pub struct StreamState {
+pub(crate) struct StreamState {
     generation: u64,
     prefix: Option<Bytes>,
     rest: Option<ClientBody>,
@@ -64,7 +64,7 @@ pub struct StreamState {
 
 /// The body of one attempt.
 #[derive(Debug)]
-pub enum AttemptBody {
+pub(crate) enum AttemptBody {
     /// No body.
     Empty,
     /// Bytes from a buffered body, then its trailers (boxed: rare, and an
@@ -78,7 +78,7 @@ pub enum AttemptBody {
 
 impl ReplayReservation {
     /// A reservation of at most `limit` bytes.
-    pub fn new(limit: u64) -> Arc<Self> {
+    pub(crate) fn new(limit: u64) -> Arc<Self> {
         Arc::new(Self {
             limit: AtomicU64::new(limit),
             in_use: AtomicU64::new(0),
@@ -86,17 +86,17 @@ impl ReplayReservation {
     }
 
     /// Changes the limit (on reload); held bytes stay held.
-    pub fn set_limit(&self, limit: u64) {
+    pub(crate) fn set_limit(&self, limit: u64) {
         self.limit.store(limit, Ordering::Relaxed);
     }
 
     /// Bytes held now.
-    pub fn in_use(&self) -> u64 {
+    pub(crate) fn in_use(&self) -> u64 {
         self.in_use.load(Ordering::Relaxed)
     }
 
     /// Holds `bytes` if they fit under the limit.
-    pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reserved> {
+    pub(crate) fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reserved> {
         let limit = self.limit.load(Ordering::Relaxed);
         self.in_use
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -132,7 +132,7 @@ impl ReplayBody {
     /// Prepares `body` for replay within `limit` bytes. Never refuses a request:
     /// when the body is over the limit or the reservation is full, it streams.
     /// Errors only when the client's body itself fails while being read.
-    pub async fn prepare(
+    pub(crate) async fn prepare(
         mut body: ClientBody,
         content_length: Option<u64>,
         limit: u64,
@@ -196,12 +196,12 @@ impl ReplayBody {
     }
 
     /// True when the whole body is in memory (required for hedging).
-    pub fn is_buffered(&self) -> bool {
+    pub(crate) fn is_buffered(&self) -> bool {
         matches!(self, ReplayBody::Buffered { .. })
     }
 
     /// True when another attempt can send this body in full.
-    pub fn is_replayable(&self) -> bool {
+    pub(crate) fn is_replayable(&self) -> bool {
         match self {
             ReplayBody::Buffered { .. } => true,
             ReplayBody::Streaming(state) => !lock(state).consumed,
@@ -210,7 +210,7 @@ impl ReplayBody {
 
     /// The body for a new attempt. For a streaming body, every older attempt's
     /// view stops working, so two attempts never interleave the client's bytes.
-    pub fn for_attempt(&self) -> AttemptBody {
+    pub(crate) fn for_attempt(&self) -> AttemptBody {
         match self {
             ReplayBody::Buffered { data, trailers, .. }
                 if data.is_empty() && trailers.is_none() =>
