@@ -99,7 +99,6 @@ fn check(krate: &str, floors: &[&[&str]]) {
 }
 
 #[test]
-#[ignore = "the sidecar's modules still import each other in cycles (issue 41)"]
 fn sidecar() {
     check("sidecar", SIDECAR);
 }
