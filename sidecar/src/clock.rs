@@ -29,9 +29,9 @@ static DATE_SECS: AtomicU64 = AtomicU64::new(0);
 /// The `date` value for now (RFC 9110 §6.6.1: a proxy that forwards a
 /// response without one adds it), formatted once a second per thread.
 ///
-/// While [`keep_date`] runs this reads no clock: one read per response was
-/// about 26 ns of the 7.7 µs an h2c request costs here (a third of a
-/// percent), for a value that changes once a second.
+/// While [`keep_date`] runs this reads no clock: the value changes once a
+/// second, and a clock read per response is not free (measured:
+/// `e2e/bench/results/2026-12-04-issue18-clocks-and-copies.md`).
 pub(crate) fn date() -> HeaderValue {
     thread_local! {
         static CACHED: RefCell<(u64, HeaderValue)> =

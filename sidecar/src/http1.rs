@@ -69,11 +69,10 @@ use crate::exchange::failure::{FailureKind, Stage};
 /// Why the names: an endpoint or a client sends the same fields head after
 /// head (nginx's five, a load generator's two). Parsing a name
 /// (`HeaderName::from_bytes`: validation, lowercasing, the standard-name
-/// lookup, an allocation for a custom name) cost about 115 instructions a
-/// field; comparing its bytes with those of the name at the same position
-/// last time, and cloning that, about 75. A proxied request went from 21,381
-/// to 21,192 (callgrind, `instructions.sh`); its CPU time did not move
-/// measurably (`e2e/bench/results/2026-12-05-issue18-fields.md`).
+/// lookup, an allocation for a custom name) costs more than comparing its
+/// bytes with those of the name at the same position last time and cloning
+/// that. A proxied request's instructions went down; its CPU time did not
+/// move measurably (`e2e/bench/results/2026-12-05-issue18-fields.md`).
 #[derive(Debug, Default)]
 pub struct Spans {
     offsets: Vec<[u32; 4]>,

@@ -167,8 +167,8 @@ impl Proxy {
     ///
     /// One function from the span's start to its end, the phases in a
     /// labelled block: each nested async fn would put its whole future
-    /// (about 5 KiB here) inside its caller's, and it is copied on the way
-    /// in, on every request.
+    /// inside its caller's, and it is copied on the way in, on every
+    /// request.
     pub(crate) async fn handle_routed(
         self: Arc<Self>,
         mut req: Request<ClientBody>,
@@ -188,8 +188,8 @@ impl Proxy {
             let logging = routes.config.proxy.access_log && AccessLog::enabled();
             // The arrival time only when something reads it (the log's
             // duration, a gRPC deadline): the attempts' clock is read once the
-            // body is prepared, and a read is about 26 ns (a third of a percent
-            // of an h2c request here).
+            // body is prepared, and a clock read is not free (measured:
+            // `e2e/bench/results/2026-12-04-issue18-clocks-and-copies.md`).
             let arrived = (logging || grpc).then(Instant::now);
             let host = route::request_host(&req);
             let by_host = || host.and_then(|h| routes.upstream(h)).cloned();

@@ -125,19 +125,18 @@ fn worker_threads() -> usize {
 /// Tasks the single-threaded scheduler polls between its looks for new I/O
 /// and timer events while tasks are ready (tokio's default is 61). A
 /// proxied request is a few short polls, so at 61 a busy sidecar called
-/// `epoll_wait` for every 30 or so of them and read each socket as soon as
-/// a few frames were there: h2c, 4 × 64 streams, pinned, `perf stat`,
-/// 0.035 → 0.016 `epoll_wait` and 0.150 → 0.101 system calls per request,
-/// 7.9 → 7.3 µs of CPU per request at 250 (HAProxy: 0.016, 0.127). Past
-/// 250 it gained nothing more (500, 1,000: 0.016, 0.102). A ready socket
-/// waits at most 250 short polls, and only while the sidecar is busy (an
-/// idle runtime parks in `epoll_wait` at once, as before): the p99 at a
-/// fixed 2,000 req/s was 0.56-0.62 ms at 250 against 0.53-1.27 ms at 61.
+/// `epoll_wait` often and read each socket as soon as a few frames were
+/// there; at 250 it makes fewer system calls and spends less CPU per
+/// request, and larger intervals gained nothing more. A ready socket waits
+/// at most 250 short polls, and only while the sidecar is busy (an idle
+/// runtime parks in `epoll_wait` at once, as before), and the tail latency
+/// at a fixed rate did not grow (measured:
+/// `e2e/bench/results/2026-12-03-issue18-bodies-and-h2c.md`).
 const EVENT_INTERVAL: u32 = 250;
 
 /// With one worker, the single-threaded scheduler: every task runs on the
 /// thread that polls the listener, with no cross-thread wake-ups or work
-/// stealing, which proxies about 20% more requests per CPU-second than the
+/// stealing, which proxies more requests per CPU-second than the
 /// multi-threaded scheduler with one worker (linkerd2-proxy makes the same
 /// choice for one core).
 fn build_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {

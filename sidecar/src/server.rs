@@ -323,7 +323,8 @@ where
     // such signal for an idle connection, hence the wait for a quiet one.
     // The wait for quiet (a timer and a notification) is boxed once the
     // drain starts, so that every connection's task is not sized for the
-    // last second of the process (only the signal wait, 208 bytes, stays).
+    // last second of the process (only the signal wait stays; measured:
+    // `e2e/bench/results/2026-12-02-issue18-task-and-lto.md`).
     let quiet = async {
         reached(&mut drain, DrainPhase::Draining).await;
         if let Some(c) = &conn_drain {
@@ -345,7 +346,8 @@ where
     // otherwise cancel it while hyper is still reading its preface. The
     // drain and the idle deadline are polled only when their own wakers
     // fired: a select would poll both on each of the two or three wakes a
-    // proxied request gives the connection (about 400 of its instructions).
+    // proxied request gives the connection (measured:
+    // `e2e/bench/results/2026-12-02-issue18-attempt-head.md`).
     let side = SideWake::new();
     let exit = std::future::poll_fn(|cx| {
         if let Poll::Ready(result) = conn.as_mut().poll(cx) {
@@ -388,9 +390,10 @@ enum Exit<E> {
 /// `Connection: close`, after which the connection closes, so the client
 /// opens its next request on a new connection (to a pod that is not leaving).
 ///
-/// Not an async fn: one would keep its own copy of `req` (272 bytes) beside
-/// the request's future for as long as it runs, and move the 4.7 KiB of
-/// that future into itself when it starts; a mapped future holds only it.
+/// Not an async fn: one would keep its own copy of `req` beside the
+/// request's future for as long as it runs, and move all of that future
+/// into itself when it starts; a mapped future holds only it (measured:
+/// `e2e/bench/results/2026-12-03-issue18-own-server.md`).
 fn serve_request(
     proxy: Arc<Proxy>,
     req: Request<ClientBody>,

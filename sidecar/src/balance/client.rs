@@ -65,10 +65,11 @@ impl EndpointClient {
     /// waits for its response headers.
     ///
     /// Not an async fn: one would keep its own copy of the attempt's request
-    /// (304 bytes) beside the protocol's future that takes it, and add a
-    /// level that every request's future is copied through. The two
-    /// protocols' futures side by side: 1,752 bytes as an async fn (size
-    /// listing of `-Zprint-type-sizes`), the larger of the two plus a tag now.
+    /// beside the protocol's future that takes it, and add a level that
+    /// every request's future is copied through. As an async fn it held the
+    /// two protocols' futures side by side; now it is the larger of the two
+    /// plus a tag (measured:
+    /// `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`).
     pub(crate) fn request<'a, 't>(
         &'a self,
         request: AttemptRequest<'t>,

@@ -191,8 +191,9 @@ impl H2Recv {
 
     /// True once nothing is left to read. While the `content-length`
     /// promises more data the answer is no without asking the stream, which
-    /// takes the h2 crate's lock (about 120 instructions): a stream that
-    /// ends short of it is an error the next read returns.
+    /// takes the h2 crate's lock (measured:
+    /// `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`): a stream
+    /// that ends short of it is an error the next read returns.
     pub(crate) fn is_end_stream(&self) -> bool {
         if self.left.is_some_and(|left| left > 0) {
             return false;

@@ -63,8 +63,9 @@ pub(crate) struct AttemptFields {
     attempt: Option<HeaderValue>,
     host: Option<HeaderValue>,
     /// Boxed: only gRPC and traced attempts have them, and the fields move
-    /// with the attempt's request through several futures (240 bytes
-    /// unboxed, 88 boxed).
+    /// with the attempt's request through several futures, where a box is
+    /// one pointer (measured:
+    /// `e2e/bench/results/2026-12-03-issue18-own-server.md`).
     more: Option<Box<MoreFields>>,
 }
 

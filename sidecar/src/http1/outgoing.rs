@@ -2,18 +2,18 @@
 //! framing queued and written as the socket takes them, several body frames
 //! in one vectored write when they come together.
 //!
-//! Gathering: a 1 GiB upload through the sidecar made 18 writes per MiB
-//! (58 KiB each) where Envoy made 11.5 (89 KiB), for 25 and 27 reads per
-//! MiB of the client (`e2e/bench/results/2026-12-02-issue18-h2c-client.md`):
-//! Envoy reads until the socket is empty and then writes once, while the
-//! sidecar wrote each frame as the server's body handed it over (one at a
-//! time: hyper's body channel holds one frame). So when a large frame is
-//! queued and the body has nothing more yet, the writer gives the
-//! connection's reader one turn (the task wakes itself and yields) before
-//! writing; a frame read in that turn goes in the same write, and gets
-//! another turn. A turn that brings nothing, the body's end, or
-//! [`GATHER`] bytes queued ends the gathering. Small requests never wait: a
-//! body at its end, or only small frames, is written at once.
+//! Gathering: a large upload through the sidecar made more and smaller
+//! writes per MiB than Envoy, for about as many reads of the client
+//! (`e2e/bench/results/2026-12-02-issue18-h2c-client.md`): Envoy reads
+//! until the socket is empty and then writes once, while the sidecar wrote
+//! each frame as the server's body handed it over (one at a time: hyper's
+//! body channel holds one frame). So when a large frame is queued and the
+//! body has nothing more yet, the writer gives the connection's reader one
+//! turn (the task wakes itself and yields) before writing; a frame read in
+//! that turn goes in the same write, and gets another turn. A turn that
+//! brings nothing, the body's end, or [`GATHER`] bytes queued ends the
+//! gathering. Small requests never wait: a body at its end, or only small
+//! frames, is written at once.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -35,23 +35,12 @@ const COALESCE: usize = 16 * 1024;
 /// Queued bytes at which the writer stops taking frames and writes; a
 /// frame this large or larger is written at once. Larger writes took less
 /// of the sidecar's CPU but more of the CPU the client and the endpoint
-/// share, which is what limits a transfer on one host. A 1 GiB upload, curl
-/// and the endpoint on one CPU, the sidecar on the other, the client's
-/// request read 16 KiB at a time (since raised to 64 KiB, see
-/// `reads::REQUEST_READ_MAX`), 16 rounds each, HAProxy in the same rounds
-/// at 2,100 MiB/s:
-///
-/// | cap | MiB/s | sidecar CPU | the other CPU's busy time |
-/// |---|---|---|---|
-/// | 256 KiB | 1,996 | 290 ms | 520 ms |
-/// | 64 KiB | 2,054 | 303 ms | 510 ms |
-/// | 32 KiB | 2,104 | 308 ms | 495 ms |
-///
-/// The benchmark's scenario 5 (`e2e/bench/results/2026-12-05-1225.md`,
-/// `1226`, `1227`; 36 rounds against 256 KiB in the same rounds): uploads
-/// 1.015× per round (at least as fast in 27 of 36), downloads 1.021× (25 of
-/// 36). Responses are read up to 256 KiB at a time, so their frames mostly
-/// go out one per write.
+/// share, which is what limits a transfer on one host: this cap made
+/// uploads and downloads faster than 256 KiB did (measured while the
+/// client's request was read 16 KiB at a time, since raised, see
+/// `reads::REQUEST_READ_MAX`:
+/// `e2e/bench/results/2026-12-05-issue18-uploads.md`). Responses are read
+/// up to 256 KiB at a time, so their frames mostly go out one per write.
 const GATHER: usize = 32 * 1024;
 
 /// Buffers per vectored write (hyper's client queues at most 16).

@@ -207,7 +207,8 @@ fn push_strings(line: &mut Vec<u8>, fields: &[(&str, &str)]) {
         // Escapes quotes, backslashes and control characters: a path or a
         // policy id cannot break the line or the JSON. A string with none of
         // them (nearly every one) is the same bytes quoted, so it is copied
-        // without serde_json's writer: 885 of a line's 5,600 instructions.
+        // without serde_json's writer, which cost a good part of a line
+        // (measured: `e2e/bench/results/2026-12-02-issue18-server-path.md`).
         if value.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
             line.push(b'"');
             line.extend_from_slice(value.as_bytes());
@@ -230,8 +231,9 @@ fn push_two(line: &mut Vec<u8>, value: u64) {
 }
 
 /// `value` in decimal, zero-padded to `width` digits. `write!` through
-/// `core::fmt` cost about 3,400 instructions a line for the timestamp and
-/// the numbers (callgrind), more than the rest of the line together.
+/// `core::fmt` cost more for the timestamp and the numbers than the rest of
+/// the line together (measured:
+/// `e2e/bench/results/2026-12-02-issue18-server-path.md`).
 fn push_digits(line: &mut Vec<u8>, mut value: u64, width: usize) {
     let mut digits = [b'0'; 20];
     let mut start = digits.len();

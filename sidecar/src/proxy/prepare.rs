@@ -41,8 +41,8 @@ pub(crate) fn template(
     // One lookup. An HTTP/1.1 endpoint needs a `Host`: one that came only
     // in the request target (an HTTP/2 client's `:authority`) is added. An
     // h2c endpoint gets none (below), so none is added for it: an h2c
-    // client's request costs no insert and no removal (about 400
-    // instructions, callgrind).
+    // client's request costs no insert and no removal (measured:
+    // `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`).
     let host_field = parts.headers.get(HOST);
     let has_host = host_field.is_some();
     let host = host_field.and_then(|h| Authority::try_from(h.as_bytes()).ok());

@@ -73,8 +73,9 @@ fn forward(
     }
     let (mut parts, inner) = response.into_parts();
     // The HTTP/1 codec leaves out `Connection: keep-alive` and the like
-    // while parsing; only what it kept needs the pass (632 instructions for
-    // nginx's head, a third of a request's header work).
+    // while parsing; only what it kept needs the pass, which over every
+    // head was a large part of a request's header work (measured:
+    // `e2e/bench/results/2026-12-02-issue18-server-path.md`).
     if inner.hop_by_hop_in_head() {
         hop_by_hop::strip(&mut parts.headers, false);
     }

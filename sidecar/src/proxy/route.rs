@@ -33,8 +33,9 @@ pub(crate) struct Routes {
 /// The routing maps' hasher: FNV-1a, not std's SipHash. Every key comes from
 /// the configuration; a request only looks one up, so a client choosing its
 /// host cannot lengthen a chain (the collisions SipHash guards against need
-/// the attacker's keys inserted). SipHash cost about 160 instructions of a
-/// request's 27,000 for a five-letter host (`e2e/bench/instructions.sh`).
+/// the attacker's keys inserted). SipHash cost more per lookup of a short
+/// host, and every request makes one (measured, with the byte scans below:
+/// `e2e/bench/results/2026-12-02-issue18-attempt-head.md`).
 pub(crate) type ConfigKeys = BuildHasherDefault<Fnv1a>;
 
 /// Where a request goes when its host is not the whole story.
@@ -184,7 +185,8 @@ impl Routes {
 
 /// `authority`'s host, as `Authority::host` gives it (userinfo and port
 /// left out, IPv6 brackets kept), by one byte scan: `Authority::host` splits
-/// strings and cost about 200 instructions a request.
+/// strings, which cost more on every request (measured:
+/// `e2e/bench/results/2026-12-02-issue18-attempt-head.md`).
 pub(crate) fn authority_host(authority: &http::uri::Authority) -> &str {
     let s = authority.as_str();
     let b = s.as_bytes();
@@ -213,7 +215,8 @@ pub(crate) fn request_host<B>(req: &Request<B>) -> Option<&str> {
         );
     }
     let host = req.headers().get(HOST)?.to_str().ok()?;
-    // A byte scan: `str::rfind` costs about 130 instructions on a short host.
+    // A byte scan: `str::rfind` cost more, even on a short host (measured:
+    // `e2e/bench/results/2026-12-02-issue18-attempt-head.md`).
     let host = match host.as_bytes().iter().rposition(|&b| b == b':') {
         Some(i)
             if !host[i + 1..].is_empty() && host[i + 1..].bytes().all(|b| b.is_ascii_digit()) =>

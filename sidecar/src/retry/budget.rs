@@ -75,7 +75,8 @@ impl RetryBudget {
     /// Counts one logical request's first attempt, sent at `now` (retries are
     /// counted by [`RetryBudget::try_withdraw`]):
     /// the proxy passes the time it already read for the request (a clock
-    /// read is about 26 ns here, a third of a percent of an h2c request).
+    /// read is not free: measured in
+    /// `e2e/bench/results/2026-12-04-issue18-clocks-and-copies.md`).
     pub(crate) fn record_request_at(&self, now: Instant) {
         self.current_at(now)
             .requests

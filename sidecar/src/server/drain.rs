@@ -161,9 +161,10 @@ impl ConnDrain {
     /// header read timeout (which ran from the end of one response to the
     /// next head, so it also closed idle keep-alive connections) at one timer
     /// per connection instead of one per request: hyper armed and dropped a
-    /// boxed sleep for every head, about 700 of the 29,400 instructions a
-    /// proxied request cost (callgrind, `instructions.sh`); here a response's
-    /// end only stores the time, and the timer wakes once per `limit`.
+    /// boxed sleep for every head (measured:
+    /// `e2e/bench/results/2026-12-02-issue18-server-path.md`); here a
+    /// response's end only stores the time, and the timer wakes once per
+    /// `limit`.
     pub(crate) async fn idle(&self, limit: Duration) {
         let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
         loop {
@@ -223,8 +224,10 @@ impl Drop for ResponseGuard {
         // The time is read only by the watchers above, and only while no
         // response is open: stored when this is likely the last one open,
         // not on every response's end (an h2c connection ends dozens of
-        // streams per quiet moment, each read about 26 ns). A response that
-        // ends at once beside this one still stores it below, after the count.
+        // streams per quiet moment, and a clock read is not free: measured in
+        // `e2e/bench/results/2026-12-04-issue18-clocks-and-copies.md`). A
+        // response that ends at once beside this one still stores it below,
+        // after the count.
         let last = conn.open.load(Ordering::Acquire) == 1;
         if last {
             conn.quiet_since_ms

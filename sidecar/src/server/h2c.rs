@@ -20,10 +20,10 @@
 //!
 //! In place of hyper's server, which wrapped every stream's request in its
 //! own body type and piped every response through its own send buffer type
-//! from a task of its own. Measured (callgrind, 4 connections × 64 streams,
-//! `instructions.sh`): 50,952 → 50,633 instructions per proxied h2c request;
-//! most of the rest is the h2 crate's framing, HPACK and stream bookkeeping
-//! on both connections, which this does not change.
+//! from a task of its own. That was a small share of an h2c request's
+//! instructions; most of the rest is the h2 crate's framing, HPACK and
+//! stream bookkeeping on both connections, which this does not change
+//! (measured: `e2e/bench/results/2026-12-03-issue18-bodies-and-h2c.md`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -156,9 +156,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Future for H2cConnection<T> {
 /// Not an async fn: the request's future is made (and boxed) here, before
 /// the task, so the task holds only that box, the stream's sending half and
 /// a tunnel's halves. An async fn keeps its arguments for its whole life
-/// (the request head alone is 224 bytes): its task was 1,408 bytes (512
-/// now, dhat), past the 1 KiB under which glibc serves it without first
-/// consolidating its freed small blocks.
+/// (the request head among them): its task was then past the size under
+/// which glibc serves a block without first consolidating its freed small
+/// blocks (measured: `e2e/bench/results/2026-12-03-issue18-request-box.md`).
 fn serve_stream(
     proxy: Arc<Proxy>,
     dest: Destination,
@@ -179,10 +179,10 @@ fn serve_stream(
         let body = ClientBody::H2(H2Recv::new(recv, &parts.headers));
         (Request::from_parts(parts, body), None)
     };
-    // Boxed: inline, the request's future (over 5 KiB) would make the
-    // task as large, and `tokio::spawn` moves a future through several
-    // calls before it reaches the task's memory (each move a copy of all
-    // of it: about 8,700 instructions of memcpy per request, callgrind).
+    // Boxed: inline, the request's future would make the task as large,
+    // and `tokio::spawn` moves a future through several calls before it
+    // reaches the task's memory (each move a copy of all of it; measured:
+    // `e2e/bench/results/2026-12-03-issue18-bodies-and-h2c.md`).
     let mut served = RequestBox::new(serve_request(proxy, req, dest, None));
     async move {
         let response = tokio::select! {

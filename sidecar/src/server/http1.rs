@@ -22,10 +22,11 @@
 //! - The drain's graceful shutdown ([`ConnDrain::close`]) closes the
 //!   connection before its next request.
 //!
-//! Why: hyper's server connection cost about 4,000 instructions per proxied
-//! request (head parse into its own types, dispatch through a channel per
-//! body, a boxed timer per head, its buffered writer) and two 8 KiB buffers
-//! per connection, idle or not.
+//! Why: hyper's server connection spent a sizeable share of a proxied
+//! request's instructions (head parse into its own types, dispatch through
+//! a channel per body, a boxed timer per head, its buffered writer;
+//! measured: `e2e/bench/results/2026-12-02-issue18-attempt-head.md`) and
+//! kept two 8 KiB buffers per connection, idle or not.
 
 use std::future::{poll_fn, Future};
 use std::io;
@@ -88,8 +89,7 @@ pub(super) async fn serve<I: Stream>(
         };
         let (request, mut feed, handover) = conn.request(head);
         // Boxed (in a finished request's box, see `request_box`): inline,
-        // the request's future (4.7 KiB) would size every idle connection's
-        // task.
+        // the request's future would size every idle connection's task.
         let mut serving = RequestBox::new(serve_request(
             Arc::clone(&proxy),
             request,

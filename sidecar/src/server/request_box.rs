@@ -1,20 +1,21 @@
 //! The heap memory a request's future runs in, reused from one request to
 //! the next on the same thread.
 //!
-//! A request's future is about 5 KiB, boxed so that it does not size
-//! every connection's task (HTTP/1) and is not copied through
-//! `tokio::spawn` (h2c). glibc serves a block that large from its sorted
-//! bins, not from its per-thread cache, and first merges every freed small
-//! block (`malloc_consolidate`, which ran for 9 of 10 h2c requests). Here a
+//! A request's future is large, boxed so that it does not size every
+//! connection's task (HTTP/1) and is not copied through `tokio::spawn`
+//! (h2c). glibc serves a block that large from its sorted bins, not from
+//! its per-thread cache, and first merges every freed small block
+//! (`malloc_consolidate`, which then ran for most h2c requests). Here a
 //! finished request's box is emptied (its future dropped at once, as a
 //! freed box's would be) and kept, up to [`SPARES`] per thread, for the
 //! next request on that thread: memory glibc would mostly have kept in its
-//! bins anyway. Measured (callgrind): 23,197 → 22,712 instructions per
-//! proxied HTTP/1 request; under h2c load the consolidations fell to 3 in
-//! 10 requests, with no change in CPU time beyond the runs' spread. The
-//! binary has since moved to jemalloc (`main.rs`), whose thread cache
-//! serves 5 KiB blocks; the spares still save about 1% of an h2c request's
-//! CPU there (6.89-6.96 µs pinned against 6.97-7.14 without them).
+//! bins anyway. That took instructions off each HTTP/1 request and most of
+//! the consolidations away under h2c load, with no change in CPU time
+//! beyond the runs' spread (measured:
+//! `e2e/bench/results/2026-12-03-issue18-request-box.md`). The binary has
+//! since moved to jemalloc (`main.rs`), whose thread cache serves blocks
+//! this large; the spares still save a request its box's allocation and
+//! free there.
 //!
 //! Only one future type is kept per thread (the first one boxed here; the
 //! sidecar boxes one); a box of another type is allocated and freed as
@@ -26,13 +27,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// Emptied boxes kept per thread (about 1.3 MiB at most, held only after
-/// that many requests were in flight at once). h2c clients send in bursts:
-/// h2load's 4 × 64 streams end 256 at a time and the next 256 start after
-/// them, so 32 spares were reused for 14% of requests, and 128 left 30% of
-/// them to allocate (callgrind: 6,096 new boxes in 20,000 requests, with
-/// `malloc_consolidate` at 560 instructions per request); HTTP/1 needs one
-/// per connection with a request in flight.
+/// Emptied boxes kept per thread (that many request futures' memory at
+/// most, held only after that many requests were in flight at once). h2c
+/// clients send in bursts: h2load's 4 × 64 streams end 256 at a time and
+/// the next 256 start after them, so with 32 spares most boxes were freed
+/// past the cap, and 128 still left a burst to allocate many of its boxes
+/// (measured: `e2e/bench/results/2026-12-03-issue18-request-box.md`,
+/// `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`); HTTP/1 needs
+/// one per connection with a request in flight.
 const SPARES: usize = 256;
 
 thread_local! {
@@ -51,10 +53,10 @@ pub(super) struct RequestBox<F: 'static> {
 impl<F: Future + 'static> RequestBox<F> {
     /// Boxes `future`, in a spare box if this thread has one.
     ///
-    /// Always inlined: of the future's 5 KiB a new one has set only its
-    /// arguments (312 bytes); inlined, the compiler writes those into the
-    /// box, where a call copied all of it (then 4.4 KiB: 443 of 46,585
-    /// instructions per h2c request, callgrind).
+    /// Always inlined: of a new future only its arguments are set, a small
+    /// part of it; inlined, the compiler writes those into the box, where a
+    /// call copied all of it (measured:
+    /// `e2e/bench/results/2026-12-04-issue18-clocks-and-copies.md`).
     #[inline(always)]
     pub(super) fn new(future: F) -> Self {
         let mut boxed = take_spare::<F>().unwrap_or_else(|| Box::pin(None));

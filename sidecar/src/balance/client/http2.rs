@@ -28,8 +28,8 @@
 //! The h2 crate is used directly, not through hyper's client: hyper's adds,
 //! per request, a dispatch channel to the connection's task, a oneshot for
 //! the response, a task spawned to await it and another oneshot to cancel
-//! the body's pipe: about 6,300 of the 58,300 instructions of a proxied h2c
-//! request (callgrind, 4 connections × 64 streams). Here the stream is
+//! the body's pipe, and a task allocation per request (measured:
+//! `e2e/bench/results/2026-12-02-issue18-h2c-client.md`). Here the stream is
 //! opened in the caller's task and its response awaited there; only a
 //! request with a body spawns a task, to stream it ([`stream::pipe`]).
 //! Streams a GOAWAY cuts off before the endpoint took them fail as resets,
@@ -170,8 +170,9 @@ impl Http2Endpoint {
     /// One async fn from the stream's handle to the response head: the
     /// request goes into the h2 crate synchronously ([`open`]) once a
     /// connection is ready, so no inner future holds a copy of it. With the
-    /// opening in a future of its own this was 1,160 bytes
-    /// (`-Zprint-type-sizes`), and every request copied it on the way in.
+    /// opening in a future of its own this future was larger, and every
+    /// request copied it on the way in (measured:
+    /// `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`).
     pub(crate) async fn send(
         self: &Arc<Self>,
         request: Request<AttemptBody>,

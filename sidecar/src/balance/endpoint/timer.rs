@@ -2,15 +2,15 @@
 //!
 //! A fresh `tokio::time::Sleep` per attempt costs its registration in the
 //! runtime's timer wheel on the first poll and its removal when dropped,
-//! each under the wheel's lock, besides looking up the runtime: 1.6% of the
-//! sidecar's CPU per proxied HTTP/1 request (`cpu.sh`, 16 rounds, against a
-//! build with no attempt timeout). A kept timer moved to a later deadline
-//! only updates the entry it already has in the wheel (one atomic
-//! compare-and-swap); the wheel moves it when the earlier deadline comes.
-//! A kept timer whose deadline passes while unused wakes the task that last
-//! polled it once, which re-polls and finds nothing to do; until then it
-//! holds that task's waker (at most [`KEEP`] per endpoint, for at most the
-//! attempt timeout, 15 s by default).
+//! each under the wheel's lock, besides looking up the runtime (measured
+//! against a build with no attempt timeout:
+//! `e2e/bench/results/2026-12-05-issue18-send.md`). A kept timer moved to a
+//! later deadline only updates the entry it already has in the wheel (one
+//! atomic compare-and-swap); the wheel moves it when the earlier deadline
+//! comes. A kept timer whose deadline passes while unused wakes the task
+//! that last polled it once, which re-polls and finds nothing to do; until
+//! then it holds that task's waker (at most [`KEEP`] per endpoint, for at
+//! most the attempt timeout, 15 s by default).
 
 use std::future::Future;
 use std::pin::Pin;

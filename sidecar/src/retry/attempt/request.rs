@@ -106,9 +106,9 @@ impl RequestTemplate {
     /// headers too, their fields kept inline in `kept` (no allocation) for
     /// [`RequestTemplate::restore_head`] to give them back before the next
     /// attempt. Copying the header map for every first attempt cost two
-    /// allocations, their frees and the map's second drop: about 700
-    /// instructions per h2c request (callgrind). A head of more than
-    /// [`KEPT_FIELDS`] fields is copied as before.
+    /// allocations, their frees and the map's second drop (measured:
+    /// `e2e/bench/results/2026-12-04-issue18-clocks-and-copies.md`). A head
+    /// of more than [`KEPT_FIELDS`] fields is copied as before.
     pub(crate) fn sole_request<'t>(
         &'t mut self,
         kept: &mut Option<KeptFields>,
@@ -199,8 +199,8 @@ pub(crate) const KEPT_FIELDS: usize = 8;
 pub(crate) struct KeptFields([Option<(HeaderName, HeaderValue)>; KEPT_FIELDS]);
 
 impl KeptFields {
-    /// Keeps `headers`' fields in `kept` (written in place: the fields are
-    /// 576 bytes), unless there are more than [`KEPT_FIELDS`].
+    /// Keeps `headers`' fields in `kept` (written in place: an array built
+    /// first would be copied in), unless there are more than [`KEPT_FIELDS`].
     fn keep(kept: &mut Option<Self>, headers: &HeaderMap) -> bool {
         if headers.len() > KEPT_FIELDS {
             return false;

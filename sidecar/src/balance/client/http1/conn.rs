@@ -5,7 +5,7 @@
 //!   are ready, in one write), keeps writing the body while it waits for the
 //!   response head, and returns the response with an [`Http1Body`] that owns
 //!   the connection. No task per connection and no channel per request:
-//!   hyper's client spent about 14,700 instructions per request on its
+//!   hyper's client spent a large share of a request's instructions on its
 //!   connection task and dispatch (`e2e/bench/results/2026-12-01-issue18.md`).
 //! - A body still being written when the response head arrives goes on
 //!   being written as the response body is read (an endpoint may answer

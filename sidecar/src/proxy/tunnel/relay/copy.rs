@@ -2,27 +2,19 @@
 //! while the bytes come in bulk and shrinks back once they trickle.
 //!
 //! tokio's `copy_bidirectional` reads 8 KiB at a time, and the sidecar's
-//! relays ran at 0.65-0.78× Envoy's `tcp_proxy` on a 1 GiB transfer, with
-//! a third more CPU per GiB. A throwaway tokio relay with fixed buffers
-//! (curl and the benchmark's Go endpoint through it, MiB/s):
-//!
-//! | buffer | upload | download | relay CPU per GiB, down |
-//! |---|---|---|---|
-//! | 8 KiB | 2,036 | 2,222 | 400 ms |
-//! | 16 KiB | 2,224 | 3,313 | 300 ms |
-//! | 64 KiB | 2,224 | 3,898 | 240 ms |
-//! | 256 KiB | 2,175 | 3,485 | 220 ms |
-//! | HAProxy | 2,165 | 2,976 | 320 ms |
+//! relays were slower than Envoy's `tcp_proxy` on large transfers, at more
+//! CPU per GiB. A throwaway tokio relay with fixed buffers gained
+//! throughput up to 64 KiB and lost some past it, where only the relay's
+//! CPU kept falling (`e2e/bench/results/2026-12-05-issue18-relay.md`).
 //!
 //! A fixed 64 KiB buffer would hold 128 KiB for every idle relay (a
 //! database pool through transparent capture keeps many), so a buffer
 //! starts at [`MIN`], the size tokio's copy used, and doubles each time a
 //! read fills it, up to [`MAX`]; two reads in a row that would have fit in
 //! a quarter of it halve it again. Idle and chatty relays hold what they
-//! did before; bulk transfers get 64 KiB reads and writes. Through the
-//! sidecar (`e2e/bench/tunnel.sh`, 8 rounds): uploads 2,654 → 3,894 MiB/s,
-//! 1.14× Envoy; downloads 2,252 → 4,116, 1.19×; 215-220 ms of CPU per GiB
-//! against Envoy's 290-305 (`e2e/bench/results/2026-12-05-issue18-relay.md`).
+//! did before; bulk transfers get 64 KiB reads and writes, faster and at
+//! less CPU per GiB than through tokio's copy (`e2e/bench/tunnel.sh`;
+//! `e2e/bench/results/2026-12-05-issue18-relay.md`).
 //!
 //! The contract is `copy_bidirectional`'s: bytes are written in the order
 //! read; EOF from one side shuts down writing towards the other while the
