@@ -5,7 +5,8 @@
 //! EndpointSlices once, into a shared [`cache`]; serves each authenticated
 //! sidecar a versioned snapshot of the valid policies that select its pod
 //! (with the ready endpoints of their target Services) on a long-lived
-//! [`push`] stream, and counts its ACKs; and injects the sidecar into new Pods.
+//! [`push`] stream, and records its ACKs in the [`sidecars`] registry; and
+//! injects the sidecar into new Pods.
 //! The replica holding the Lease [`reconcile`]s each policy from the same
 //! cache and writes its status (`Accepted`, `InSync` with counts, warnings)
 //! only when it changed. Nothing here touches a cluster in unit tests: the
@@ -13,6 +14,13 @@
 //!
 //! The binary's `main` parses the [`cli`] and calls [`run::run`]; the tests,
 //! the `push_scale` example and other crates use the public items below.
+//!
+//! The modules import one way, top to bottom: `cli`, `run`, `inject`,
+//! `push`, `reconcile`, then `metrics` and `telemetry`, then the shared
+//! `cache` and `sidecars`, and the leaves `policy`, `error`, `tls` and
+//! `leader`, which import nothing from the crate. A module names only
+//! modules below it (`testkit/tests/layers.rs` checks this;
+//! `docs/architecture.md` draws it).
 #![forbid(unsafe_code)]
 
 pub mod cache;
@@ -25,6 +33,7 @@ mod policy;
 pub mod push;
 pub mod reconcile;
 pub mod run;
+pub mod sidecars;
 pub mod telemetry;
 pub mod tls;
 
