@@ -22,6 +22,7 @@
 //! modules below it (`testkit/tests/layers.rs` checks this;
 //! `docs/architecture.md` draws it).
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod cache;
 pub mod cli;
