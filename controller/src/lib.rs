@@ -15,12 +15,19 @@
 //! The binary's `main` parses the [`cli`] and calls [`run::run`]; the tests,
 //! the `push_scale` example and other crates use the public items below.
 //!
-//! The modules import one way, top to bottom: `cli`, `run`, `inject`,
-//! `push`, `reconcile`, then `metrics` and `telemetry`, then the shared
-//! `cache` and `sidecars`, and the leaves `policy`, `error`, `tls` and
-//! `leader`, which import nothing from the crate. A module names only
-//! modules below it (`testkit/tests/layers.rs` checks this;
-//! `docs/architecture.md` draws it).
+//! The modules stand on floors, each naming only the floors below it (the
+//! table is `testkit/tests/layers.rs`; `docs/architecture.md` draws it):
+//!
+//! - [`cli`]: the command line; it builds [`run`]'s options.
+//! - [`run`]: the process, every part wired together.
+//! - `inject`: the sidecar-injecting webhook.
+//! - [`push`]: the push server: snapshot streams and their ACKs.
+//! - [`reconcile`]: the leader's reconciler and the peers' sync counts.
+//! - [`metrics`], [`telemetry`]: counters and their listener; spans.
+//! - [`cache`], [`sidecars`]: what every reader shares: the watched
+//!   cluster; the connected sidecars and what each ACKed.
+//! - `policy`, `error`, [`tls`], `leader`: the leaves, which import nothing
+//!   from the crate.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
