@@ -12,7 +12,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reprise_controller::push::{AuthError, Identity, PushServer, SidecarRegistry, SnapshotSource};
+use reprise_controller::push::{AuthError, Identity, PushServer, SnapshotSource};
+use reprise_controller::sidecars::SidecarRegistry;
 use reprise_crds::retry_rule::RetryRule;
 use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
 use tokio::sync::watch;

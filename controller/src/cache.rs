@@ -33,7 +33,11 @@ pub(crate) use relay::Relay;
 pub(crate) use watch::Watched;
 
 use crate::policy::target::{self, TargetProblem, SERVICE_NAME_LABEL};
-use crate::reconcile::peers;
+
+/// The label on every replica's sync-count ConfigMap; its value is the
+/// replica's identity. The peers watch selects the ConfigMaps by it;
+/// `reconcile::peers` writes and reads them with it.
+pub(crate) const SYNC_COUNTS_LABEL: &str = "reprise.dev/sync-counts";
 
 /// The shared stores. Cheap to clone: clones share the stores.
 #[derive(Clone)]
@@ -77,7 +81,7 @@ impl Cache {
             peers: peers_namespace.map(|ns| {
                 Watched::start(
                     Api::namespaced(client.clone(), ns),
-                    all().labels(peers::LABEL),
+                    all().labels(SYNC_COUNTS_LABEL),
                     // Peer counts do not change snapshots: their events need not wake the push streams.
                     watch::Signals {
                         changes: None,

@@ -5,7 +5,8 @@
 //! EndpointSlices once, into a shared [`cache`]; serves each authenticated
 //! sidecar a versioned snapshot of the valid policies that select its pod
 //! (with the ready endpoints of their target Services) on a long-lived
-//! [`push`] stream, and counts its ACKs; and injects the sidecar into new Pods.
+//! [`push`] stream, and records its ACKs in the [`sidecars`] registry; and
+//! injects the sidecar into new Pods.
 //! The replica holding the Lease [`reconcile`]s each policy from the same
 //! cache and writes its status (`Accepted`, `InSync` with counts, warnings)
 //! only when it changed. Nothing here touches a cluster in unit tests: the
@@ -13,7 +14,22 @@
 //!
 //! The binary's `main` parses the [`cli`] and calls [`run::run`]; the tests,
 //! the `push_scale` example and other crates use the public items below.
+//!
+//! The modules stand on floors, each naming only the floors below it (the
+//! table is `testkit/tests/layers.rs`; `docs/architecture.md` draws it):
+//!
+//! - [`cli`]: the command line; it builds [`run`]'s options.
+//! - [`run`]: the process, every part wired together.
+//! - `inject`: the sidecar-injecting webhook.
+//! - [`push`]: the push server: snapshot streams and their ACKs.
+//! - [`reconcile`]: the leader's reconciler and the peers' sync counts.
+//! - [`metrics`], [`telemetry`]: counters and their listener; spans.
+//! - [`cache`], [`sidecars`]: what every reader shares: the watched
+//!   cluster; the connected sidecars and what each ACKed.
+//! - `policy`, `error`, [`tls`], `leader`: the leaves, which import nothing
+//!   from the crate.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod cache;
 pub mod cli;
@@ -25,6 +41,7 @@ mod policy;
 pub mod push;
 pub mod reconcile;
 pub mod run;
+pub mod sidecars;
 pub mod telemetry;
 pub mod tls;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use reprise_telemetry::prometheus::{Exposition, Family, Histogram, Kind};
 use reprise_telemetry::{SpanCounters, Tracing};
 
-use crate::push::SidecarRegistry;
+use crate::sidecars::SidecarRegistry;
 use crate::Error;
 
 /// The plain counters, each one family without labels.

@@ -9,17 +9,18 @@
 //!   registration that counts it as connected.
 //! - `source.rs`: what a sidecar is pushed, computed from the shared cache.
 //! - `auth.rs`: who is on the other end (TokenReview).
-//! - `sidecars.rs`: the connected sidecars and their ACKs, as sync counts.
+//!
+//! What each sidecar was sent and ACKed is recorded in the
+//! [`SidecarRegistry`](crate::sidecars::SidecarRegistry), a module below
+//! this one that the reconciler reads too.
 
 mod auth;
 mod server;
-mod sidecars;
 mod source;
 mod stream;
 
 pub(crate) use auth::TokenReviewer;
 pub use auth::{AuthError, Authenticating, Authenticator, Identity};
 pub use server::PushServer;
-pub use sidecars::{SidecarRegistry, SidecarState};
 pub(crate) use source::CacheSource;
 pub use source::SnapshotSource;

@@ -30,7 +30,7 @@ use reprise_crds::resource::{RetryPolicy, RetryPolicyStatus};
 
 use crate::cache::Cache;
 use crate::metrics::{Counter, Metrics};
-use crate::push::SidecarRegistry;
+use crate::sidecars::SidecarRegistry;
 use crate::telemetry::{ReconcileSpan, Tracing};
 use crate::{policy, Error};
 
@@ -121,7 +121,7 @@ async fn reconcile_policy(
         counts,
         Time(k8s_openapi::jiff::Timestamp::now()),
     );
-    span.evaluated(&eval, counts);
+    span.evaluated(eval.accepted, eval.status.endpoints, counts);
     if policy.status.as_ref() != Some(&eval.status) {
         write_status(ctx, &namespace, &policy.name_any(), &eval.status).await?;
         ctx.metrics.add(Counter::StatusWrites);

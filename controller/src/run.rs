@@ -17,9 +17,10 @@ use crate::cache::{Cache, Relay};
 use crate::inject::{self, InjectionConfig};
 use crate::leader::{self, LeaseSettings};
 use crate::metrics::{self, Metrics};
-use crate::push::{CacheSource, PushServer, SidecarRegistry, TokenReviewer};
+use crate::push::{CacheSource, PushServer, TokenReviewer};
 use crate::reconcile::peers::{self, Peers};
 use crate::reconcile::{triggers, Context, MANAGER};
+use crate::sidecars::SidecarRegistry;
 use crate::telemetry::Tracing;
 use crate::{tls, Error};
 

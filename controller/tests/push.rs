@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reprise_controller::metrics::{Counter, Metrics};
-use reprise_controller::push::{AuthError, Identity, PushServer, SidecarRegistry, SnapshotSource};
+use reprise_controller::push::{AuthError, Identity, PushServer, SnapshotSource};
+use reprise_controller::sidecars::SidecarRegistry;
 use reprise_crds::retry_rule::{Retries, RetryRule};
 use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
 use reprise_sidecar::config::{Subscription, TrustedCa};

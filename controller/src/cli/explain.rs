@@ -13,7 +13,7 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use reprise_crds::cel_match::CelRequest;
 use reprise_crds::resource::RetryPolicy;
-use reprise_crds::{Config, FailureBoundary};
+use reprise_crds::{Config, FailureBoundary, Rule, Upstream};
 
 use crate::cache::Cache;
 use crate::push::{CacheSource, Identity, SnapshotSource};
@@ -150,7 +150,9 @@ async fn explain(client: Client, q: &Question) -> Result<String, Error> {
     Ok(out)
 }
 
-/// The part of the answer that depends only on the resolved configuration.
+/// The part of the answer that depends only on the resolved configuration,
+/// in the order the sidecar decides: the upstream the URL's host names, the
+/// first rule that matches the request, and what that rule retries.
 fn answer(config: &Config, q: &Question, out: &mut String) {
     let uri: http::Uri = match q.url.parse() {
         Ok(u) => u,
@@ -161,17 +163,40 @@ fn answer(config: &Config, q: &Question, out: &mut String) {
     };
     let host = uri.host().unwrap_or("");
     let path = uri.path();
-    let Some(upstream) = config
-        .upstreams
-        .iter()
-        .find(|u| u.name == host || u.aliases.iter().any(|a| a == host))
-    else {
+    let Some(upstream) = upstream_for(config, host) else {
         let _ = writeln!(
             out,
             "host {host}: no policy targets it; the sidecar forwards it once, without retries"
         );
         return;
     };
+    list_endpoints(upstream, out);
+    let Some(rule) = first_matching_rule(config, upstream, q, host, path, out) else {
+        let _ = writeln!(out, "no policy matches {} {path}: a failure is returned as is (outcome skipped: retries_off)", q.method);
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "policy {} (priority {}) matches",
+        rule.id, rule.priority
+    );
+    if !rule.policy.enabled() {
+        let _ = writeln!(out, "  attempts is 0: nothing is retried");
+        return;
+    }
+    describe_retries(&rule.policy, upstream, out);
+}
+
+/// The upstream `host` names, by its name or one of its aliases.
+fn upstream_for<'c>(config: &'c Config, host: &str) -> Option<&'c Upstream> {
+    config
+        .upstreams
+        .iter()
+        .find(|u| u.name == host || u.aliases.iter().any(|a| a == host))
+}
+
+/// The upstream and its ready endpoints, one a line.
+fn list_endpoints(upstream: &Upstream, out: &mut String) {
     let _ = writeln!(
         out,
         "upstream {} ({} ready endpoints):",
@@ -181,12 +206,26 @@ fn answer(config: &Config, q: &Question, out: &mut String) {
     for e in &upstream.endpoints {
         let _ = writeln!(out, "  {} {}", e.addr, e.name.as_deref().unwrap_or(""));
     }
+}
+
+/// The first rule, in evaluation order, that matches the request `q` to
+/// `upstream` at `host` and `path`: its method, path and header conditions,
+/// then its CEL condition, each of whose results is noted in `out`.
+fn first_matching_rule<'c>(
+    config: &'c Config,
+    upstream: &Upstream,
+    q: &Question,
+    host: &str,
+    path: &str,
+    out: &mut String,
+) -> Option<&'c Rule> {
     let header = |name: &str| {
         q.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_bytes())
     };
+    // CEL reads headers by lower-case name (`CelRequest::headers`).
     let lower: Vec<(String, &str)> = q
         .headers
         .iter()
@@ -199,43 +238,41 @@ fn answer(config: &Config, q: &Question, out: &mut String) {
         host,
         headers: &cel_headers,
     };
-    let Some(rule) = config.rules.iter().find(|r| {
-        if !r.matches(&upstream.name, &q.method, path, header) {
-            return false;
-        }
-        let Some(cel) = &r.cel else {
-            return true;
-        };
-        match cel.evaluate(&facts) {
-            Ok(matched) => {
-                let _ = writeln!(out, "policy {}: CEL {} is {matched}", r.id, cel.source());
-                matched
-            }
-            Err(e) => {
-                let _ = writeln!(
-                    out,
-                    "policy {}: CEL {} failed ({}): no match",
-                    r.id,
-                    cel.source(),
-                    e.0
-                );
-                false
-            }
-        }
-    }) else {
-        let _ = writeln!(out, "no policy matches {} {path}: a failure is returned as is (outcome skipped: retries_off)", q.method);
-        return;
+    config
+        .rules
+        .iter()
+        .find(|r| r.matches(&upstream.name, &q.method, path, header) && cel_holds(r, &facts, out))
+}
+
+/// Whether `rule`'s CEL condition holds for the request `facts` (true
+/// without one), noted in `out`. A condition that fails to evaluate does
+/// not match, as in the sidecar.
+fn cel_holds(rule: &Rule, facts: &CelRequest<'_>, out: &mut String) -> bool {
+    let Some(cel) = &rule.cel else {
+        return true;
     };
-    let p = &rule.policy;
-    let _ = writeln!(
-        out,
-        "policy {} (priority {}) matches",
-        rule.id, rule.priority
-    );
-    if !p.enabled() {
-        let _ = writeln!(out, "  attempts is 0: nothing is retried");
-        return;
+    match cel.evaluate(facts) {
+        Ok(matched) => {
+            let _ = writeln!(out, "policy {}: CEL {} is {matched}", rule.id, cel.source());
+            matched
+        }
+        Err(e) => {
+            let _ = writeln!(
+                out,
+                "policy {}: CEL {} failed ({}): no match",
+                rule.id,
+                cel.source(),
+                e.0
+            );
+            false
+        }
     }
+}
+
+/// What an enabled rule's policy `p` retries on `upstream`: how many times
+/// and where, on which statuses and transport failures, with which body,
+/// backoff, budget and deadline, and whether it hedges.
+fn describe_retries(p: &reprise_crds::RetryPolicy, upstream: &Upstream, out: &mut String) {
     let _ = writeln!(
         out,
         "  up to {} retries, each to an endpoint not yet tried{}",

@@ -105,38 +105,48 @@ pub(crate) struct OtelSettings {
     pub sampler_arg: String,
 }
 
+/// The values of the fields above that the config file may leave out.
 mod defaults {
     use std::collections::BTreeMap;
 
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-    pub fn pull_policy() -> String {
+    /// `imagePullPolicy`.
+    pub(super) fn pull_policy() -> String {
         "IfNotPresent".into()
     }
-    pub fn proxy_port() -> u16 {
+    /// `proxyPort`.
+    pub(super) fn proxy_port() -> u16 {
         15001
     }
-    pub fn admin_port() -> u16 {
+    /// `adminPort`.
+    pub(super) fn admin_port() -> u16 {
         15000
     }
-    pub fn health_port() -> u16 {
+    /// `healthPort`.
+    pub(super) fn health_port() -> u16 {
         15021
     }
-    pub fn log_level() -> String {
+    /// `logLevel`.
+    pub(super) fn log_level() -> String {
         "info".into()
     }
-    pub fn redirect_port() -> u16 {
+    /// `redirectPort`.
+    pub(super) fn redirect_port() -> u16 {
         15006
     }
-    pub fn proxy_uid() -> i64 {
+    /// `proxyUid`: the user the sidecar image runs as (`nonroot`).
+    pub(super) fn proxy_uid() -> i64 {
         65532
     }
-    pub fn exclude_outbound_ports() -> Vec<u16> {
+    /// `transparent.excludeOutboundPorts`.
+    pub(super) fn exclude_outbound_ports() -> Vec<u16> {
         vec![53]
     }
-    /// `iptables-restore` of a handful of rules: a few MiB for a moment.
-    pub fn init_resources() -> Option<ResourceRequirements> {
+    /// `transparent.initResources`: `iptables-restore` of a handful of
+    /// rules needs a few MiB for a moment.
+    pub(super) fn init_resources() -> Option<ResourceRequirements> {
         let q = |pairs: &[(&str, &str)]| {
             Some(
                 pairs

@@ -21,10 +21,10 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use super::auth::{AuthError, Authenticator, Identity};
-use super::sidecars::SidecarRegistry;
 use super::source::SnapshotSource;
 use super::stream;
 use crate::metrics::{Counter, Metrics};
+use crate::sidecars::SidecarRegistry;
 use crate::telemetry::{PushSpan, Tracing};
 
 /// Longest ACK line (or POSTed ACK body) accepted: an ACK is a version and

@@ -64,7 +64,8 @@ mod tests {
 
     use super::*;
     use crate::fixtures::{self, service, slice};
-    use crate::reconcile::status::{evaluate, SyncCounts};
+    use crate::reconcile::status::evaluate;
+    use crate::sidecars::SyncCounts;
 
     fn cache() -> Cache {
         let valid = fixtures::policy().named("reads").build();

@@ -1,7 +1,8 @@
 //! In-Sync counts across controller replicas. Sidecars may hold their stream
 //! to any replica, but only the leader writes status: every replica publishes
 //! its own per-policy counts in a ConfigMap, and the leader adds them up.
-//! (The ConfigMaps are watched once, by the [`Cache`](crate::cache::Cache).)
+//! (The ConfigMaps are watched once, by the [`Cache`](crate::cache::Cache),
+//! which selects them by [`SYNC_COUNTS_LABEL`].)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,14 +15,11 @@ use kube::{Api, Client, ResourceExt};
 use reprise_crds::resource::RetryPolicy;
 use serde::{Deserialize, Serialize};
 
-use super::status::SyncCounts;
 use super::MANAGER;
-use crate::cache::Cache;
+use crate::cache::{Cache, SYNC_COUNTS_LABEL};
 use crate::policy;
-use crate::push::SidecarRegistry;
+use crate::sidecars::{SidecarRegistry, SyncCounts};
 
-/// Label on every replica's sync ConfigMap; its value is the replica's identity.
-pub(crate) const LABEL: &str = "reprise.dev/sync-counts";
 /// Counts older than this are from a replica that is gone.
 const STALE_AFTER_SECS: i64 = 30;
 /// An unchanged report is refreshed this often, so it never looks stale.
@@ -112,7 +110,11 @@ fn reports(store: &Store<ConfigMap>, me: &str) -> Vec<PeerReport> {
     store
         .state()
         .iter()
-        .filter(|cm| cm.labels().get(LABEL).is_some_and(|owner| owner != me))
+        .filter(|cm| {
+            cm.labels()
+                .get(SYNC_COUNTS_LABEL)
+                .is_some_and(|owner| owner != me)
+        })
         .filter_map(|cm| PeerReport::of(cm))
         .collect()
 }
@@ -155,7 +157,7 @@ pub(crate) async fn publish(
             let cm = serde_json::json!({
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": { "name": name, "labels": { LABEL: me } },
+                "metadata": { "name": name, "labels": { SYNC_COUNTS_LABEL: me } },
                 "data": { REPORT_KEY: serde_json::to_string(&report).unwrap_or_default() },
             });
             match api

@@ -8,15 +8,7 @@ use reprise_crds::snapshot::SnapshotUpstream;
 
 use super::conditions::{condition, ConditionType, Reason, Verdict};
 use crate::policy::{self, target::TargetProblem};
-
-/// Sidecars selected by a policy and how many run its current generation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SyncCounts {
-    /// Connected sidecars whose pod the policy selects.
-    pub(crate) selected: i32,
-    /// Of those, how many ACKed a snapshot with this generation.
-    pub(crate) in_sync: i32,
-}
+use crate::sidecars::SyncCounts;
 
 /// The verdict on one policy.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,7 +8,7 @@ use opentelemetry_semantic_conventions::attribute::{ERROR_TYPE, K8S_NAMESPACE_NA
 use reprise_crds::resource::RetryPolicy;
 use reprise_telemetry::Tracing;
 
-use crate::reconcile::status::{Evaluation, SyncCounts};
+use crate::sidecars::SyncCounts;
 use crate::Error;
 
 /// The span's name.
@@ -79,16 +79,18 @@ impl ReconcileSpan {
         }))
     }
 
-    /// Records the verdict and what it was based on. A reconcile that then
-    /// fails (its status write refused) concluded nothing: its span carries
-    /// the error, not these.
-    pub(crate) fn evaluated(&mut self, eval: &Evaluation, counts: SyncCounts) {
+    /// Records the verdict (`accepted`) and what it was based on: the
+    /// target's ready `endpoints` and the sidecars' sync `counts`. A
+    /// reconcile that then fails (its status write refused) concluded
+    /// nothing: its span carries the error, not these. Plain values rather
+    /// than the reconciler's evaluation: spans sit below the reconciler.
+    pub(crate) fn evaluated(&mut self, accepted: bool, endpoints: i32, counts: SyncCounts) {
         let Some(inner) = &mut self.0 else {
             return;
         };
-        inner.accepted = Some(eval.accepted);
+        inner.accepted = Some(accepted);
         inner.based_on = vec![
-            KeyValue::new(ENDPOINTS, i64::from(eval.status.endpoints)),
+            KeyValue::new(ENDPOINTS, i64::from(endpoints)),
             KeyValue::new(SIDECARS_SELECTED, i64::from(counts.selected)),
             KeyValue::new(SIDECARS_IN_SYNC, i64::from(counts.in_sync)),
         ];

@@ -1,7 +1,11 @@
-//! Connected sidecars and what each has ACKed, turned into per-policy sync
-//! counts. A sidecar is in the registry while its stream's registration
-//! lives (see `stream.rs`); the registry's size is the
-//! `reprise_controller_connected_sidecars` gauge.
+//! The sidecars connected to this replica and what each has ACKed, turned
+//! into per-policy sync counts. The push server records into the
+//! [`SidecarRegistry`]: a sidecar is in it while its stream's registration
+//! lives (`push/stream.rs`), with the versions sent to it and ACKed. The
+//! reconciler (the `InSync` condition), the sync-count publisher (peers) and
+//! the `reprise_controller_connected_sidecars` gauge read it. It is its own
+//! module, below all of them, so that the reconciler and the metrics reach
+//! it without depending on the push server.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -10,7 +14,15 @@ use kube::ResourceExt;
 use reprise_crds::resource::RetryPolicy;
 
 use crate::policy::{self, selection};
-use crate::reconcile::status::SyncCounts;
+
+/// Sidecars selected by a policy and how many run its current generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SyncCounts {
+    /// Connected sidecars whose pod the policy selects.
+    pub(crate) selected: i32,
+    /// Of those, how many ACKed a snapshot with this generation.
+    pub(crate) in_sync: i32,
+}
 
 /// One connected sidecar.
 #[derive(Clone, Debug, Default, PartialEq)]
