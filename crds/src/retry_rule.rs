@@ -3,6 +3,8 @@
 //! sidecars, and both run the same [`RetryRule::resolve`] (in `resolve.rs`).
 
 mod resolve;
+#[cfg(test)]
+mod tests;
 
 use serde::{Deserialize, Serialize};
 

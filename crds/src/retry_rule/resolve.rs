@@ -68,30 +68,18 @@ impl RetryRule {
             Boundary::Connect => FailureBoundary::Connect,
             Boundary::BeforeHeaders => FailureBoundary::BeforeHeaders,
         };
-        if !self.acknowledge_duplicate_risk {
-            let mut needs = Vec::new();
-            if methods.has_unsafe() {
-                needs.push("methods other than GET, HEAD and OPTIONS");
-            }
-            if boundary == FailureBoundary::BeforeHeaders {
-                needs.push("failureBoundary BeforeHeaders");
-            }
-            if !statuses.is_empty() {
-                needs.push("status retries");
-            }
-            if !grpc_statuses.is_empty() {
-                needs.push("gRPC status retries");
-            }
-            if !needs.is_empty() {
-                errs.push(
-                    format!("{p}.acknowledgeDuplicateRisk"),
-                    format!(
-                        "must be true for {} (a retry may duplicate an upstream operation)",
-                        needs.join(", ")
-                    ),
-                );
-            }
-        }
+        common::duplicate_risk(
+            errs,
+            &format!("{p}.acknowledgeDuplicateRisk"),
+            "failureBoundary BeforeHeaders",
+            self.acknowledge_duplicate_risk,
+            common::Retried {
+                methods,
+                boundary,
+                statuses,
+                grpc_statuses,
+            },
+        );
         let r = &self.retries;
         let rp = format!("{p}.retries");
         let attempts = u32::try_from(r.attempts).unwrap_or(u32::MAX);
