@@ -294,6 +294,17 @@ impl HttpMethod {
     }
 }
 
+impl StatusPreset {
+    /// The preset's name in the file format (`gateway`, `transient`), whose
+    /// status list check resolves both formats' presets.
+    fn name(self) -> &'static str {
+        match self {
+            StatusPreset::Gateway => "gateway",
+            StatusPreset::Transient => "transient",
+        }
+    }
+}
+
 /// The schema of `grpcStatuses`: at most 16 items, each an integer or a
 /// string (names and numbers are checked by the shared validation).
 #[cfg(feature = "resource")]

@@ -137,7 +137,10 @@ pub(crate) fn hedge(
     }
 }
 
-/// A status list: codes in 400..=599 or the presets `gateway` and `transient`.
+/// A status list: codes in 400..=599 or the presets `gateway` and `transient`,
+/// each entry checked at `field[i]`. Every status list of both formats goes
+/// through here: the file's `retry_statuses` and `rules[].statuses`, and a
+/// RetryPolicy's `statuses` and `statusPresets`.
 pub(crate) fn statuses(
     errs: &mut ValidationErrors,
     field: &str,

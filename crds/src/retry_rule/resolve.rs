@@ -4,14 +4,11 @@
 
 use std::time::Duration;
 
-use super::{Boundary, RetryRule, StatusPreset};
+use super::{Boundary, RetryRule};
 use crate::config::{BudgetSettings, Rule};
-use crate::file::common;
+use crate::file::{common, StatusEntry};
 use crate::matching::RequestMatch;
-use crate::policy::{
-    FailureBoundary, MethodSet, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_RETRIES,
-    TRANSIENT_STATUSES,
-};
+use crate::policy::{FailureBoundary, MethodSet, RetryPolicy, MAX_RETRIES};
 use crate::validation::ValidationErrors;
 
 fn non_negative(errs: &mut ValidationErrors, field: &str, v: i64) -> Option<u64> {
@@ -41,23 +38,21 @@ impl RetryRule {
         if self.methods.is_empty() {
             errs.push(methods_field, "must list at least one method");
         }
-        let mut statuses = StatusSet::NONE;
-        for (i, s) in self.statuses.iter().enumerate() {
-            if (400..=599).contains(s) {
-                statuses.insert(u16::try_from(*s).unwrap_or(0));
-            } else {
-                errs.push(
-                    format!("{p}.statuses[{i}]"),
-                    format!("must be a 4xx or 5xx status in 400..=599 (got {s})"),
-                );
-            }
-        }
-        for preset in &self.status_presets {
-            let list: &[u16] = match preset {
-                StatusPreset::Gateway => &GATEWAY_STATUSES,
-                StatusPreset::Transient => &TRANSIENT_STATUSES,
-            };
-            list.iter().for_each(|s| statuses.insert(*s));
+        // Both lists through the file format's status list check: the codes
+        // as they are, the presets by their names there.
+        let codes: Vec<StatusEntry> = self
+            .statuses
+            .iter()
+            .map(|s| StatusEntry::Code(i64::from(*s)))
+            .collect();
+        let presets: Vec<StatusEntry> = self
+            .status_presets
+            .iter()
+            .map(|s| StatusEntry::Preset(s.name().to_string()))
+            .collect();
+        let mut statuses = common::statuses(errs, &format!("{p}.statuses"), &codes);
+        for s in common::statuses(errs, &format!("{p}.statusPresets"), &presets).statuses() {
+            statuses.insert(s);
         }
         let grpc_statuses = crate::grpc::GrpcStatusSet::parse(
             errs,
@@ -296,6 +291,29 @@ mod tests {
              line 1, column 18: Syntax error: extraneous input ''GET'' expecting <EOF>"
         );
         assert_eq!(resolve_errors(&rule("request.method == 'GET'")), "");
+    }
+
+    #[test]
+    fn statuses_and_presets_are_checked_as_the_file_checks_them() {
+        let rule = |statuses: Vec<i32>, presets: Vec<crate::retry_rule::StatusPreset>| RetryRule {
+            statuses,
+            status_presets: presets,
+            acknowledge_duplicate_risk: true,
+            ..RetryRule::default()
+        };
+        assert_eq!(
+            resolve_errors(&rule(vec![503, 600, 399], vec![])),
+            "spec.statuses[1]: must be a 4xx or 5xx status in 400..=599 (got 600); \
+             spec.statuses[2]: must be a 4xx or 5xx status in 400..=599 (got 399)"
+        );
+        let mut errs = ValidationErrors::default();
+        let (resolved, _) = rule(vec![418], vec![crate::retry_rule::StatusPreset::Gateway])
+            .resolve("ns/p", "api.ns", "spec", &mut errs);
+        assert_eq!(errs.to_string(), "");
+        assert_eq!(
+            resolved.policy.retry_statuses.statuses(),
+            vec![418, 502, 503, 504]
+        );
     }
 
     #[test]
