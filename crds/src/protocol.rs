@@ -40,6 +40,29 @@ pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// Seconds between heartbeat lines on an idle stream.
 pub const HEARTBEAT_SECS: u64 = 15;
 
+/// Asks for the upgrade to [`UPGRADE_PROTOCOL`] (the sidecar's request) or
+/// grants it (the controller's `101 Switching Protocols`): the same two
+/// headers both ways, `Connection: upgrade` and `Upgrade: reprise-push/1`.
+pub fn insert_upgrade_headers(headers: &mut http::HeaderMap) {
+    headers.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("upgrade"),
+    );
+    headers.insert(
+        http::header::UPGRADE,
+        http::HeaderValue::from_static(UPGRADE_PROTOCOL),
+    );
+}
+
+/// True when the (first) `Upgrade` header names [`UPGRADE_PROTOCOL`], in any
+/// case: a request for the upgraded form.
+pub fn is_upgrade(headers: &http::HeaderMap) -> bool {
+    headers.get(http::header::UPGRADE).is_some_and(|v| {
+        v.as_bytes()
+            .eq_ignore_ascii_case(UPGRADE_PROTOCOL.as_bytes())
+    })
+}
+
 /// A sidecar's answer to one snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -49,4 +72,30 @@ pub struct Ack {
     /// Absent for an ACK; the validation error for a NACK.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_upgrade_headers_ask_for_the_push_protocol() {
+        let mut headers = http::HeaderMap::new();
+        assert!(!is_upgrade(&headers));
+        insert_upgrade_headers(&mut headers);
+        assert_eq!(headers.len(), 2);
+        assert_eq!(headers[http::header::CONNECTION], "upgrade");
+        assert_eq!(headers[http::header::UPGRADE], "reprise-push/1");
+        assert!(is_upgrade(&headers));
+        headers.insert(
+            http::header::UPGRADE,
+            http::HeaderValue::from_static("Reprise-Push/1"),
+        );
+        assert!(is_upgrade(&headers));
+        headers.insert(
+            http::header::UPGRADE,
+            http::HeaderValue::from_static("websocket"),
+        );
+        assert!(!is_upgrade(&headers));
+    }
 }

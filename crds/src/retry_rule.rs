@@ -3,6 +3,8 @@
 //! sidecars, and both run the same [`RetryRule::resolve`] (in `resolve.rs`).
 
 mod resolve;
+#[cfg(test)]
+mod tests;
 
 use serde::{Deserialize, Serialize};
 
@@ -288,6 +290,17 @@ impl HttpMethod {
             HttpMethod::Post => "POST",
             HttpMethod::Patch => "PATCH",
             HttpMethod::Any => "*",
+        }
+    }
+}
+
+impl StatusPreset {
+    /// The preset's name in the file format (`gateway`, `transient`), whose
+    /// status list check resolves both formats' presets.
+    fn name(self) -> &'static str {
+        match self {
+            StatusPreset::Gateway => "gateway",
+            StatusPreset::Transient => "transient",
         }
     }
 }

@@ -55,7 +55,7 @@ enum Control {
 
 /// The span processor the SDK calls when a span ends.
 #[derive(Debug)]
-pub struct BatchProcessor {
+pub(crate) struct BatchProcessor {
     spans: mpsc::Sender<SpanData>,
     control: mpsc::Sender<Control>,
     counters: Arc<SpanCounters>,
@@ -63,11 +63,11 @@ pub struct BatchProcessor {
 
 /// Lets the owner flush and stop the worker and wait for it, with a bound.
 #[derive(Clone, Debug)]
-pub struct Stopper(mpsc::Sender<Control>);
+pub(crate) struct Stopper(mpsc::Sender<Control>);
 
 impl BatchProcessor {
     /// Starts the export task on the current Tokio runtime.
-    pub fn start<E>(
+    pub(crate) fn start<E>(
         exporter: E,
         settings: BatchSettings,
         counters: Arc<SpanCounters>,
@@ -99,7 +99,7 @@ impl BatchProcessor {
 impl Stopper {
     /// Exports what is queued and stops the worker, waiting at most `timeout`.
     /// Returns false when the time ran out (what was left is lost).
-    pub async fn stop(&self, timeout: Duration) -> bool {
+    pub(crate) async fn stop(&self, timeout: Duration) -> bool {
         let (done, wait) = oneshot::channel();
         if self.0.try_send(Control::Shutdown(Some(done))).is_err() {
             return true;
@@ -108,7 +108,7 @@ impl Stopper {
     }
 
     /// Exports what is queued now, waiting at most `timeout`.
-    pub async fn flush(&self, timeout: Duration) -> bool {
+    pub(crate) async fn flush(&self, timeout: Duration) -> bool {
         let (done, wait) = oneshot::channel();
         if self.0.try_send(Control::Flush(Some(done))).is_err() {
             return false;

@@ -8,6 +8,7 @@
 //! [`Tracing`] is an empty `Option`, so callers record unconditionally at no
 //! cost. Each binary defines its own span types on top of [`Tracing::tracer`].
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod batch;
 mod pipeline;

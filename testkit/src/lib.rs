@@ -19,6 +19,7 @@
 //! soak) must report it instead. Everything listens on loopback; every loop
 //! is bounded in count and in time.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 /// Builder methods that set the field of the same name (`field: Type`).
 macro_rules! field_setters {

@@ -16,7 +16,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use reprise_crds::protocol::{Ack, HEARTBEAT_SECS, UPGRADE_PROTOCOL, VERSION_PARAM};
+use reprise_crds::protocol::{self, Ack, HEARTBEAT_SECS, VERSION_PARAM};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -113,11 +113,7 @@ pub(super) fn open(
         first: true,
         _registration: registration,
     };
-    let upgrade = req.headers().get(http::header::UPGRADE).is_some_and(|v| {
-        v.as_bytes()
-            .eq_ignore_ascii_case(UPGRADE_PROTOCOL.as_bytes())
-    });
-    if upgrade {
+    if protocol::is_upgrade(req.headers()) {
         let on_upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
             match on_upgrade.await {
@@ -127,15 +123,7 @@ pub(super) fn open(
         });
         let mut response = Response::new(BodyExt::boxed(Full::new(Bytes::new())));
         *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        let headers = response.headers_mut();
-        headers.insert(
-            http::header::CONNECTION,
-            http::HeaderValue::from_static("upgrade"),
-        );
-        headers.insert(
-            http::header::UPGRADE,
-            http::HeaderValue::from_static(UPGRADE_PROTOCOL),
-        );
+        protocol::insert_upgrade_headers(response.headers_mut());
         return response;
     }
     let frames = futures_util::stream::unfold(state, next_frame);

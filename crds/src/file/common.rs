@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use super::retries::{HedgeSpec, StatusEntry};
+use crate::grpc::GrpcStatusSet;
 use crate::policy::{
-    MethodSet, StatusSet, GATEWAY_STATUSES, MAX_REPLAY_LIMIT_BYTES, MAX_TOTAL_DEADLINE_MS,
-    TRANSIENT_STATUSES,
+    FailureBoundary, MethodSet, StatusSet, GATEWAY_STATUSES, MAX_REPLAY_LIMIT_BYTES,
+    MAX_TOTAL_DEADLINE_MS, TRANSIENT_STATUSES,
 };
 use crate::validation::ValidationErrors;
 
@@ -136,7 +137,10 @@ pub(crate) fn hedge(
     }
 }
 
-/// A status list: codes in 400..=599 or the presets `gateway` and `transient`.
+/// A status list: codes in 400..=599 or the presets `gateway` and `transient`,
+/// each entry checked at `field[i]`. Every status list of both formats goes
+/// through here: the file's `retry_statuses` and `rules[].statuses`, and a
+/// RetryPolicy's `statuses` and `statusPresets`.
 pub(crate) fn statuses(
     errs: &mut ValidationErrors,
     field: &str,
@@ -165,6 +169,63 @@ pub(crate) fn statuses(
         }
     }
     set
+}
+
+/// What a retry rule retries, as far as the duplicate-risk rule is concerned.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Retried {
+    /// The methods retried.
+    pub(crate) methods: MethodSet,
+    /// How far a failed attempt may have got.
+    pub(crate) boundary: FailureBoundary,
+    /// The HTTP statuses retried.
+    pub(crate) statuses: StatusSet,
+    /// The gRPC statuses retried.
+    pub(crate) grpc_statuses: GrpcStatusSet,
+}
+
+/// The duplicate-risk rule of a retry rule, for the file's `rules[]` and a
+/// RetryPolicy alike: methods other than GET, HEAD and OPTIONS, the
+/// before-headers failure boundary, status retries and gRPC status retries
+/// each need the acknowledgement. Unless `acknowledged`, one error at
+/// `field` (the acknowledgement, as the format spells it) names each of them;
+/// `before_headers` is how the format writes that boundary. The CRD states
+/// the same rule in CEL (`RetryRule`'s validation on
+/// `acknowledgeDuplicateRisk`); a test in `retry_rule` holds the two to
+/// agreement. (An upstream's `retries` block has its own, older rule:
+/// `retry_post` and the acknowledgement for PUT, DELETE, PATCH and `*`.)
+pub(crate) fn duplicate_risk(
+    errs: &mut ValidationErrors,
+    field: &str,
+    before_headers: &str,
+    acknowledged: bool,
+    retried: Retried,
+) {
+    if acknowledged {
+        return;
+    }
+    let mut needs = Vec::new();
+    if retried.methods.has_unsafe() {
+        needs.push("methods other than GET, HEAD and OPTIONS");
+    }
+    if retried.boundary == FailureBoundary::BeforeHeaders {
+        needs.push(before_headers);
+    }
+    if !retried.statuses.is_empty() {
+        needs.push("status retries");
+    }
+    if !retried.grpc_statuses.is_empty() {
+        needs.push("gRPC status retries");
+    }
+    if !needs.is_empty() {
+        errs.push(
+            field,
+            format!(
+                "must be true for {} (a retry may duplicate an upstream operation)",
+                needs.join(", ")
+            ),
+        );
+    }
 }
 
 /// A method list; CONNECT and TRACE are refused because they are never retried.

@@ -107,30 +107,18 @@ impl RuleSpec {
             GrpcStatusSet::parse(errs, &format!("{p}.grpc_statuses"), &self.grpc_statuses);
         let boundary = self.failure_boundary.unwrap_or(FailureBoundary::Connect);
         let acknowledged = self.acknowledge_duplicate_risk.unwrap_or(false);
-        if !acknowledged {
-            let mut needs = Vec::new();
-            if methods.has_unsafe() {
-                needs.push("methods other than GET, HEAD and OPTIONS");
-            }
-            if boundary == FailureBoundary::BeforeHeaders {
-                needs.push("failure_boundary: before_headers");
-            }
-            if !statuses.is_empty() {
-                needs.push("status retries");
-            }
-            if !grpc_statuses.is_empty() {
-                needs.push("gRPC status retries");
-            }
-            if !needs.is_empty() {
-                errs.push(
-                    format!("{p}.acknowledge_duplicate_risk"),
-                    format!(
-                        "must be true for {} (a retry may duplicate an upstream operation)",
-                        needs.join(", ")
-                    ),
-                );
-            }
-        }
+        common::duplicate_risk(
+            errs,
+            &format!("{p}.acknowledge_duplicate_risk"),
+            "failure_boundary: before_headers",
+            acknowledged,
+            common::Retried {
+                methods,
+                boundary,
+                statuses,
+                grpc_statuses,
+            },
+        );
         let (backoff_base, backoff_cap) =
             common::backoff(errs, p, self.backoff_base_ms, self.backoff_cap_ms);
         let attempt_timeout = self.attempt_timeout_ms.map(|v| {

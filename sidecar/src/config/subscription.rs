@@ -13,8 +13,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rand::Rng;
 use reprise_crds::protocol::{
-    Ack, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
-    UPGRADE_PROTOCOL, VERSION_PARAM,
+    self, Ack, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
+    VERSION_PARAM,
 };
 use reprise_crds::sidecar_env as env;
 use reprise_crds::snapshot::Snapshot;
@@ -166,15 +166,7 @@ impl Subscription {
             uri.push_str(&format!("?{VERSION_PARAM}={v}"));
         }
         let mut request = self.request("GET", &uri, &token, Bytes::new())?;
-        let headers = request.headers_mut();
-        headers.insert(
-            http::header::CONNECTION,
-            http::HeaderValue::from_static("upgrade"),
-        );
-        headers.insert(
-            http::header::UPGRADE,
-            http::HeaderValue::from_static(UPGRADE_PROTOCOL),
-        );
+        protocol::insert_upgrade_headers(request.headers_mut());
         let response = sender
             .send_request(request)
             .await
