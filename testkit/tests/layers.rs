@@ -85,6 +85,9 @@ const TESTKIT: &[&[&str]] = &[
     &["config", "http1"],
 ];
 
+/// The end-to-end kit: independent parts the tests, demo and benchmarks use.
+const E2E: &[&[&str]] = &[&["bench", "cluster", "jaeger", "soak", "upstream_server"]];
+
 fn check(krate: &str, floors: &[&[&str]]) {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
@@ -131,4 +134,9 @@ fn telemetry() {
 #[test]
 fn testkit() {
     check("testkit", TESTKIT);
+}
+
+#[test]
+fn e2e() {
+    check("e2e", E2E);
 }
