@@ -32,20 +32,23 @@ use http::{Method, Request, Response};
 use reprise_crds::Config;
 use tokio::time::Instant;
 
+use self::admit::Admission;
 use self::body::ProxyBody;
 use self::local::{Local, ERROR_HEADER};
-use self::route::{Destination, RequestFacts, Routes};
+use self::route::{Destination, Routed, Routes};
 use self::tunnel::Tunnels;
 use crate::balance::client::{passthrough_client, PassthroughClient};
 use crate::exchange::body::replay::ReplayReservation;
 use crate::exchange::body::ClientBody;
 use crate::exchange::grpc::{grpc_code, parse_grpc_timeout};
 use crate::exchange::hop_by_hop;
+use crate::exchange::report::Report;
 use crate::observe::access_log::AccessLog;
 use crate::observe::metrics::{ProxyMetrics, UpstreamStats};
 use crate::observe::spans::RequestSpan;
 use crate::observe::Tracing;
 use crate::random::ThreadRandom;
+use crate::retry::upstream::UpstreamState;
 use crate::retry::{self, Plan};
 
 /// The proxy's shared state: the current routes and process-wide counters.
@@ -165,10 +168,12 @@ impl Proxy {
     /// Handles one request routed as `dest` says (the explicit proxy, inside
     /// a CONNECT tunnel, or on a transparently captured connection).
     ///
-    /// One function from the span's start to its end, the phases in a
-    /// labelled block: each nested async fn would put its whole future
+    /// One async function from the span's start to its end, the phases in
+    /// a labelled block: each nested async fn would put its whole future
     /// inside its caller's, and it is copied on the way in, on every
-    /// request.
+    /// request. The steps that never wait (routing, admission, the log line,
+    /// the span's end) are plain functions, which cost nothing over inline
+    /// code (`instructions.sh`).
     pub(crate) async fn handle_routed(
         self: Arc<Self>,
         mut req: Request<ClientBody>,
@@ -191,32 +196,22 @@ impl Proxy {
             // body is prepared, and a clock read is not free (measured:
             // `e2e/bench/results/2026-12-04-issue18-clocks-and-copies.md`).
             let arrived = (logging || grpc).then(Instant::now);
-            let host = route::request_host(&req);
-            let by_host = || host.and_then(|h| routes.upstream(h)).cloned();
-            let found = match &dest {
-                Destination::Host => by_host(),
-                Destination::Tunnel(name) => by_host().or_else(|| routes.upstream(name).cloned()),
-                Destination::Original(addr) => match routes.upstream_at(addr) {
-                    Some(u) => Some(Arc::clone(u)),
-                    // The address left the configuration after the connection
-                    // was captured: the request goes where the app sent it, once.
-                    None => {
-                        break 'serve forward::forward_to(&self.passthrough, req, *addr, &span)
-                            .await
-                    }
-                },
-            };
-            let Some(upstream) = found else {
-                let Some(host) = host else {
-                    break 'serve Local::MissingHost.answer(grpc);
-                };
-                self.metrics
-                    .unknown_upstream
-                    .fetch_add(1, Ordering::Relaxed);
-                if routes.config.proxy.forward_unknown_hosts {
-                    break 'serve forward::forward(&self.passthrough, req, &span).await;
+            let upstream = match routes.route(&req, &dest) {
+                Routed::Upstream(upstream) => upstream,
+                Routed::Captured(addr) => {
+                    break 'serve forward::forward_to(&self.passthrough, req, addr, &span).await
                 }
-                break 'serve Local::UnknownUpstream(host).answer(grpc);
+                Routed::NoHost => break 'serve Local::MissingHost.answer(grpc),
+                Routed::Unknown => {
+                    self.metrics
+                        .unknown_upstream
+                        .fetch_add(1, Ordering::Relaxed);
+                    if routes.config.proxy.forward_unknown_hosts {
+                        break 'serve forward::forward(&self.passthrough, req, &span).await;
+                    }
+                    let host = route::request_host(&req).unwrap_or_default();
+                    break 'serve Local::UnknownUpstream(host).answer(grpc);
+                }
             };
             span.routed(&upstream.config.name);
             if req.method() == Method::CONNECT {
@@ -231,24 +226,10 @@ impl Proxy {
             let mut template = prepare::template(parts, &upstream, upgrade, grpc);
 
             // 2. Admit.
-            let facts = RequestFacts {
-                method: template.head.method.as_str(),
-                path: template.head.path_and_query.path(),
-                host: template
-                    .authority
-                    .as_ref()
-                    .map_or("", route::authority_host),
-                headers: &template.head.headers,
-            };
-            let admitted = admit::admit(&routes, &upstream, &facts, upgrade, &self.metrics);
+            let admitted = admit::admit(&routes, &upstream, &template, upgrade, &self.metrics);
 
             // 3. Prepare the body: buffered only when a retry is possible.
-            let retry_policy = admitted
-                .plan
-                .skip
-                .is_none()
-                .then_some(admitted.plan.policy)
-                .flatten();
+            let retry_policy = admitted.retry_policy();
             let body = match prepare::body(
                 body,
                 retry_policy,
@@ -302,34 +283,68 @@ impl Proxy {
             let response =
                 respond::respond(fin, &report, client_upgrade, &upstream, &self.tunnels, grpc);
             if let (Some((method, path)), Some(arrived)) = (logged, arrived) {
-                self.access_log.request(
-                    &upstream.config.name,
-                    |i| upstream.endpoints[i].label.as_str(),
-                    &method,
-                    &path,
-                    admitted.chosen.map(|c| c.source),
-                    admitted.max_retries(),
-                    &report,
-                    response.status(),
-                    grpc.then(|| grpc_code(response.headers())).flatten(),
+                let logged = Logged {
+                    method: &method,
+                    path: &path,
                     arrived,
-                    span.trace_id(),
-                );
+                    grpc,
+                };
+                self.log_request(&upstream, logged, &admitted, &report, &response, &span);
             }
             response
         };
-        // Its attributes are looked up only while tracing is on.
-        if !span.is_off() {
-            let local_error = response
-                .headers()
-                .get(ERROR_HEADER)
-                .and_then(|v| v.to_str().ok());
-            span.end(
-                response.status(),
-                local_error,
-                grpc.then(|| grpc_code(response.headers())).flatten(),
-            );
-        }
+        end_span(span, &response, grpc);
         Ok(response)
     }
+
+    /// The access log's line for one request to `upstream`.
+    fn log_request(
+        &self,
+        upstream: &UpstreamState,
+        logged: Logged<'_>,
+        admitted: &Admission<'_>,
+        report: &Report,
+        response: &Response<ProxyBody>,
+        span: &RequestSpan,
+    ) {
+        self.access_log.request(
+            &upstream.config.name,
+            |i| upstream.endpoints[i].label.as_str(),
+            logged.method,
+            logged.path,
+            admitted.chosen.map(|c| c.source),
+            admitted.max_retries(),
+            report,
+            response.status(),
+            logged.grpc.then(|| grpc_code(response.headers())).flatten(),
+            logged.arrived,
+            span.trace_id(),
+        );
+    }
+}
+
+/// What the access log needs of the request beyond its outcome.
+#[derive(Clone, Copy, Debug)]
+struct Logged<'a> {
+    method: &'a Method,
+    path: &'a http::uri::PathAndQuery,
+    arrived: Instant,
+    grpc: bool,
+}
+
+/// Ends the request's SERVER span with what the client got; its attributes
+/// are looked up only while tracing is on.
+fn end_span(span: RequestSpan, response: &Response<ProxyBody>, grpc: bool) {
+    if span.is_off() {
+        return;
+    }
+    let local_error = response
+        .headers()
+        .get(ERROR_HEADER)
+        .and_then(|v| v.to_str().ok());
+    span.end(
+        response.status(),
+        local_error,
+        grpc.then(|| grpc_code(response.headers())).flatten(),
+    );
 }

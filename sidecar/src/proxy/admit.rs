@@ -4,9 +4,12 @@
 //! own `retries` block; upgrades and methods the policy does not retry are
 //! skipped up front.
 
-use super::route::{ChosenPolicy, RequestFacts, Routes};
+use reprise_crds::RetryPolicy;
+
+use super::route::{self, ChosenPolicy, RequestFacts, Routes};
 use crate::exchange::outcome::SkipReason;
 use crate::observe::metrics::ProxyMetrics;
+use crate::retry::attempt::RequestTemplate;
 use crate::retry::upstream::UpstreamState;
 use crate::retry::Plan;
 
@@ -19,16 +22,25 @@ pub(crate) struct Admission<'a> {
     pub(crate) plan: Plan<'a>,
 }
 
-/// Admits a request of `method` to `path` with `headers` for `upstream`.
+/// Admits the request `template` repeats for `upstream`.
 pub(crate) fn admit<'a>(
     routes: &'a Routes,
     upstream: &'a UpstreamState,
-    request: &RequestFacts<'_>,
+    template: &RequestTemplate,
     upgrade: bool,
     metrics: &ProxyMetrics,
 ) -> Admission<'a> {
+    let request = RequestFacts {
+        method: template.head.method.as_str(),
+        path: template.head.path_and_query.path(),
+        host: template
+            .authority
+            .as_ref()
+            .map_or("", route::authority_host),
+        headers: &template.head.headers,
+    };
     let method = request.method;
-    let chosen = routes.policy_for(upstream, request, |rule| metrics.record_cel_error(rule));
+    let chosen = routes.policy_for(upstream, &request, |rule| metrics.record_cel_error(rule));
     let policy = chosen.map(|c| c.policy);
     let skip = if upgrade {
         Some(SkipReason::Upgrade)
@@ -47,6 +59,12 @@ pub(crate) fn admit<'a>(
 }
 
 impl Admission<'_> {
+    /// The policy when a failure may be retried at all: the body is
+    /// buffered for replay only then.
+    pub(crate) fn retry_policy(&self) -> Option<&RetryPolicy> {
+        self.plan.policy.filter(|_| self.plan.skip.is_none())
+    }
+
     /// Retries the policy allows beyond the first attempt (0 without one).
     pub(crate) fn max_retries(&self) -> u32 {
         self.plan.policy.map_or(0, |p| p.max_retries)

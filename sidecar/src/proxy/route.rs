@@ -65,6 +65,19 @@ pub(crate) struct RequestFacts<'a> {
     pub headers: &'a HeaderMap,
 }
 
+/// Where [`Routes::route`] sends a request.
+#[derive(Debug)]
+pub(crate) enum Routed {
+    /// To this upstream, with its retries.
+    Upstream(Arc<UpstreamState>),
+    /// Captured, to an address no upstream has now: forwarded there once.
+    Captured(SocketAddr),
+    /// Nowhere: the request names no host.
+    NoHost,
+    /// Nowhere: its host names no upstream.
+    Unknown,
+}
+
 /// The policy chosen for one request and where it came from.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChosenPolicy<'a> {
@@ -110,6 +123,28 @@ impl Routes {
             config: Arc::new(config),
             upstreams,
             by_address,
+        }
+    }
+
+    /// Where a request routed as `dest` goes: the upstream its host names
+    /// (inside a tunnel, the tunnel's unless the host names another), or on
+    /// a captured connection the one its original destination belongs to.
+    pub(crate) fn route<B>(&self, req: &Request<B>, dest: &Destination) -> Routed {
+        let by_host = || request_host(req).and_then(|h| self.upstream(h)).cloned();
+        let found = match dest {
+            Destination::Host => by_host(),
+            Destination::Tunnel(name) => by_host().or_else(|| self.upstream(name).cloned()),
+            Destination::Original(addr) => match self.upstream_at(addr) {
+                Some(u) => Some(Arc::clone(u)),
+                // The address left the configuration after the connection
+                // was captured: the request goes where the app sent it, once.
+                None => return Routed::Captured(*addr),
+            },
+        };
+        match found {
+            Some(upstream) => Routed::Upstream(upstream),
+            None if request_host(req).is_none() => Routed::NoHost,
+            None => Routed::Unknown,
         }
     }
 
