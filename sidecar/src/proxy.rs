@@ -173,7 +173,7 @@ impl Proxy {
     /// inside its caller's, and it is copied on the way in, on every
     /// request. The steps that never wait (routing, admission, the log line,
     /// the span's end) are plain functions, which cost nothing over inline
-    /// code (`instructions.sh`).
+    /// code (e2e/bench/results/2026-12-06-issue41-layers.md).
     pub(crate) async fn handle_routed(
         self: Arc<Self>,
         mut req: Request<ClientBody>,
