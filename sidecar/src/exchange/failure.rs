@@ -18,6 +18,10 @@ pub enum FailureKind {
     ConnectTimeout,
     /// Another error while connecting.
     ConnectError,
+    /// The sidecar itself ran out of file descriptors, socket buffers or
+    /// memory while connecting: not the endpoint's fault, and another
+    /// endpoint would fail the same way.
+    LocalResources,
     /// The connection was reset.
     ConnectionReset,
     /// The connection closed before response headers arrived.
@@ -63,6 +67,7 @@ impl FailureKind {
             FailureKind::ConnectRefused => "connect_refused",
             FailureKind::ConnectTimeout => "connect_timeout",
             FailureKind::ConnectError => "connect_error",
+            FailureKind::LocalResources => "local_resources",
             FailureKind::ConnectionReset => "connection_reset",
             FailureKind::ConnectionClosed => "connection_closed",
             FailureKind::ProtocolError => "protocol_error",
@@ -82,7 +87,9 @@ impl FailureKind {
         })
     }
 
-    /// True for transport failures (everything but a status): these feed passive health.
+    /// True for the endpoint's transport failures (everything but a
+    /// status, the client's body, the deadline and the sidecar's own
+    /// resources): these feed passive health.
     pub fn is_transport(&self) -> bool {
         !matches!(
             self,
@@ -90,6 +97,7 @@ impl FailureKind {
                 | FailureKind::GrpcStatus(_)
                 | FailureKind::RequestBodyError
                 | FailureKind::DeadlineExceeded
+                | FailureKind::LocalResources
         )
     }
 
@@ -101,6 +109,7 @@ impl FailureKind {
             | FailureKind::DeadlineExceeded
             | FailureKind::ConnectTimeout => StatusCode::GATEWAY_TIMEOUT,
             FailureKind::RequestBodyError => StatusCode::BAD_REQUEST,
+            FailureKind::LocalResources => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
@@ -137,12 +146,22 @@ pub(crate) fn classify_h2_error(err: &h2::Error) -> (FailureKind, Stage) {
 }
 
 fn classify_connect(io: Option<&io::Error>) -> (FailureKind, Stage) {
-    let kind = match io.map(io::Error::kind) {
-        Some(io::ErrorKind::ConnectionRefused) => FailureKind::ConnectRefused,
-        Some(io::ErrorKind::TimedOut) => FailureKind::ConnectTimeout,
+    let kind = match io {
+        Some(e) if is_local_resources(e) => FailureKind::LocalResources,
+        Some(e) if e.kind() == io::ErrorKind::ConnectionRefused => FailureKind::ConnectRefused,
+        Some(e) if e.kind() == io::ErrorKind::TimedOut => FailureKind::ConnectTimeout,
         _ => FailureKind::ConnectError,
     };
     (kind, Stage::Connect)
+}
+
+/// True when `e` says this process, not the peer, ran out of something:
+/// descriptors (its own or the system's), socket buffers, memory.
+pub(crate) fn is_local_resources(e: &io::Error) -> bool {
+    use rustix::io::Errno;
+    [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM]
+        .iter()
+        .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()))
 }
 
 /// A socket error on an open connection, by its kind (hyper's client and
@@ -208,6 +227,32 @@ fn find_io<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a io::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_or_memory_is_the_sidecars_own_failure() {
+        for errno in [
+            rustix::io::Errno::MFILE,
+            rustix::io::Errno::NFILE,
+            rustix::io::Errno::NOBUFS,
+            rustix::io::Errno::NOMEM,
+        ] {
+            let e = io::Error::from_raw_os_error(errno.raw_os_error());
+            assert_eq!(
+                classify_connect_error(&e),
+                (FailureKind::LocalResources, Stage::Connect),
+                "{e}"
+            );
+        }
+        let kind = FailureKind::LocalResources;
+        assert_eq!(kind.name(), "local_resources");
+        assert!(!kind.is_transport(), "never counts against an endpoint");
+        assert_eq!(kind.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            classify_connect_error(&refused).0,
+            FailureKind::ConnectRefused
+        );
+    }
 
     #[test]
     fn names_are_stable() {

@@ -33,6 +33,9 @@ pub(crate) enum Local<'a> {
     BadUri,
     /// The client's request body failed while it was being buffered.
     RequestBody,
+    /// The client's request body stopped arriving while it was being
+    /// buffered for replay.
+    RequestBodyTimeout,
     /// CONNECT to a host outside every upstream (not forwarded).
     ConnectOutside,
     /// The upstream's attempts ended without a response to pass on.
@@ -56,6 +59,7 @@ impl Local<'_> {
         match self {
             Local::MissingHost | Local::BadUri | Local::RequestBody => StatusCode::BAD_REQUEST,
             Local::UnknownUpstream(_) => StatusCode::BAD_GATEWAY,
+            Local::RequestBodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Local::ConnectOutside => StatusCode::METHOD_NOT_ALLOWED,
             Local::Failed { kind, .. } | Local::Forward { kind, .. } => kind.status(),
             Local::NoEndpoint(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -69,6 +73,7 @@ impl Local<'_> {
             Local::UnknownUpstream(_) => "unknown_upstream",
             Local::BadUri => "bad_uri",
             Local::RequestBody => "request_body_error",
+            Local::RequestBodyTimeout => "request_body_timeout",
             Local::ConnectOutside => "connect_unsupported",
             Local::Failed { kind, .. } | Local::Forward { kind, .. } => return kind.name(),
             Local::NoEndpoint(_) => "no_endpoint",
@@ -84,6 +89,9 @@ impl Local<'_> {
             Local::UnknownUpstream(host) => format!("reprise: no upstream named \"{host}\"\n"),
             Local::BadUri => "reprise: cannot forward this URI\n".into(),
             Local::RequestBody => "reprise: reading the request body failed\n".into(),
+            Local::RequestBodyTimeout => {
+                "reprise: the request body stopped arriving before it was whole\n".into()
+            }
             Local::ConnectOutside => {
                 "reprise: CONNECT to a host outside the mesh is not supported; add it to NO_PROXY\n"
                     .into()

@@ -10,7 +10,7 @@ use http::Version;
 use reprise_crds::{Protocol, RetryPolicy};
 
 use super::local::Local;
-use crate::exchange::body::replay::{ReplayBody, ReplayReservation};
+use crate::exchange::body::replay::{BodyIdle, ReplayBody, ReplayReservation};
 use crate::exchange::body::ClientBody;
 use crate::exchange::hop_by_hop;
 use crate::exchange::request::RequestHead;
@@ -109,6 +109,10 @@ pub(crate) async fn body(
         .and_then(|v| v.parse::<u64>().ok());
     match ReplayBody::prepare(body, length, p.replay_limit_bytes, reservation).await {
         Ok(b) => Ok(BodySource::Replay(b)),
+        Err(e) if e.downcast_ref::<BodyIdle>().is_some() => {
+            tracing::info!(upstream, error = %e, "client request body stopped arriving while buffering");
+            Err(Local::RequestBodyTimeout)
+        }
         Err(e) => {
             tracing::info!(upstream, error = %e, "client request body failed while buffering");
             Err(Local::RequestBody)

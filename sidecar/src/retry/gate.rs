@@ -68,7 +68,9 @@ pub(crate) fn decide(
     };
     if let Some(f) = failure {
         match f.kind {
-            FailureKind::RequestBodyError => {
+            // Another endpoint would fail the same way: the sidecar itself
+            // ran out of descriptors or memory.
+            FailureKind::RequestBodyError | FailureKind::LocalResources => {
                 return Stop(Outcome::Skipped(SkipReason::NotRetryable))
             }
             FailureKind::DeadlineExceeded => {
@@ -250,6 +252,11 @@ mod tests {
                 trigger: Some((FailureKind::RequestBodyError, Stage::AfterWrite, None)),
                 want: Err(Outcome::Skipped(NotRetryable)),
                 ..row("the client's own body failing is never retried")
+            },
+            Row {
+                trigger: Some((FailureKind::LocalResources, Stage::Connect, None)),
+                want: Err(Outcome::Skipped(NotRetryable)),
+                ..row("the sidecar out of descriptors is not retried elsewhere")
             },
             Row {
                 trigger: Some((FailureKind::DeadlineExceeded, Stage::AfterWrite, None)),

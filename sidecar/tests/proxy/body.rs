@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
+use tokio::io::AsyncWriteExt;
 
 use crate::support::{api, pair, retries, Action, Config, ProxyConfig, Retries, Sidecar, Upstream};
 
@@ -131,6 +132,41 @@ async fn without_a_reservation_the_body_streams_and_the_request_is_not_rejected(
     let r = sidecar.send("POST", "api", "/", &[1u8; 100]).await;
     assert_eq!(r.status, 503);
     assert_eq!(a.count() + b.count(), 1);
+}
+
+#[tokio::test]
+async fn slow_bodies_hold_only_what_they_sent_so_other_bodies_are_still_replayed() {
+    let a = Upstream::always(Action::Reply(503)).await;
+    let b = Upstream::always(Action::Echo).await;
+    let config = Config::from(api(&[&a, &b]).retries(replayable().buffer_max_bytes(4 << 20)))
+        .proxy(ProxyConfig::new().replay_reservation_bytes(8 << 20));
+    let sidecar = Sidecar::start(config).await;
+    // Two clients declare 4 MiB each, the whole reservation, and send a byte.
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let mut c = tokio::net::TcpStream::connect(sidecar.addr)
+            .await
+            .expect("connect");
+        c.write_all(b"POST / HTTP/1.1\r\nHost: api\r\nContent-Length: 4194304\r\n\r\nx")
+            .await
+            .expect("head and a byte");
+        slow.push(c);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while sidecar.proxy.replay_buffer_bytes() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        sidecar.proxy.replay_buffer_bytes(),
+        2,
+        "each slow body holds the byte it sent, not the 4 MiB it declared"
+    );
+    // A 1 MiB body still fits, so the first endpoint's 503 is retried.
+    let body = vec![5u8; 1 << 20];
+    let r = sidecar.send("POST", "api", "/", &body).await;
+    assert_eq!(r.status, 200, "replayed to the second endpoint");
+    assert_eq!(r.body.as_ref().expect("body").len(), 1 << 20);
+    drop(slow);
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@ mod http1_server;
 mod limits;
 mod matching;
 mod methods;
+mod resources;
 mod routing;
 mod tracing;
 mod tunnel;

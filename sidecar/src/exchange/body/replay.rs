@@ -3,17 +3,35 @@
 //! A body within the policy's replay limit (and the process-wide reservation)
 //! is read once and replayed from memory for each attempt. Any other body
 //! streams; it can still be retried while no attempt has consumed a byte of it.
+//!
+//! The reservation holds what has been read, never what a client declared:
+//! a client that announces a large body and sends it slowly holds only its
+//! bytes, so slow clients cannot take replay away from everyone else. And a
+//! body being read for replay that stops arriving is given up after
+//! [`BODY_IDLE_TIMEOUT`].
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
 use super::{impl_body, BoxError, ClientBody, Frames};
+
+/// How long a body being read for replay may go without a frame before it
+/// is given up: no longer than a client may take to send a request head
+/// (the server's header read timeout), so a client that stops mid-body
+/// holds its connection and task no longer than one that never sent a head.
+pub(crate) const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A body being read for replay stopped arriving for [`BODY_IDLE_TIMEOUT`].
+#[derive(Debug, thiserror::Error)]
+#[error("no request body bytes for {0:?}")]
+pub(crate) struct BodyIdle(pub(crate) Duration);
 
 /// The error of an attempt's view of a streaming body polled after a newer
 /// attempt took the body over (that attempt was abandoned: a hedge lost).
@@ -111,14 +129,20 @@ impl ReplayReservation {
 }
 
 impl Reserved {
-    /// Gives back what is held beyond `bytes`.
-    fn shrink_to(&mut self, bytes: u64) {
-        if bytes < self.bytes {
-            self.pool
-                .in_use
-                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
-            self.bytes = bytes;
+    /// Holds `bytes` more if they fit under the limit.
+    fn grow(&mut self, bytes: u64) -> bool {
+        let limit = self.pool.limit.load(Ordering::Relaxed);
+        let grown = self
+            .pool
+            .in_use
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|total| *total <= limit)
+            })
+            .is_ok();
+        if grown {
+            self.bytes += bytes;
         }
+        grown
     }
 }
 
@@ -130,8 +154,10 @@ impl Drop for Reserved {
 
 impl ReplayBody {
     /// Prepares `body` for replay within `limit` bytes. Never refuses a request:
-    /// when the body is over the limit or the reservation is full, it streams.
-    /// Errors only when the client's body itself fails while being read.
+    /// when the body is over the limit or the reservation runs out while it
+    /// is read, what was read goes first and the rest streams. Errors when
+    /// the client's body itself fails while being read, or stops arriving
+    /// ([`BodyIdle`]).
     pub(crate) async fn prepare(
         mut body: ClientBody,
         content_length: Option<u64>,
@@ -151,20 +177,34 @@ impl ReplayBody {
             None if limit == 0 => return Ok(Self::streaming(None, body, None)),
             None => limit,
         };
-        let Some(mut reserved) = pool.try_reserve(want) else {
+        let Some(mut reserved) = pool.try_reserve(0) else {
             return Ok(Self::streaming(None, body, None));
         };
         let mut buf = BytesMut::with_capacity(usize::try_from(want).unwrap_or(0).min(1 << 16));
         let mut trailers = None;
-        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        let idle = tokio::time::sleep(BODY_IDLE_TIMEOUT);
+        tokio::pin!(idle);
+        loop {
+            let frame = tokio::select! {
+                biased;
+                frame = http_body_util::BodyExt::frame(&mut body) => frame,
+                () = &mut idle => return Err(Box::new(BodyIdle(BODY_IDLE_TIMEOUT))),
+            };
+            let Some(frame) = frame else { break };
             let frame = frame?;
             match frame.into_data() {
                 Ok(data) => {
-                    buf.extend_from_slice(&data);
-                    if buf.len() as u64 > limit {
-                        // Over the cap: what was read goes first, the rest streams.
+                    let over =
+                        buf.len() + data.len() > usize::try_from(limit).unwrap_or(usize::MAX);
+                    // Over the cap, or no memory left to hold it: what was
+                    // read goes first, the rest streams.
+                    if over || !reserved.grow(data.len() as u64) {
+                        buf.extend_from_slice(&data);
                         return Ok(Self::streaming(Some(buf.freeze()), body, Some(reserved)));
                     }
+                    buf.extend_from_slice(&data);
+                    idle.as_mut()
+                        .reset(tokio::time::Instant::now() + BODY_IDLE_TIMEOUT);
                 }
                 Err(frame) => {
                     if let Ok(t) = frame.into_trailers() {
@@ -173,7 +213,6 @@ impl ReplayBody {
                 }
             }
         }
-        reserved.shrink_to(buf.len() as u64);
         Ok(ReplayBody::Buffered {
             data: buf.freeze(),
             trailers,
@@ -330,12 +369,78 @@ mod tests {
         let pool = ReplayReservation::new(100);
         let a = pool.try_reserve(60).expect("fits");
         assert!(pool.try_reserve(41).is_none());
-        let mut b = pool.try_reserve(40).expect("fits exactly");
+        let mut b = pool.try_reserve(30).expect("fits");
+        assert!(!b.grow(11), "past the limit");
+        assert!(b.grow(10), "fits exactly");
         assert_eq!(pool.in_use(), 100);
-        b.shrink_to(10);
-        assert_eq!(pool.in_use(), 70);
         drop(a);
+        assert_eq!(pool.in_use(), 40);
         drop(b);
         assert_eq!(pool.in_use(), 0);
+    }
+
+    /// A body of `length` bytes from a client that sends `first`, then
+    /// nothing more while the returned task runs.
+    fn stalling(length: u64, first: &'static [u8]) -> (ClientBody, tokio::task::JoinHandle<()>) {
+        let (sender, recv) = super::super::h1_recv::channel(Some(length));
+        let feeder = tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| sender.poll_want(cx)).await;
+            sender.send(Bytes::from_static(first), false);
+            std::future::pending::<()>().await;
+        });
+        (ClientBody::Http1(recv), feeder)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_body_holds_what_it_sent_not_what_it_declared() {
+        let pool = ReplayReservation::new(8 << 20);
+        let (body, feeder) = stalling(4 << 20, b"x");
+        let reading = tokio::spawn({
+            let pool = Arc::clone(&pool);
+            async move { ReplayBody::prepare(body, Some(4 << 20), 4 << 20, &pool).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(pool.in_use(), 1, "one byte read, one byte held");
+        // The rest of the reservation is free for others.
+        assert!(pool.try_reserve((8 << 20) - 1).is_some());
+        reading.abort();
+        feeder.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_is_given_up_after_the_idle_timeout() {
+        let pool = ReplayReservation::new(1 << 20);
+        let (body, feeder) = stalling(10, b"abc");
+        let started = tokio::time::Instant::now();
+        let err = ReplayBody::prepare(body, Some(10), 1 << 20, &pool)
+            .await
+            .expect_err("given up");
+        assert!(err.downcast_ref::<BodyIdle>().is_some(), "{err}");
+        assert_eq!(
+            started.elapsed(),
+            BODY_IDLE_TIMEOUT,
+            "counted from the last frame"
+        );
+        assert_eq!(pool.in_use(), 0, "what it held is given back");
+        feeder.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_keeps_arriving_is_read_whole_however_long_it_takes() {
+        let pool = ReplayReservation::new(1 << 20);
+        let (sender, recv) = super::super::h1_recv::channel(Some(3));
+        let feeder = tokio::spawn(async move {
+            for (i, byte) in [b"a", b"b", b"c"].into_iter().enumerate() {
+                let _ = std::future::poll_fn(|cx| sender.poll_want(cx)).await;
+                tokio::time::sleep(BODY_IDLE_TIMEOUT - Duration::from_secs(1)).await;
+                sender.send(Bytes::from_static(byte), i == 2);
+            }
+        });
+        let body = ReplayBody::prepare(ClientBody::Http1(recv), Some(3), 1 << 20, &pool)
+            .await
+            .expect("read whole");
+        assert!(body.is_buffered());
+        assert_eq!(pool.in_use(), 3);
+        feeder.await.expect("fed");
     }
 }

@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::balance::picker;
+use crate::exchange::failure::is_local_resources;
 use crate::exchange::report::Tried;
 use crate::random::ThreadRandom;
 use crate::retry::upstream::UpstreamState;
@@ -30,9 +31,11 @@ pub(crate) async fn connect_upstream(upstream: &UpstreamState) -> io::Result<Tcp
     .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no endpoint"))?;
     let endpoint = &upstream.endpoints[i];
     let connected = connect(endpoint.endpoint.addr, upstream.config.connect_timeout).await;
+    // A timeout may be the path's, and running out of descriptors or memory
+    // is this process's: neither says the endpoint refused.
     if connected
         .as_ref()
-        .is_err_and(|e| e.kind() != io::ErrorKind::TimedOut)
+        .is_err_and(|e| e.kind() != io::ErrorKind::TimedOut && !is_local_resources(e))
     {
         endpoint.record_failure(&upstream.config.passive_health);
     }
