@@ -50,6 +50,9 @@ pub(crate) struct ProxyMetrics {
     pub(crate) reloads_refused: AtomicU64,
     /// Requests for a host that names no upstream.
     pub(crate) unknown_upstream: AtomicU64,
+    /// h2c connections closed because their client reset most of its
+    /// streams before they were answered (rapid reset).
+    pub(crate) h2c_reset_floods: AtomicU64,
     /// CEL conditions that failed to evaluate (each counted as no match), by rule.
     cel_errors: Mutex<BTreeMap<String, u64>>,
     /// Transparently captured connections.

@@ -27,6 +27,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -59,6 +60,43 @@ const MAX_STREAMS: u32 = 200;
 const MAX_SEND_BUFFER: usize = 400 << 10;
 const MAX_ERROR_RESETS: usize = 1024;
 
+/// A connection has opened at least this many streams before its resets
+/// are judged: a client that cancels a few requests is doing its job.
+const RESET_FLOOD_MIN_STREAMS: u32 = 100;
+
+/// The client's resets of streams before their answer, on one connection.
+/// Each such reset still cost an upstream request (and, on HTTP/1, the
+/// upstream connection it was on), so a client that opens streams and
+/// resets them at once turns one connection into a flood of upstream
+/// work (rapid reset after acceptance, which the h2 crate's own guard
+/// does not see: the streams were valid). Like Envoy's premature-reset
+/// limit, once a connection has opened [`RESET_FLOOD_MIN_STREAMS`] streams
+/// and its client reset more than half of them before the answer, it is
+/// closed with `ENHANCE_YOUR_CALM`.
+#[derive(Debug, Default)]
+pub(super) struct Resets {
+    streams: AtomicU32,
+    early: AtomicU32,
+}
+
+impl Resets {
+    /// A stream opened.
+    fn opened(&self) {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The client reset a stream before its answer.
+    fn reset_early(&self) {
+        self.early.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The connection's client floods it with early resets.
+    fn flooding(&self) -> bool {
+        let streams = self.streams.load(Ordering::Relaxed);
+        streams >= RESET_FLOOD_MIN_STREAMS && self.early.load(Ordering::Relaxed) * 2 > streams
+    }
+}
+
 /// The h2 crate's server settings, request heads up to `max_head` bytes
 /// (HPACK's list size).
 pub(super) fn builder(max_head: usize) -> h2::server::Builder {
@@ -82,6 +120,9 @@ pub(super) struct H2cConnection<T = Socket> {
     shutdown_pending: bool,
     proxy: Arc<Proxy>,
     dest: Destination,
+    resets: Arc<Resets>,
+    /// Closed for a reset flood: GOAWAY sent, the connection is ending.
+    closing: bool,
 }
 
 enum State<T> {
@@ -102,6 +143,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2cConnection<T> {
             shutdown_pending: false,
             proxy,
             dest,
+            resets: Arc::default(),
+            closing: false,
         }
     }
 
@@ -134,11 +177,28 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Future for H2cConnection<T> {
                     // written while this is polled, streams or none.
                     return match ready!(conn.poll_accept(cx)) {
                         Some(Ok((req, respond))) => {
+                            if this.resets.flooding() && !this.closing {
+                                this.closing = true;
+                                this.proxy
+                                    .metrics
+                                    .h2c_reset_floods
+                                    .fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!("h2c client resets most of its streams before the answer; closing the connection");
+                                conn.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
+                            }
+                            if this.closing {
+                                // Refused, not served: the connection is going.
+                                let mut respond = respond;
+                                respond.send_reset(Reason::REFUSED_STREAM);
+                                continue;
+                            }
+                            this.resets.opened();
                             tokio::spawn(serve_stream(
                                 Arc::clone(&this.proxy),
                                 this.dest.clone(),
                                 req,
                                 respond,
+                                Arc::clone(&this.resets),
                             ));
                             continue;
                         }
@@ -164,6 +224,7 @@ fn serve_stream(
     dest: Destination,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    resets: Arc<Resets>,
 ) -> impl Future<Output = ()> + Send {
     let (mut parts, recv) = req.into_parts();
     // CONNECT's stream carries the tunnel's bytes once it is answered, not
@@ -192,8 +253,9 @@ fn serve_stream(
                 Err(never) => match never {},
             },
             // The client gave up on the request: dropping it cancels its attempts.
-            _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
+            _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return resets.reset_early(),
         };
+        drop(resets);
         // Its box goes back for the next stream now, not after the body.
         drop(served);
         respond_with(response, respond, tunnel).await;
@@ -302,5 +364,28 @@ fn send_body(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resets(streams: u32, early: u32) -> Resets {
+        let r = Resets::default();
+        (0..streams).for_each(|_| r.opened());
+        (0..early).for_each(|_| r.reset_early());
+        r
+    }
+
+    #[test]
+    fn a_flood_is_most_streams_reset_early_past_a_hundred() {
+        assert!(!resets(99, 99).flooding(), "too few streams to judge");
+        assert!(!resets(100, 50).flooding(), "half is not most");
+        assert!(resets(100, 51).flooding());
+        assert!(
+            !resets(10_000, 4_000).flooding(),
+            "a client cancelling some requests"
+        );
     }
 }

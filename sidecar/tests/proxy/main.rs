@@ -17,6 +17,7 @@ mod http1_server;
 mod limits;
 mod matching;
 mod methods;
+mod rapid_reset;
 mod resources;
 mod routing;
 mod tracing;

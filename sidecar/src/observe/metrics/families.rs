@@ -91,6 +91,11 @@ pub(crate) const FAMILIES: &[Family] = &[
         "Requests for a host that names no upstream.",
     ),
     family(
+        "reprise_h2c_reset_flood_closes_total",
+        Kind::Counter,
+        "h2c connections closed because their client reset most of its streams before the answer.",
+    ),
+    family(
         "reprise_rule_cel_errors_total",
         Kind::Counter,
         "Rule CEL conditions that failed to evaluate (each counted as no match), by rule id.",

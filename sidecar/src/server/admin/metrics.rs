@@ -123,6 +123,11 @@ fn proxy_samples(out: &mut Exposition, proxy: &Proxy, replay_limit: u64) {
         &[],
         load(&m.unknown_upstream),
     );
+    out.sample(
+        "reprise_h2c_reset_flood_closes_total",
+        &[],
+        load(&m.h2c_reset_floods),
+    );
     for (rule, n) in &m.cel_errors() {
         out.sample("reprise_rule_cel_errors_total", &[("rule", rule)], n);
     }
