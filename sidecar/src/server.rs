@@ -263,9 +263,20 @@ async fn serve_io<T: Stream>(
     // h2c: the h2 crate's server directly (see [`h2c`]). Boxed: HTTP/2's
     // connection state is larger than HTTP/1's, and inline it would size
     // every connection's task, HTTP/1 ones included, for the rarer protocol.
+    // Its streams are counted as HTTP/1's requests are, so that one with
+    // none open for HEADER_READ_TIMEOUT gets GOAWAY: an idle or silent h2c
+    // client holds a connection no longer than an HTTP/1 one.
     if protocol == Protocol::H2c {
-        let mut conn = Box::pin(H2cConnection::new(io, &builder.h2, proxy, dest));
-        if let Err(e) = drive(conn.as_mut(), |c| c.graceful_shutdown(), drain, None).await {
+        let streams = Arc::new(ConnDrain::new());
+        let mut conn = Box::pin(H2cConnection::new(
+            io,
+            &builder.h2,
+            proxy,
+            dest,
+            Arc::clone(&streams),
+        ));
+        let watched = Watched::H2c(streams);
+        if let Err(e) = drive(conn.as_mut(), |c| c.graceful_shutdown(), drain, watched).await {
             tracing::debug!(error = %e, "client connection ended with an error");
         }
         return;
@@ -283,7 +294,8 @@ async fn serve_io<T: Stream>(
         builder.max_head,
     ));
     let closing = Arc::clone(&conn_drain);
-    if let Err(e) = drive(conn, move |_| closing.close(), drain, Some(conn_drain)).await {
+    let watched = Watched::Http1(conn_drain);
+    if let Err(e) = drive(conn, move |_| closing.close(), drain, watched).await {
         tracing::debug!(error = %e, "client connection ended with an error");
     }
 }
@@ -306,6 +318,13 @@ impl HttpBuilders {
     }
 }
 
+/// A served connection's open requests (HTTP/1) or streams (h2c), which
+/// tell when it has been idle.
+enum Watched {
+    Http1(Arc<ConnDrain>),
+    H2c(Arc<ConnDrain>),
+}
+
 /// Drives one served connection to its end, following the drain: `shutdown`
 /// is the connection's graceful shutdown (GOAWAY on HTTP/2, close after the
 /// response in flight on HTTP/1).
@@ -313,7 +332,7 @@ async fn drive<C, E>(
     mut conn: std::pin::Pin<&mut C>,
     shutdown: impl FnOnce(std::pin::Pin<&mut C>),
     mut drain: watch::Receiver<Drain>,
-    conn_drain: Option<Arc<ConnDrain>>,
+    watched: Watched,
 ) -> Result<(), E>
 where
     C: Future<Output = Result<(), E>>,
@@ -327,18 +346,18 @@ where
     // `e2e/bench/results/2026-12-02-issue18-task-and-lto.md`).
     let quiet = async {
         reached(&mut drain, DrainPhase::Draining).await;
-        if let Some(c) = &conn_drain {
+        if let Watched::Http1(c) = &watched {
             let d = *drain.borrow();
             Box::pin(c.quiet(d.started_ms, d.grace)).await;
         }
     };
-    // HTTP/1: a client gets HEADER_READ_TIMEOUT from the connection's start
-    // or its last response's end to send a whole request head; past it the
-    // connection closes without an answer (there is no request to answer).
+    // A client gets HEADER_READ_TIMEOUT from the connection's start or its
+    // last response's end to send a whole request head (HTTP/1) or open a
+    // stream (h2c); past it an HTTP/1 connection closes without an answer
+    // (there is no request to answer), an h2c one with GOAWAY.
     let idle = async {
-        match &conn_drain {
-            Some(c) => c.idle(HEADER_READ_TIMEOUT).await,
-            None => std::future::pending().await,
+        match &watched {
+            Watched::Http1(c) | Watched::H2c(c) => c.idle(HEADER_READ_TIMEOUT).await,
         }
     };
     tokio::pin!(quiet, idle);
@@ -372,10 +391,17 @@ where
             shutdown(conn.as_mut());
             conn.await
         }
-        Exit::Idle => {
-            tracing::debug!("no whole request head within the header read timeout: closing");
-            Ok(())
-        }
+        Exit::Idle => match watched {
+            Watched::Http1(_) => {
+                tracing::debug!("no whole request head within the header read timeout: closing");
+                Ok(())
+            }
+            Watched::H2c(_) => {
+                tracing::debug!("no h2c stream within the header read timeout: GOAWAY");
+                shutdown(conn.as_mut());
+                conn.await
+            }
+        },
     }
 }
 

@@ -16,7 +16,10 @@
 //! - CONNECT (RFC 9113 §8.5): a `2xx` answer turns the stream into the
 //!   tunnel's bytes ([`crate::proxy::tunnel`]).
 //! - The drain's graceful shutdown sends GOAWAY (also when it comes during
-//!   the handshake): streams already open finish, new ones are refused.
+//!   the handshake): streams already open finish, new ones are refused. So
+//!   does a connection with no stream open for the header read timeout
+//!   (its streams are counted like HTTP/1's requests), and one whose client
+//!   resets most of its streams before their answer ([`Resets`]).
 //!
 //! In place of hyper's server, which wrapped every stream's request in its
 //! own body type and piped every response through its own send buffer type
@@ -40,7 +43,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::drain::ServedBody;
+use super::drain::{ConnDrain, ServedBody};
 use super::request_box::RequestBox;
 use super::serve_request;
 use crate::exchange::body::{ClientBody, H2Recv};
@@ -120,6 +123,8 @@ pub(super) struct H2cConnection<T = Socket> {
     shutdown_pending: bool,
     proxy: Arc<Proxy>,
     dest: Destination,
+    /// Open streams, for the idle timeout.
+    streams: Arc<ConnDrain>,
     resets: Arc<Resets>,
     /// Closed for a reset flood: GOAWAY sent, the connection is ending.
     closing: bool,
@@ -137,12 +142,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2cConnection<T> {
         builder: &h2::server::Builder,
         proxy: Arc<Proxy>,
         dest: Destination,
+        streams: Arc<ConnDrain>,
     ) -> Self {
         Self {
             state: State::Handshaking(builder.handshake(io)),
             shutdown_pending: false,
             proxy,
             dest,
+            streams,
             resets: Arc::default(),
             closing: false,
         }
@@ -198,6 +205,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Future for H2cConnection<T> {
                                 this.dest.clone(),
                                 req,
                                 respond,
+                                &this.streams,
                                 Arc::clone(&this.resets),
                             ));
                             continue;
@@ -224,6 +232,7 @@ fn serve_stream(
     dest: Destination,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    streams: &Arc<ConnDrain>,
     resets: Arc<Resets>,
 ) -> impl Future<Output = ()> + Send {
     let (mut parts, recv) = req.into_parts();
@@ -244,7 +253,7 @@ fn serve_stream(
     // and `tokio::spawn` moves a future through several calls before it
     // reaches the task's memory (each move a copy of all of it; measured:
     // `e2e/bench/results/2026-12-03-issue18-bodies-and-h2c.md`).
-    let mut served = RequestBox::new(serve_request(proxy, req, dest, None));
+    let mut served = RequestBox::new(serve_request(proxy, req, dest, Some(streams)));
     async move {
         let response = tokio::select! {
             biased;

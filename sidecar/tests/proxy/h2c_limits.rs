@@ -1,12 +1,38 @@
-//! HTTP/2 rapid reset after acceptance: a client that opens streams and
-//! resets each once the sidecar has sent it upstream turns one connection
-//! into a flood of upstream requests (and upstream connections, each
-//! cancelled HTTP/1 request closing its own). Past a hundred streams, a
-//! connection whose client reset most of them before the answer is closed.
+//! What an h2c client may not do with a connection: keep it open with no
+//! stream (it gets GOAWAY after the header read timeout, as an idle HTTP/1
+//! connection is closed), or open streams and reset each once the sidecar
+//! has sent it upstream (rapid reset after acceptance: one connection
+//! turned into a flood of upstream requests, and upstream connections,
+//! each cancelled HTTP/1 request closing its own). Past a hundred streams,
+//! a connection whose client reset most of them before the answer is
+//! closed.
 
 use std::time::{Duration, Instant};
 
 use crate::support::{api, Action, Sidecar, Upstream};
+
+#[tokio::test(start_paused = true)]
+async fn an_h2c_connection_with_no_stream_open_gets_goaway_after_the_header_timeout() {
+    let up = Upstream::always(Action::Reply(200)).await;
+    let sidecar = Sidecar::start(api(&[&up])).await;
+    let io = tokio::net::TcpStream::connect(sidecar.addr)
+        .await
+        .expect("connect");
+    let (h2, conn) = h2::client::handshake(io).await.expect("h2 handshake");
+    let mut conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("ready");
+    let req = http::Request::get("http://api/").body(()).expect("request");
+    let (response, _) = h2.send_request(req, true).expect("sent");
+    assert_eq!(response.await.expect("response").status(), 200);
+    // Busy connections stay: 29 s of quiet is not enough.
+    tokio::time::sleep(reprise_sidecar::HEADER_READ_TIMEOUT - Duration::from_secs(1)).await;
+    assert!(!conn.is_finished(), "open before the timeout");
+    let ended = tokio::time::timeout(Duration::from_secs(5), &mut conn).await;
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "closed cleanly with GOAWAY once idle for the timeout: {ended:?}"
+    );
+}
 
 #[tokio::test]
 async fn an_h2c_client_that_resets_most_streams_before_the_answer_is_cut_off() {
