@@ -8,6 +8,7 @@ mod body;
 mod captured;
 mod classification;
 mod cli;
+mod config_file;
 mod drain;
 mod gauges;
 mod grpc;
