@@ -126,12 +126,21 @@ pub struct ProxySpec {
     /// One structured log event per request (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_log: Option<bool>,
+    /// Client connections the proxy listener (and apart from it the
+    /// transparent listeners) holds open at once (default 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u64>,
 }
 
 /// Default connect timeout.
 pub const DEFAULT_CONNECT_MS: u64 = 1_000;
 /// Default per-attempt read timeout.
 pub const DEFAULT_READ_MS: u64 = 15_000;
+/// Default cap on the client connections the proxy listener, and apart from
+/// it the transparent listeners, hold open: far above what one pod's
+/// application opens at once, so only a runaway client meets it. Where the
+/// process's open-file limit is lower, the file should set it lower.
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
 
 /// Reads (see [`read`]), parses and validates the file at `path`.
 pub fn load(path: &Path) -> Result<Config, Error> {
@@ -356,10 +365,19 @@ impl ProxySpec {
             8_192,
             1 << 20,
         );
+        let max_connections = common::ranged(
+            errs,
+            "proxy.max_connections",
+            self.max_connections,
+            DEFAULT_MAX_CONNECTIONS,
+            1,
+            1_000_000,
+        );
         ProxySettings {
             replay_reservation_bytes: reservation,
             drain_timeout: Duration::from_millis(drain),
             max_request_header_bytes: usize::try_from(header).unwrap_or(65_536),
+            max_connections,
             access_log: self.access_log.unwrap_or(true),
             forward_unknown_hosts: false,
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{BudgetSettings, Config, Endpoint, PassiveHealth, ProxySettings, Upstream};
-use crate::file::{DEFAULT_CONNECT_MS, DEFAULT_READ_MS};
+use crate::file::{DEFAULT_CONNECT_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_MS};
 use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
 use crate::retry_rule::RetryRule;
 use crate::validation::ValidationErrors;
@@ -227,6 +227,7 @@ impl Snapshot {
                 replay_reservation_bytes: DEFAULT_REPLAY_RESERVATION_BYTES,
                 drain_timeout: Duration::from_secs(15),
                 max_request_header_bytes: 65_536,
+                max_connections: DEFAULT_MAX_CONNECTIONS,
                 access_log: true,
                 forward_unknown_hosts: true,
             },

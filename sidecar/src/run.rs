@@ -287,6 +287,10 @@ async fn run(
     };
     let listener = bind(args.listen, "proxy").await?;
     let admin_listener = bind(args.admin, "admin").await?;
+    if !args.admin.ip().is_loopback() {
+        // The health listener is the one meant for the network.
+        tracing::warn!(admin = %args.admin, "the admin listener is not on loopback: anyone who can reach it reads /config and changes the log level; keep it on 127.0.0.1 and use --health for probes and scrapes");
+    }
     let mut transparent = Vec::new();
     if let Some(addr) = args.transparent {
         transparent.push(bind(addr, "transparent").await?);

@@ -16,6 +16,7 @@ mod grpc_interop;
 mod hedging;
 mod http1_server;
 mod limits;
+mod listeners;
 mod matching;
 mod methods;
 mod routing;
