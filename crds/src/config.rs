@@ -124,6 +124,9 @@ pub struct ProxySettings {
     pub drain_timeout: Duration,
     /// Largest request head (request line and headers) accepted, in bytes.
     pub max_request_header_bytes: usize,
+    /// Client connections the proxy listener holds open at once, and apart
+    /// from them the transparent listeners; one more is closed at once.
+    pub max_connections: u64,
     /// Emit one structured log event per request.
     pub access_log: bool,
     /// Forward requests for hosts that name no upstream as a plain proxy

@@ -7,15 +7,19 @@
 //! setting off (README: "Configuration file").
 
 pub(crate) mod common;
+mod read;
 mod retries;
 mod rules;
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use self::read::{read, FileText, MAX_FILE_BYTES};
 pub use self::retries::{HedgeSpec, RetriesSpec, StatusEntry};
 pub use self::rules::RuleSpec;
 use crate::config::{Config, Endpoint, PassiveHealth, ProxySettings, Upstream};
@@ -122,21 +126,25 @@ pub struct ProxySpec {
     /// One structured log event per request (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_log: Option<bool>,
+    /// Client connections the proxy listener (and apart from it the
+    /// transparent listeners) holds open at once (default 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u64>,
 }
 
 /// Default connect timeout.
 pub const DEFAULT_CONNECT_MS: u64 = 1_000;
 /// Default per-attempt read timeout.
 pub const DEFAULT_READ_MS: u64 = 15_000;
+/// Default cap on the client connections the proxy listener, and apart from
+/// it the transparent listeners, hold open: far above what one pod's
+/// application opens at once, so only a runaway client meets it. Where the
+/// process's open-file limit is lower, the file should set it lower.
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
 
-/// Reads, parses and validates the file at `path`.
+/// Reads (see [`read`]), parses and validates the file at `path`.
 pub fn load(path: &Path) -> Result<Config, Error> {
-    let label = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-        path: label.clone(),
-        source,
-    })?;
-    parse(&text, &label)
+    parse(&read(path)?.text, &path.display().to_string())
 }
 
 /// Parses and validates configuration text; `label` names it in errors.
@@ -153,50 +161,63 @@ pub fn parse(text: &str, label: &str) -> Result<Config, Error> {
 
 impl ConfigFile {
     /// Validates every field and resolves defaults. Reports every broken rule.
+    ///
+    /// Linear in the file's size: each uniqueness rule looks the earlier
+    /// entries up in a map of each name's or address's first index, never by
+    /// going through them again (pairwise, a reload of tens of thousands of
+    /// upstreams held a thread for seconds to minutes).
     pub fn resolve(&self) -> Result<Config, ValidationErrors> {
         let mut errs = ValidationErrors::default();
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         if self.upstreams.is_empty() {
             errs.push("upstreams", "must list at least one upstream");
         }
+        // Names compare without case: each one's first upstream.
+        let mut names: HashMap<String, usize> = HashMap::with_capacity(self.upstreams.len());
         for (i, u) in self.upstreams.iter().enumerate() {
             let p = format!("upstreams[{i}]");
-            if let Some(j) = self.upstreams[..i]
-                .iter()
-                .position(|o| o.name.eq_ignore_ascii_case(&u.name))
-            {
-                errs.push(
+            match names.entry(u.name.to_ascii_lowercase()) {
+                Entry::Occupied(first) => errs.push(
                     format!("{p}.name"),
-                    format!("must be unique (\"{}\" is also upstreams[{j}])", u.name),
-                );
+                    format!(
+                        "must be unique (\"{}\" is also upstreams[{}])",
+                        u.name,
+                        first.get()
+                    ),
+                ),
+                Entry::Vacant(v) => {
+                    v.insert(i);
+                }
             }
             upstreams.push(u.resolve(&p, &mut errs));
         }
+        // Each virtual address's first upstream (an upstream's own repeats
+        // are refused where its list is read).
+        let mut addresses: HashMap<SocketAddr, usize> = HashMap::new();
         for (i, u) in upstreams.iter().enumerate() {
             for (k, a) in u.addresses.iter().enumerate() {
-                if let Some(j) = upstreams[..i].iter().position(|o| o.addresses.contains(a)) {
+                let first = *addresses.entry(*a).or_insert(i);
+                if first != i {
                     errs.push(
                         format!("upstreams[{i}].addresses[{k}]"),
-                        format!("must be unique ({a} is also an address of upstreams[{j}])"),
+                        format!("must be unique ({a} is also an address of upstreams[{first}])"),
                     );
                 }
             }
         }
         let mut rules = Vec::with_capacity(self.rules.len());
+        let mut ids: HashMap<&str, usize> = HashMap::with_capacity(self.rules.len());
         for (i, r) in self.rules.iter().enumerate() {
             let p = format!("rules[{i}]");
-            if let Some(j) = self.rules[..i].iter().position(|o| o.id == r.id) {
+            let first = *ids.entry(r.id.as_str()).or_insert(i);
+            if first != i {
                 errs.push(
                     format!("{p}.id"),
-                    format!("must be unique (\"{}\" is also rules[{j}])", r.id),
+                    format!("must be unique (\"{}\" is also rules[{first}])", r.id),
                 );
             }
             for (k, name) in r.upstreams.iter().enumerate() {
-                if !self
-                    .upstreams
-                    .iter()
-                    .any(|u| u.name.eq_ignore_ascii_case(name))
-                {
+                if !names.contains_key(&name.to_ascii_lowercase()) {
                     errs.push(
                         format!("{p}.upstreams[{k}]"),
                         format!("no upstream named \"{name}\""),
@@ -238,6 +259,8 @@ impl UpstreamSpec {
             }
         }
         let mut endpoints = Vec::with_capacity(self.endpoints.len());
+        // Each address and port's first endpoint, as written.
+        let mut seen: HashMap<(&str, u16), usize> = HashMap::with_capacity(self.endpoints.len());
         for (i, e) in self.endpoints.iter().enumerate() {
             let ep = format!("{p}.endpoints[{i}]");
             match e.address.parse::<IpAddr>() {
@@ -254,10 +277,8 @@ impl UpstreamSpec {
             if e.port == 0 {
                 errs.push(format!("{ep}.port"), "must be in 1..=65535 (got 0)");
             }
-            if let Some(j) = self.endpoints[..i]
-                .iter()
-                .position(|o| o.address == e.address && o.port == e.port)
-            {
+            let j = *seen.entry((e.address.as_str(), e.port)).or_insert(i);
+            if j != i {
                 errs.push(
                     ep.clone(),
                     format!(
@@ -344,12 +365,96 @@ impl ProxySpec {
             8_192,
             1 << 20,
         );
+        let max_connections = common::ranged(
+            errs,
+            "proxy.max_connections",
+            self.max_connections,
+            DEFAULT_MAX_CONNECTIONS,
+            1,
+            1_000_000,
+        );
         ProxySettings {
             replay_reservation_bytes: reservation,
             drain_timeout: Duration::from_millis(drain),
             max_request_header_bytes: usize::try_from(header).unwrap_or(65_536),
+            max_connections,
             access_log: self.access_log.unwrap_or(true),
             forward_unknown_hosts: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(name: &str, port: u16, address: &str) -> UpstreamSpec {
+        UpstreamSpec {
+            name: name.to_string(),
+            endpoints: vec![EndpointSpec {
+                address: "10.0.0.1".into(),
+                port,
+                ..EndpointSpec::default()
+            }],
+            addresses: vec![address.to_string()],
+            ..UpstreamSpec::default()
+        }
+    }
+
+    fn errors(file: &ConfigFile) -> Vec<String> {
+        match file.resolve() {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn each_repeat_names_the_first_occurrence_across_many_upstreams() {
+        // Many upstreams, each name and address once, then repeats of the
+        // first and of one in the middle: every repeat names the first.
+        let n: u16 = 20_000;
+        let mut file = ConfigFile::default();
+        for i in 0..n {
+            let (a, b) = (i / 250, i % 250);
+            file.upstreams.push(upstream(
+                &format!("svc-{i}"),
+                i + 1,
+                &format!("10.96.{a}.{b}:80"),
+            ));
+        }
+        file.upstreams.push(upstream("SVC-0", 1, "10.96.0.0:80"));
+        file.upstreams.push(upstream("svc-0", 2, "10.96.40.0:80"));
+        file.upstreams[0].endpoints.push(EndpointSpec {
+            address: "10.0.0.1".into(),
+            port: 1,
+            ..EndpointSpec::default()
+        });
+        file.rules = ["a", "b", "a", "a"]
+            .iter()
+            .map(|id| RuleSpec {
+                id: (*id).to_string(),
+                upstreams: vec!["Svc-19999".into(), "nowhere".into()],
+                ..RuleSpec::default()
+            })
+            .collect();
+        let n = usize::from(n);
+        let (last, next) = (n, n + 1);
+        assert_eq!(
+            errors(&file),
+            [
+                "upstreams[0].endpoints[1]: must be unique (10.0.0.1:1 is also endpoints[0])".to_string(),
+                format!("upstreams[{last}].name: must be unique (\"SVC-0\" is also upstreams[0])"),
+                format!("upstreams[{last}].name: must be a DNS name: lowercase letters, digits, '-' and '.', at most 253 characters (got \"SVC-0\")"),
+                format!("upstreams[{next}].name: must be unique (\"svc-0\" is also upstreams[0])"),
+                format!("upstreams[{last}].addresses[0]: must be unique (10.96.0.0:80 is also an address of upstreams[0])"),
+                format!("upstreams[{next}].addresses[0]: must be unique (10.96.40.0:80 is also an address of upstreams[10000])"),
+                "rules[0].upstreams[1]: no upstream named \"nowhere\"".to_string(),
+                "rules[1].upstreams[1]: no upstream named \"nowhere\"".to_string(),
+                "rules[2].id: must be unique (\"a\" is also rules[0])".to_string(),
+                "rules[2].upstreams[1]: no upstream named \"nowhere\"".to_string(),
+                "rules[3].id: must be unique (\"a\" is also rules[0])".to_string(),
+                "rules[3].upstreams[1]: no upstream named \"nowhere\"".to_string(),
+            ]
+        );
     }
 }

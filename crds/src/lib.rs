@@ -43,6 +43,37 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The configuration file is not a regular file (a FIFO, a device, a
+    /// directory, a socket): refused without reading it.
+    #[error("{path}: not a regular file ({kind}); refused without reading it")]
+    NotRegular {
+        /// The file.
+        path: String,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// The configuration file is larger than [`file::MAX_FILE_BYTES`].
+    #[error("{path}: {size} bytes, over the {limit}-byte limit; refused without parsing it")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Its size (or, for a file that grew while it was read, the bytes
+        /// read: the limit and one).
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The configuration file is not UTF-8.
+    #[error("{path}: not valid UTF-8 at byte {offset}")]
+    NotUtf8 {
+        /// The file.
+        path: String,
+        /// Offset of the first byte that is not part of a UTF-8 character.
+        offset: usize,
+        /// The decoding error.
+        #[source]
+        source: std::str::Utf8Error,
+    },
     /// The configuration file is not valid YAML or has fields of the wrong type or name.
     #[error("{path}: {source}")]
     Parse {

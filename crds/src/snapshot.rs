@@ -1,13 +1,14 @@
 //! The configuration snapshot the controller pushes to one sidecar: the
 //! policies that apply to it and the ready endpoints of their targets.
 
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Endpoint, PassiveHealth, ProxySettings, Upstream};
-use crate::file::{DEFAULT_CONNECT_MS, DEFAULT_READ_MS};
+use crate::config::{BudgetSettings, Config, Endpoint, PassiveHealth, ProxySettings, Upstream};
+use crate::file::{DEFAULT_CONNECT_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_MS};
 use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
 use crate::retry_rule::RetryRule;
 use crate::validation::ValidationErrors;
@@ -150,9 +151,11 @@ impl Snapshot {
         }
         let mut rules = Vec::with_capacity(self.policies.len());
         let mut budgets = Vec::new();
+        // Looked up by name, not by going through the list per policy.
+        let names: HashSet<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
         for p in &self.policies {
             let id = format!("{}/{}", p.namespace, p.name);
-            if !self.upstreams.iter().any(|u| u.name == p.upstream) {
+            if !names.contains(p.upstream.as_str()) {
                 errs.push(
                     format!("{id}.upstream"),
                     format!("no upstream named \"{}\" in the snapshot", p.upstream),
@@ -167,6 +170,10 @@ impl Snapshot {
         rules.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.id.cmp(&b.id)));
         // An upstream's budget comes from the first policy (by priority, then id) that targets it.
         budgets.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        let mut budget_of: HashMap<&str, BudgetSettings> = HashMap::with_capacity(budgets.len());
+        for b in &budgets {
+            budget_of.entry(b.2.as_str()).or_insert(b.3);
+        }
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (i, u) in self.upstreams.iter().enumerate() {
             let mut endpoints = Vec::with_capacity(u.endpoints.len());
@@ -183,11 +190,10 @@ impl Snapshot {
                     ),
                 }
             }
-            let budget = budgets
-                .iter()
-                .find(|b| b.2 == u.name)
-                .map(|b| b.3)
-                .unwrap_or(crate::config::BudgetSettings {
+            let budget = budget_of
+                .get(u.name.as_str())
+                .copied()
+                .unwrap_or(BudgetSettings {
                     percent: 10.0,
                     window: Duration::from_secs(10),
                     min_retries_per_second: 0,
@@ -221,6 +227,7 @@ impl Snapshot {
                 replay_reservation_bytes: DEFAULT_REPLAY_RESERVATION_BYTES,
                 drain_timeout: Duration::from_secs(15),
                 max_request_header_bytes: 65_536,
+                max_connections: DEFAULT_MAX_CONNECTIONS,
                 access_log: true,
                 forward_unknown_hosts: true,
             },

@@ -100,7 +100,11 @@ pub fn main() -> ExitCode {
         },
         "runtime"
     );
-    match runtime.block_on(run(args, set_log_level, access_log)) {
+    let ran = runtime.block_on(run(args, set_log_level, access_log));
+    // A blocking task stuck in a system call (a file on a hung network
+    // mount) must not hold the exit after the drain.
+    runtime.shutdown_timeout(BLOCKING_EXIT_WAIT);
+    match ran {
         Ok(code) => code,
         Err(e) => {
             let why = error_chain(&e);
@@ -110,6 +114,10 @@ pub fn main() -> ExitCode {
         }
     }
 }
+
+/// Longest the exit waits for tasks of the blocking pool (a configuration
+/// check) still running after the drain.
+const BLOCKING_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Worker threads: `TOKIO_WORKER_THREADS` when set, else the CPUs this process
 /// may use (the standard library counts the cgroup CPU quota, so a pod limited
@@ -223,14 +231,17 @@ async fn run(
     let traces = Tracing::from_env(SERVICE)?;
     let (proxy, source) = match &args.config {
         Some(path) => {
-            let bytes = std::fs::read(path).map_err(|source| Error::File {
-                path: path.display().to_string(),
-                source,
-            })?;
-            let config = match reprise_crds::file::parse(
-                &String::from_utf8_lossy(&bytes),
-                &path.display().to_string(),
-            ) {
+            // The rule `--check` and the reloads read by: a file that cannot
+            // be read is an error (exit 1), one that is refused exits 2.
+            let file = match reprise_crds::file::read(path) {
+                Ok(f) => f,
+                Err(e @ reprise_crds::Error::Read { .. }) => return Err(e.into()),
+                Err(e) => {
+                    eprintln!("{e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let config = match reprise_crds::file::parse(&file.text, &path.display().to_string()) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("{e}");
@@ -239,7 +250,7 @@ async fn run(
             };
             (
                 Proxy::with_telemetry(config, traces.clone(), access_log.clone()),
-                Source::File(path.clone(), bytes),
+                Source::File(path.clone(), file),
             )
         }
         None => {
@@ -276,6 +287,10 @@ async fn run(
     };
     let listener = bind(args.listen, "proxy").await?;
     let admin_listener = bind(args.admin, "admin").await?;
+    if !args.admin.ip().is_loopback() {
+        // The health listener is the one meant for the network.
+        tracing::warn!(admin = %args.admin, "the admin listener is not on loopback: anyone who can reach it reads /config and changes the log level; keep it on 127.0.0.1 and use --health for probes and scrapes");
+    }
     let mut transparent = Vec::new();
     if let Some(addr) = args.transparent {
         transparent.push(bind(addr, "transparent").await?);
@@ -314,8 +329,8 @@ async fn run(
         ));
     }
     match source {
-        Source::File(path, bytes) => {
-            tokio::spawn(reload::watch(path, Arc::clone(&proxy), bytes));
+        Source::File(path, file) => {
+            tokio::spawn(reload::watch(path, Arc::clone(&proxy), file));
         }
         Source::Controller(subscription, version) => {
             tokio::spawn(subscription.run(Arc::clone(&proxy), version));
@@ -336,8 +351,8 @@ async fn run(
 
 /// Where the configuration comes from.
 enum Source {
-    /// A file, watched for changes.
-    File(PathBuf, Vec<u8>),
+    /// A file, watched for changes, as the start read it.
+    File(PathBuf, reprise_crds::file::FileText),
     /// The controller's snapshot stream.
     Controller(Box<Subscription>, Option<String>),
 }

@@ -1,9 +1,11 @@
 //! The listeners: the outbound proxy (HTTP/1.1 and h2c, told apart by their
 //! first bytes in [`sniff`]), the transparent listener for captured
 //! connections ([`transparent`]), both with the graceful drain of [`drain`]
-//! on shutdown, and the admin endpoint ([`admin`]).
+//! on shutdown, and the admin endpoint ([`admin`]); each listener holds at
+//! most its cap of connections ([`cap`]).
 
 pub(crate) mod admin;
+mod cap;
 pub(crate) mod drain;
 mod h2c;
 mod http1;
@@ -22,18 +24,21 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use http::header::{HeaderValue, CONNECTION};
 use http::{Method, Request, Response, StatusCode, Version};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-pub use self::admin::{metrics_text, Admin, LogLevelSetter};
+pub use self::admin::{
+    metrics_text, serve_admin, serve_admin_with, Admin, AdminLimits, LogLevelSetter,
+    ADMIN_MAX_CONNECTIONS,
+};
+use self::cap::Slot;
 use self::drain::{reached, ConnDrain, Drain, DrainPhase, ServedBody, SideWake};
 use self::h2c::H2cConnection;
 use self::sniff::{tunnelled, Protocol};
 use self::transparent::OwnListeners;
 use crate::clock;
 use crate::exchange::body::ClientBody;
+use crate::observe::metrics::Listener;
 use crate::proxy::route::Destination;
 use crate::proxy::tunnel::upgrade::Stream;
 use crate::proxy::tunnel::OpenTunnel;
@@ -123,10 +128,21 @@ pub async fn serve(
         .chain(listeners.transparent)
         .collect();
     let spawn = |i: usize, stream: TcpStream, drain_rx: &watch::Receiver<Drain>| {
+        let listener = if i == 0 {
+            Listener::Proxy
+        } else {
+            Listener::Transparent
+        };
+        // Read for each connection, so that a reload's cap applies to the next.
+        let cap = proxy.config().proxy.max_connections;
+        // Over the cap: reset and counted, then dropped here.
+        let Some(slot) = Slot::take(&proxy, listener, cap, &stream) else {
+            return;
+        };
         let _ = stream.set_nodelay(true);
         let (proxy, builder, drain) = (Arc::clone(&proxy), Arc::clone(&builder), drain_rx.clone());
         if i == 0 {
-            tokio::spawn(serve_connection(stream, proxy, builder, drain));
+            tokio::spawn(serve_connection(stream, proxy, builder, drain, slot));
         } else {
             tokio::spawn(transparent::serve_captured(
                 stream,
@@ -134,6 +150,7 @@ pub async fn serve(
                 builder,
                 drain,
                 Arc::clone(&own),
+                slot,
             ));
         }
     };
@@ -199,12 +216,14 @@ pub async fn serve(
     tokio::time::timeout(timeout, finished).await.is_ok()
 }
 
-/// Serves one connection accepted on the proxy listener, following the drain.
+/// Serves one connection accepted on the proxy listener, following the
+/// drain; `_slot` is its place under the listener's cap, held to its end.
 async fn serve_connection(
     stream: TcpStream,
     proxy: Arc<Proxy>,
     builder: Arc<HttpBuilders>,
     mut drain: watch::Receiver<Drain>,
+    _slot: Slot,
 ) {
     // Biased: a client whose bytes are already here is served even if the
     // drain has started; a silent one gets the grace window, then is dropped.
@@ -451,21 +470,4 @@ fn serve_request(
             }
             Ok(response.map(|body| ServedBody::new(body, end)))
         })
-}
-
-/// Serves the admin endpoint on `listener` forever.
-pub async fn serve_admin(listener: TcpListener, admin: Admin) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let admin = admin.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| admin.clone().handle(req));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
 }

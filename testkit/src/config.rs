@@ -317,6 +317,7 @@ impl ProxyConfig {
         drain_timeout_ms: u64,
         max_request_header_bytes: usize,
         access_log: bool,
+        max_connections: u64,
     }
 }
 

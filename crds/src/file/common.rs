@@ -271,13 +271,14 @@ pub(crate) fn addresses(
     written: &[String],
 ) -> Vec<std::net::SocketAddr> {
     let mut out = Vec::with_capacity(written.len());
+    let mut seen = std::collections::HashSet::with_capacity(written.len());
     for (i, a) in written.iter().enumerate() {
         match a.parse::<std::net::SocketAddr>() {
             Ok(addr) if addr.port() == 0 => errs.push(
                 format!("{field}[{i}]"),
                 format!("must have a port in 1..=65535 (got \"{a}\")"),
             ),
-            Ok(addr) if out.contains(&addr) => errs.push(
+            Ok(addr) if !seen.insert(addr) => errs.push(
                 format!("{field}[{i}]"),
                 format!("must be unique (got \"{a}\" twice)"),
             ),

@@ -57,6 +57,82 @@ pub(crate) struct ProxyMetrics {
     cel_errors: Mutex<BTreeMap<String, u64>>,
     /// Transparently captured connections.
     pub(crate) captured: CapturedMetrics,
+    /// Each listener's open and refused connections.
+    connections: [ConnectionCount; Listener::ALL.len()],
+}
+
+/// The sidecar's listeners, as the connection metrics name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Listener {
+    /// The explicit proxy listener.
+    Proxy,
+    /// The transparent listeners (IPv4 and IPv6 together).
+    Transparent,
+    /// The admin listener.
+    Admin,
+    /// The health listener.
+    Health,
+}
+
+impl Listener {
+    /// Every listener, in exposition order.
+    pub(crate) const ALL: [Listener; 4] = [
+        Listener::Proxy,
+        Listener::Transparent,
+        Listener::Admin,
+        Listener::Health,
+    ];
+
+    /// The `listener` label's value.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Listener::Proxy => "proxy",
+            Listener::Transparent => "transparent",
+            Listener::Admin => "admin",
+            Listener::Health => "health",
+        }
+    }
+}
+
+/// One listener's connections: open now, and refused over its cap.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectionCount {
+    open: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl ConnectionCount {
+    /// Counts one more open connection unless `cap` are open already, in
+    /// which case it counts a refusal and returns false. A true must be
+    /// matched by one [`ConnectionCount::close`].
+    pub(crate) fn open(&self, cap: u64) -> bool {
+        // fetch_update, not add-then-undo: the gauge never reads above the cap.
+        let opened = self
+            .open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .is_ok();
+        if !opened {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        opened
+    }
+
+    /// One connection counted by [`ConnectionCount::open`] has closed.
+    pub(crate) fn close(&self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Open now.
+    pub(crate) fn open_now(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Refused so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
 }
 
 /// Transparently captured connections: how each was served, and the opaque
@@ -84,6 +160,17 @@ pub(crate) struct CapturedMetrics {
 }
 
 impl ProxyMetrics {
+    /// The connections of `listener`.
+    pub(crate) fn connections(&self, listener: Listener) -> &ConnectionCount {
+        let i = match listener {
+            Listener::Proxy => 0,
+            Listener::Transparent => 1,
+            Listener::Admin => 2,
+            Listener::Health => 3,
+        };
+        &self.connections[i]
+    }
+
     /// CEL evaluation failures so far, by rule.
     pub(crate) fn cel_errors(&self) -> BTreeMap<String, u64> {
         self.cel_errors

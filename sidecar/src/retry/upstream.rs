@@ -1,9 +1,10 @@
 //! One upstream's live state: its endpoints, retry budget and metrics, kept
 //! across reloads.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use reprise_crds::Upstream;
+use reprise_crds::{Endpoint, Upstream};
 
 use super::budget::RetryBudget;
 use crate::balance::client::endpoint_client;
@@ -32,20 +33,26 @@ impl UpstreamState {
             p.config.protocol == config.protocol
                 && p.config.connect_timeout == config.connect_timeout
         });
+        // The previous endpoints by what they are (the first of any twins),
+        // so that a reload of many endpoints looks each one up once.
+        let mut kept: HashMap<&Endpoint, &Arc<EndpointState>> = HashMap::new();
+        for s in previous
+            .filter(|_| same_transport)
+            .iter()
+            .flat_map(|p| &p.endpoints)
+        {
+            kept.entry(&s.endpoint).or_insert(s);
+        }
         let endpoints = config
             .endpoints
             .iter()
             .map(|e| {
-                previous
-                    .filter(|_| same_transport)
-                    .and_then(|p| p.endpoints.iter().find(|s| s.endpoint == *e))
-                    .cloned()
-                    .unwrap_or_else(|| {
-                        Arc::new(EndpointState::new(
-                            e.clone(),
-                            endpoint_client(e.addr, config.protocol, config.connect_timeout),
-                        ))
-                    })
+                kept.get(e).map(|s| Arc::clone(s)).unwrap_or_else(|| {
+                    Arc::new(EndpointState::new(
+                        e.clone(),
+                        endpoint_client(e.addr, config.protocol, config.connect_timeout),
+                    ))
+                })
             })
             .collect();
         let budget = match previous {

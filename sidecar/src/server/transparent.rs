@@ -30,6 +30,7 @@ use socket2::SockRef;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::cap::Slot;
 use super::drain::{reached, Drain, DrainPhase};
 use super::sniff::{self, Protocol, Sniffed};
 use super::{serve_http, HttpBuilders, FIRST_BYTES_WAIT};
@@ -81,13 +82,15 @@ fn reset(stream: TcpStream) {
     drop(stream);
 }
 
-/// Serves one captured connection (see the module docs).
+/// Serves one captured connection (see the module docs); `_slot` is its
+/// place under the transparent listeners' cap, held to its end.
 pub(crate) async fn serve_captured(
     stream: TcpStream,
     proxy: Arc<Proxy>,
     builder: Arc<HttpBuilders>,
     mut drain: watch::Receiver<Drain>,
     own: Arc<OwnListeners>,
+    _slot: Slot,
 ) {
     let captured = &proxy.metrics.captured;
     let dst = match original_destination(&stream) {

@@ -33,7 +33,7 @@ pub(crate) async fn start(config: &Path, env: &[(&str, &str)]) -> Running {
 }
 
 /// The status of `GET path` with `Host: host` on a fresh connection.
-async fn status(addr: SocketAddr, host: &str, path: &str) -> Option<u16> {
+pub(crate) async fn status(addr: SocketAddr, host: &str, path: &str) -> Option<u16> {
     client::get(addr, host, path).await.ok().map(|r| r.status)
 }
 

@@ -126,6 +126,16 @@ pub(crate) const FAMILIES: &[Family] = &[
         "Bytes opaque relays carried, by direction (sent: client to destination; received: back).",
     ),
     family(
+        "reprise_connections_open",
+        Kind::Gauge,
+        "Client connections open, by listener (proxy, transparent, admin, health).",
+    ),
+    family(
+        "reprise_connections_refused_total",
+        Kind::Counter,
+        "Client connections closed at once because their listener had as many open as its cap, by listener.",
+    ),
+    family(
         "reprise_trace_spans_exported_total",
         Kind::Counter,
         "Spans the OTLP collector accepted (0 while tracing is off).",

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use reprise_telemetry::prometheus::Exposition;
 
-use crate::observe::metrics::{UpstreamStats, FAMILIES};
+use crate::observe::metrics::{Listener, UpstreamStats, FAMILIES};
 use crate::proxy::Proxy;
 use crate::retry::upstream::UpstreamState;
 
@@ -29,6 +29,7 @@ pub fn metrics_text(proxy: &Proxy) -> String {
         routes.config.proxy.replay_reservation_bytes,
     );
     captured_samples(&mut out, proxy);
+    connection_samples(&mut out, proxy);
     trace_samples(&mut out, proxy);
     out.finish()
 }
@@ -170,6 +171,16 @@ fn captured_samples(out: &mut Exposition, proxy: &Proxy) {
             &[("direction", direction)],
             load(n),
         );
+    }
+}
+
+/// Each listener's open connections and those refused over its cap.
+fn connection_samples(out: &mut Exposition, proxy: &Proxy) {
+    for listener in Listener::ALL {
+        let c = proxy.metrics.connections(listener);
+        let labels = [("listener", listener.label())];
+        out.sample("reprise_connections_open", &labels, c.open_now());
+        out.sample("reprise_connections_refused_total", &labels, c.refused());
     }
 }
 
