@@ -63,6 +63,30 @@ enum Command {
     Iptables(crate::capture::IptablesArgs),
 }
 
+/// Raises the soft limit on open descriptors to the hard one, as Go's
+/// runtime does at start: a proxied connection holds two (the client's and
+/// the endpoint's), and the soft default containers often get (1,024) is
+/// far below the proxy listener's connection cap. Past the limit, dials
+/// fail as `local_resources`.
+fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    let (Some(soft), hard) = (limit.current, limit.maximum) else {
+        return;
+    };
+    if hard.is_some_and(|hard| hard <= soft) {
+        return;
+    }
+    let raised = rustix::process::Rlimit {
+        current: hard,
+        maximum: hard,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::debug!(from = soft, to = ?hard, "open descriptor limit raised"),
+        Err(e) => tracing::warn!(soft, error = %e, "cannot raise the open descriptor limit"),
+    }
+}
+
 /// Runs the sidecar with the process arguments; the exit code says how it ended.
 pub fn main() -> ExitCode {
     let mut args = Args::parse();
@@ -91,6 +115,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    raise_descriptor_limit();
     tracing::info!(
         workers,
         scheduler = if workers == 1 {

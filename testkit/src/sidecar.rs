@@ -99,6 +99,8 @@ pub struct Launch {
     stderr: Stderr,
     stdout_copy: Option<PathBuf>,
     on_line: Option<LineSink>,
+    /// A program (and its arguments) that runs the binary, e.g. `prlimit`.
+    wrapper: Option<(String, Vec<String>)>,
 }
 
 impl std::fmt::Debug for Launch {
@@ -127,7 +129,19 @@ impl Launch {
             stderr: Stderr::Null,
             stdout_copy: None,
             on_line: None,
+            wrapper: None,
         }
+    }
+
+    /// Runs the binary as `program args... BIN ...`: a program that sets
+    /// something up and then executes it in its place (so the process id
+    /// stays the sidecar's), such as `prlimit --nofile=256:4096`.
+    pub fn wrapped_in(mut self, program: &str, args: &[&str]) -> Launch {
+        self.wrapper = Some((
+            program.to_string(),
+            args.iter().map(|a| a.to_string()).collect(),
+        ));
+        self
     }
 
     field_setters! {
@@ -177,7 +191,14 @@ impl Launch {
 
     /// Starts the process and waits until it is ready.
     pub async fn start(&self) -> anyhow::Result<Running> {
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = match &self.wrapper {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&self.bin);
+                cmd
+            }
+            None => Command::new(&self.bin),
+        };
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("--config")
             .arg(&self.config)

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::{api, retries, Action, Config, Upstream, UpstreamConfig};
 
-const BIN: &str = env!("CARGO_BIN_EXE_reprise-sidecar");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_reprise-sidecar");
 
 /// Longest the process may take to exit after SIGTERM (the default drain is
 /// 15 s; with nothing in flight it ends after the 1 s idle grace).

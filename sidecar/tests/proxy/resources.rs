@@ -142,3 +142,31 @@ async fn running_out_of_descriptors_is_the_sidecars_failure_not_the_endpoints() 
     );
     sidecar.stop(crate::cli::EXIT_WITHIN).await.expect("stops");
 }
+
+#[tokio::test]
+async fn the_soft_descriptor_limit_is_raised_to_the_hard_one_at_start() {
+    if !Path::new("/usr/bin/prlimit").exists() && !Path::new("/bin/prlimit").exists() {
+        eprintln!("skipped: prlimit (util-linux) is not installed");
+        return;
+    }
+    let a = Upstream::always(Action::Reply(200)).await;
+    let config = config_file("nofile", api(&[&a]));
+    // Started under a soft limit of 256 and a hard one of 4,096.
+    let mut sidecar = reprise_testkit::sidecar::Launch::new(crate::cli::BIN, &config)
+        .wrapped_in("prlimit", &["--nofile=256:4096"])
+        .start()
+        .await
+        .expect("starts");
+    let limits =
+        std::fs::read_to_string(format!("/proc/{}/limits", sidecar.pid())).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a line for open files");
+    assert_eq!(
+        line.split_whitespace().skip(3).take(2).collect::<Vec<_>>(),
+        ["4096", "4096"],
+        "{line}"
+    );
+    sidecar.stop(crate::cli::EXIT_WITHIN).await.expect("stops");
+}
