@@ -13,6 +13,7 @@ mod gauges;
 mod grpc;
 mod grpc_interop;
 mod hedging;
+mod hosts;
 mod http1_server;
 mod limits;
 mod matching;
