@@ -92,12 +92,13 @@ pub struct Spans {
     head: HeadScan,
 }
 
-/// A request head read over several reads: parsed once when its first
-/// bytes come (a start that is not HTTP is refused at once), then only once
-/// its blank line is in, or the head limit is reached. In between, only the
-/// new bytes are searched for the blank line, so a head's cost grows with
-/// its length, not with its length times the reads it took (a 62 KB head
-/// in 64-byte reads was parsed whole a thousand times).
+/// A request head read over several reads: parsed when its first bytes come
+/// (usually all of it), then only once its blank line is in, or the head
+/// limit is reached. In between, only the new bytes are searched for the
+/// blank line, and the request line is checked while it is short, so a
+/// head's cost grows with its length, not with its length times the reads
+/// it took (a 62 KB head in 64-byte reads was parsed whole a thousand
+/// times).
 #[derive(Debug, Default)]
 struct HeadScan {
     /// Where the search for the blank line resumes; `None`: the head's
@@ -106,6 +107,8 @@ struct HeadScan {
     /// Bytes of empty lines skipped before the request line: they count
     /// against the head limit, as when httparse skipped them.
     skipped: usize,
+    /// Bytes of the request line checked so far (`server::check_line`).
+    line_checked: usize,
     /// Times httparse ran on this connection (tests count them).
     #[cfg(test)]
     parses: u32,
@@ -116,6 +119,7 @@ impl HeadScan {
     fn reset(&mut self) {
         self.from = None;
         self.skipped = 0;
+        self.line_checked = 0;
     }
 }
 

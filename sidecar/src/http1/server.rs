@@ -124,11 +124,13 @@ pub fn parse_request(
     spans: &mut Spans,
 ) -> Result<Option<RequestHead>, HeadError> {
     // Empty lines before the request line go (RFC 9112 §2.2), counted.
-    let empty = empty_lines(buf);
-    if empty > 0 {
+    if matches!(buf.first(), Some(b'\r' | b'\n')) {
+        let empty = empty_lines(buf);
         buf.advance(empty);
         spans.head.skipped += empty;
-        spans.head.from = None;
+        if empty > 0 {
+            spans.head.from = None;
+        }
     }
     let limit = max_head.saturating_sub(spans.head.skipped);
     if limit == 0 {
@@ -145,24 +147,55 @@ pub fn parse_request(
     if let Some(from) = spans.head.from {
         if window < limit && !has_blank_line(&buf[..window], from) {
             spans.head.from = Some(window.saturating_sub(2));
-            return Ok(None);
+            return check_line(buf, spans);
         }
     }
-    let parsed = parse_head(buf, window, spans);
-    match &parsed {
-        Ok(None) if buf.len() < limit => {
-            // No blank line in what came so far (or httparse would have
-            // completed or failed): the next search starts at its end.
-            spans.head.from = Some(buf.len().saturating_sub(2));
-            return Ok(None);
-        }
-        Ok(None) => {
+    parse_head(buf, window, limit, spans)
+}
+
+/// Bytes of a request line checked while its head is still coming: enough
+/// for the method and the start of the target, so that a client not
+/// speaking HTTP is refused at once.
+const LINE_CHECK: usize = 256;
+
+/// While a head is still coming, its request line (up to its LF, at most
+/// [`LINE_CHECK`] bytes) is checked each time it has grown. The outcome
+/// depends only on those bytes, so it is the same however they arrived: an
+/// error further on is only acted on once the blank line or the limit
+/// calls for the whole parse (a head that never ends gets no answer, fed
+/// whole or in pieces).
+fn check_line(buf: &[u8], spans: &mut Spans) -> Result<Option<RequestHead>, HeadError> {
+    let bound = buf.len().min(LINE_CHECK);
+    let line = buf[..bound]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(bound, |lf| lf + 1);
+    if line <= spans.head.line_checked {
+        return Ok(None);
+    }
+    spans.head.line_checked = line;
+    let mut parsed = httparse::Request::new(&mut []);
+    match httparse::ParserConfig::default().parse_request(&mut parsed, &buf[..line]) {
+        Ok(_) => Ok(None),
+        Err(e) => {
             spans.head.reset();
-            return Err(HeadError::too_large("request head over the limit"));
+            Err(head_error(e, &parsed))
         }
-        _ => spans.head.reset(),
     }
-    parsed
+}
+
+/// The refusal for httparse's error `e` on `parsed`.
+fn head_error(e: httparse::Error, parsed: &httparse::Request<'_, '_>) -> HeadError {
+    match e {
+        httparse::Error::TooManyHeaders => HeadError {
+            kind: "too_many_headers",
+            ..HeadError::too_large("request head over 100 fields")
+        },
+        httparse::Error::Token if parsed.method.is_none() => HeadError::bad("invalid method"),
+        httparse::Error::Token => HeadError::bad("invalid request target"),
+        httparse::Error::Version => HeadError::bad("invalid HTTP version"),
+        _ => HeadError::bad("malformed request head"),
+    }
 }
 
 /// Bytes of complete empty lines (CRLF or LF) at the start of `buf`, as
@@ -196,11 +229,12 @@ fn has_blank_line(buf: &[u8], from: usize) -> bool {
     false
 }
 
-/// One httparse run over the first `window` bytes of `buf`, and the head
-/// taken off `buf` when it is complete.
+/// One httparse run over the first `window` bytes of `buf` (at most
+/// `limit`), and the head taken off `buf` when it is complete.
 fn parse_head(
     buf: &mut BytesMut,
     window: usize,
+    limit: usize,
     spans: &mut Spans,
 ) -> Result<Option<RequestHead>, HeadError> {
     #[cfg(test)]
@@ -216,20 +250,30 @@ fn parse_head(
         &buf[..window],
         &mut fields,
     ) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(HeadError {
-                kind: "too_many_headers",
-                ..HeadError::too_large("request head over 100 fields")
-            })
+        Ok(httparse::Status::Complete(len)) => {
+            spans.head.reset();
+            len
         }
-        Err(httparse::Error::Token) if parsed.method.is_none() => {
-            return Err(HeadError::bad("invalid method"))
+        Ok(httparse::Status::Partial) if buf.len() < limit => {
+            // No blank line in what came so far (or httparse would have
+            // completed or failed): the next search starts at its end.
+            spans.head.from = Some(buf.len().saturating_sub(2));
+            return Ok(None);
         }
-        Err(httparse::Error::Token) => return Err(HeadError::bad("invalid request target")),
-        Err(httparse::Error::Version) => return Err(HeadError::bad("invalid HTTP version")),
-        Err(_) => return Err(HeadError::bad("malformed request head")),
+        Ok(httparse::Status::Partial) => {
+            spans.head.reset();
+            return Err(HeadError::too_large("request head over the limit"));
+        }
+        // A head that has not ended yet is only refused for its request
+        // line (`check_line`), as it would be if it came in pieces.
+        Err(_) if buf.len() < limit && !has_blank_line(&buf[..window], 0) => {
+            spans.head.from = Some(window.saturating_sub(2));
+            return check_line(buf, spans);
+        }
+        Err(e) => {
+            spans.head.reset();
+            return Err(head_error(e, &parsed));
+        }
     };
     let (Some(method), Some(target), Some(minor)) = (parsed.method, parsed.path, parsed.version)
     else {
@@ -273,7 +317,7 @@ fn parse_head(
         let name = spans
             .name(i, &head[n0..n1])
             .map_err(|_| HeadError::bad("invalid header name"))?;
-        let mut value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
+        let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
             .map_err(|_| HeadError::bad("invalid header value"))?;
         match name {
             header::HOST => {
@@ -288,8 +332,8 @@ fn parse_head(
                 saw_host = true;
                 if let Some(host) = target_host {
                     if !value.as_bytes().eq_ignore_ascii_case(host.as_bytes()) {
-                        value = HeaderValue::from_str(host)
-                            .map_err(|_| HeadError::bad("invalid request target"))?;
+                        headers.append(name, host_value(host)?);
+                        continue;
                     }
                 }
             }
@@ -382,6 +426,14 @@ fn last_coding_is_chunked(value: &HeaderValue) -> bool {
         .ok()
         .and_then(|s| s.rsplit(',').next())
         .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// `Host`'s value for an absolute-form target's `host`: out of line, as a
+/// request whose `Host` disagrees with its target is rare.
+#[cold]
+#[inline(never)]
+fn host_value(host: &str) -> Result<HeaderValue, HeadError> {
+    HeaderValue::from_str(host).map_err(|_| HeadError::bad("invalid request target"))
 }
 
 /// What the response's request was, as far as the response head cares.

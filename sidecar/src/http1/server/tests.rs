@@ -523,3 +523,55 @@ fn empty_lines_before_a_request_count_against_the_head_limit() {
         assert!(in_pieces(ok.as_bytes(), piece, 1024).0.is_ok(), "{piece}");
     }
 }
+
+/// What one connection makes of `bytes` fed `piece` bytes at a time: the
+/// refusal's status, the request line and fields, or `None` if the head
+/// never ended.
+fn outcome(bytes: &[u8], piece: usize, max_head: usize) -> Option<Result<String, StatusCode>> {
+    let mut spans = Spans::new();
+    let mut buf = BytesMut::new();
+    for part in bytes.chunks(piece) {
+        buf.extend_from_slice(part);
+        match parse_request(&mut buf, max_head, &mut spans) {
+            Ok(None) => {}
+            Ok(Some(h)) => return Some(Ok(format!("{} {} {:?}", h.method, h.uri, h.headers))),
+            Err(e) => return Some(Err(e.status)),
+        }
+    }
+    None
+}
+
+#[test]
+fn a_head_is_refused_or_not_the_same_way_however_it_arrives() {
+    for (bytes, want) in [
+        // Found by the fuzzer: a bad version with no blank line after it.
+        (
+            &b"POST / HTTPr-Encoding: chunked\r\nContent-Length: 3\r*\r\n5;x=y\r\n"[..],
+            Some(Err(StatusCode::BAD_REQUEST)),
+        ),
+        // A bad field in a head that never ends: no answer, whole or cut.
+        (b"GET / HTTP/1.1\r\nHost: a\r\nno colon\r\nX: 1\r\n", None),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nno colon\r\nX: 1\r\n\r\n",
+            Some(Err(StatusCode::BAD_REQUEST)),
+        ),
+        // Not HTTP at all: refused on its first bytes.
+        (
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+            Some(Err(StatusCode::BAD_REQUEST)),
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /next",
+            Some(Ok("GET / {\"host\": \"a\"}".into())),
+        ),
+    ] {
+        for piece in [1, 2, 3, 5, 7, 16, 64, bytes.len()] {
+            assert_eq!(
+                outcome(bytes, piece, 1024),
+                want,
+                "{:?} in {piece}-byte pieces",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+}
