@@ -9,28 +9,37 @@
 //! The contract: the rules are hyper's client's and server's, which the
 //! sidecar used before this codec (hyper 1.x `proto/h1/role.rs` and
 //! `decode.rs`), so an endpoint sees the same requests and a client the same
-//! responses, but for two deliberate differences towards endpoints: the 64
-//! KiB head limit and the `Content-Length` removed from a chunked response
-//! (both below). Towards endpoints:
+//! responses, but for deliberate differences: towards endpoints the 64 KiB
+//! head limit, the `Content-Length` removed from a chunked response, a
+//! transfer coding other than `chunked` refused and a body of unknown
+//! length sent whatever the method; both ways a bare LF in trailers refused
+//! (all below; [`server`] has the client side's). Towards endpoints:
 //! - Request framing: a body that has ended is no body (`Transfer-Encoding`
 //!   dropped); a `Content-Length` already in the headers is kept; a body of
 //!   known length gets one; a body of unknown length is chunked, except for
-//!   `GET`, `HEAD` and `CONNECT`, which send none. A `Transfer-Encoding` in
-//!   the headers means chunked, and then no `Content-Length`.
+//!   `CONNECT`, whose bytes are the tunnel's (hyper sends none for `GET` and
+//!   `HEAD` either, which lost a client's chunked `GET` body while one with
+//!   a length went). A `Transfer-Encoding` in the headers means chunked, and
+//!   then no `Content-Length`.
 //! - Response framing, in this order: `101` ends the message (the bytes after
 //!   it are the new protocol's), other `1xx` are skipped, `204`, `304` and a
-//!   `HEAD` request's response have no body; `Transfer-Encoding` whose last
-//!   coding is `chunked` is chunked, any other coding is read to the close
-//!   (HTTP/1.0 with `Transfer-Encoding` is an error); `Content-Length` values,
-//!   comma lists included, must be digits and all equal; otherwise the body
-//!   runs to the close. A chunked response's `Content-Length` is removed so
-//!   the client is not told two lengths.
+//!   `HEAD` request's response have no body; `Transfer-Encoding: chunked` is
+//!   chunked, and any other coding (`gzip, chunked`, `chunked, chunked`,
+//!   `identity`) is a protocol error, as on the request side: the field is
+//!   hop-by-hop, so the client would get the body with its coding unlabelled
+//!   (hyper read such a body to the close, or as chunked without the gzip;
+//!   HAProxy answers 502); HTTP/1.0 with `Transfer-Encoding` is an error;
+//!   `Content-Length` values, comma lists included, must be digits and all
+//!   equal; otherwise the body runs to the close. A chunked response's
+//!   `Content-Length` is removed so the client is not told two lengths.
 //! - Limits: 100 header fields (hyper's), 64 KiB of head (Envoy's 60 KiB
 //!   default is the same order; hyper allowed 408 KiB, nginx and HAProxy cut
 //!   at 4–16 KiB), chunk extensions 16 KiB per message, trailers 16 KiB
-//!   and 100 fields (hyper's). Chunk lines end in CRLF; a bare LF inside an
-//!   extension is refused (some parsers accept it and would frame the body
-//!   differently). Request bodies from clients are decoded by the same rules.
+//!   and 100 fields (hyper's). Chunk and trailer lines end in CRLF; a bare
+//!   LF inside an extension or a trailer line is refused (parsers disagree
+//!   on what it ends: hyper reads trailers on to the next CRLF CRLF, taking
+//!   the next message with them, nginx and HAProxy end the line there).
+//!   Request bodies from clients are decoded by the same rules.
 //!
 //! The differential tests (`sidecar/tests/differential.rs`) hold these rules
 //! against hyper, nginx and HAProxy on request-smuggling and framing corpora.
@@ -64,7 +73,8 @@ use crate::exchange::failure::{FailureKind, Stage};
 /// What a connection keeps between the heads it parses, so parsing
 /// allocates nothing and names are rarely parsed: where each field's name
 /// and value sit in the head being parsed (offsets), and the names of the
-/// fields of the heads before it, by position.
+/// fields of the heads before it, by position; and how far a request head
+/// still coming in has been searched for its end.
 ///
 /// Why the names: an endpoint or a client sends the same fields head after
 /// head (nginx's five, a load generator's two). Parsing a name
@@ -78,6 +88,39 @@ pub struct Spans {
     offsets: Vec<[u32; 4]>,
     /// At most [`MAX_HEADERS`]: a head has no more fields.
     names: Vec<KnownName>,
+    /// How far the request head being read has come (`server` only).
+    head: HeadScan,
+}
+
+/// A request head read over several reads: parsed when its first bytes come
+/// (usually all of it), then only once its blank line is in, or the head
+/// limit is reached. In between, only the new bytes are searched for the
+/// blank line, and the request line is checked while it is short, so a
+/// head's cost grows with its length, not with its length times the reads
+/// it took (a 62 KB head in 64-byte reads was parsed whole a thousand
+/// times).
+#[derive(Debug, Default)]
+struct HeadScan {
+    /// Where the search for the blank line resumes; `None`: the head's
+    /// bytes have not been looked at yet.
+    from: Option<usize>,
+    /// Bytes of empty lines skipped before the request line: they count
+    /// against the head limit, as when httparse skipped them.
+    skipped: usize,
+    /// Bytes of the request line checked so far (`server::check_line`).
+    line_checked: usize,
+    /// Times httparse ran on this connection (tests count them).
+    #[cfg(test)]
+    parses: u32,
+}
+
+impl HeadScan {
+    /// Ready for the next head.
+    fn reset(&mut self) {
+        self.from = None;
+        self.skipped = 0;
+        self.line_checked = 0;
+    }
 }
 
 /// A name as it came on the wire (up to [`KnownName::RAW`] bytes), and
@@ -129,6 +172,12 @@ impl Spans {
                 value + field.value.len() as u32,
             ]);
         }
+    }
+
+    /// Times httparse ran on request heads.
+    #[cfg(test)]
+    pub(crate) fn head_parses(&self) -> u32 {
+        self.head.parses
     }
 
     /// Fields recorded.
@@ -283,6 +332,27 @@ fn digits(value: &[u8]) -> Option<u64> {
         return None;
     }
     Some(value.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+/// The `Transfer-Encoding` lines name one coding, `chunked`, and no other:
+/// the only one the sidecar decodes. Anything else (`gzip, chunked`, chunked
+/// twice, an empty list) would reach the next hop with its codings dropped,
+/// so it is refused on both sides. Empty list elements do not count (RFC
+/// 9110 §5.6.1).
+fn only_chunked(headers: &HeaderMap) -> bool {
+    let mut chunked = 0;
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        let Ok(value) = value.to_str() else {
+            return false;
+        };
+        for coding in value.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+            if !coding.eq_ignore_ascii_case("chunked") {
+                return false;
+            }
+            chunked += 1;
+        }
+    }
+    chunked == 1
 }
 
 /// The last coding of the last `Transfer-Encoding` line is `chunked`.

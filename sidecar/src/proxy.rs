@@ -223,7 +223,10 @@ impl Proxy {
                 req.version() < http::Version::HTTP_2 && hop_by_hop::is_upgrade(req.headers());
             let client_upgrade = upgrade.then(|| tunnel::upgrade::ClientUpgrade::take(&mut req));
             let (parts, body) = req.into_parts();
-            let mut template = prepare::template(parts, &upstream, upgrade, grpc);
+            let mut template = match prepare::template(parts, &upstream, upgrade, grpc) {
+                Ok(template) => template,
+                Err(local) => break 'serve local.answer(grpc),
+            };
 
             // 2. Admit.
             let admitted = admit::admit(&routes, &upstream, &template, upgrade, &self.metrics);

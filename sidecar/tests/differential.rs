@@ -6,12 +6,16 @@
 //!
 //! - Part A, response framing ([`responses`]): a raw upstream answers with a
 //!   corpus of well- and ill-framed responses; the interpretation is the
-//!   status and body the client got, and the client then asks for a second
+//!   status, the transfer codings left on the body (a coding dropped on the
+//!   way reaches the client unlabelled) and the body the client got, and
+//!   the client then asks for a second
 //!   response on the same connection to catch leftover bytes (a desync).
 //! - Part B, request framing ([`requests`]): a raw client sends a corpus of
 //!   well- and ill-framed requests, each followed in the same write by
 //!   `GET /smuggled`; the interpretation is the list of requests (method,
-//!   path, body) a strict recording upstream received.
+//!   path, `Host`, transfer codings left on the body, body) a strict
+//!   recording upstream received; a request with other than one `Host` is
+//!   one it cannot frame (RFC 9112 §3.2).
 //!
 //! The rule, per case (the point of these tests):
 //! 1. If Reprise forwarded, its interpretation equals that of every other
@@ -183,7 +187,7 @@ async fn response_framing_agrees_with_hyper_nginx_and_haproxy() {
         .map(|(case, outcomes)| {
             let reprise = outcomes[0].as_ref().expect("Reprise always runs");
             let mut failures = Vec::new();
-            let forwarding: Vec<(Kind, (u16, &[u8]))> = KINDS
+            let forwarding: Vec<(Kind, responses::Forwarded<'_>)> = KINDS
                 .iter()
                 .zip(outcomes)
                 .skip(1)
@@ -194,12 +198,14 @@ async fn response_framing_agrees_with_hyper_nginx_and_haproxy() {
                 for (kind, theirs) in &forwarding {
                     if mine != *theirs {
                         failures.push(format!(
-                            "Reprise forwarded {} {}, {} forwarded {} {}",
+                            "Reprise forwarded {} {:?} {}, {} forwarded {} {:?} {}",
                             mine.0,
-                            show(mine.1),
+                            mine.1,
+                            show(mine.2),
                             kind.name(),
                             theirs.0,
-                            show(theirs.1)
+                            theirs.1,
+                            show(theirs.2)
                         ));
                     }
                 }

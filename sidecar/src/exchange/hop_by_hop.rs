@@ -1,8 +1,10 @@
 //! Hop-by-hop header handling (RFC 9110 §7.6.1): connection-specific headers
-//! are not forwarded, nor any header the Connection header names.
+//! are not forwarded, nor any header the Connection header names but `Host`.
 
 use http::header::Entry;
-use http::header::{HeaderName, CONNECTION, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{
+    HeaderName, CONNECTION, HOST, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
+};
 use http::HeaderMap;
 
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -51,7 +53,10 @@ pub(crate) fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
             }
         }
         for name in named {
-            if !(keep_upgrade && name == UPGRADE) {
+            // `Host` names the resource, not the connection: an endpoint
+            // must get it (RFC 9112 §3.2), whatever `Connection` says. nginx
+            // and HAProxy remove no field `Connection` names.
+            if !(keep_upgrade && name == UPGRADE) && name != HOST {
                 headers.remove(&name);
             }
         }
@@ -211,6 +216,18 @@ mod tests {
         strip(&mut h, false);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("x-end-to-end"));
+    }
+
+    #[test]
+    fn connection_cannot_name_host_away() {
+        let mut h = HeaderMap::new();
+        h.append(CONNECTION, "host".parse().expect("value"));
+        h.append(CONNECTION, "close, Host, x-hop".parse().expect("value"));
+        h.insert(http::header::HOST, "api".parse().expect("value"));
+        h.insert("x-hop", "1".parse().expect("value"));
+        strip(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h[http::header::HOST], "api");
     }
 
     #[test]

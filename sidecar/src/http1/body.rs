@@ -157,16 +157,16 @@ impl Decoder {
                         self.state = State::Done;
                         return Ok(Decoded::End);
                     }
-                    let Some(end) = find(buf, b"\r\n\r\n") else {
+                    let Some(end) = trailers_end(buf)? else {
                         if buf.len() > MAX_TRAILER_BYTES {
                             return Err(WireError::protocol("trailers over 16 KiB"));
                         }
                         return Ok(Decoded::More);
                     };
-                    if end + 4 > MAX_TRAILER_BYTES {
+                    if end > MAX_TRAILER_BYTES {
                         return Err(WireError::protocol("trailers over 16 KiB"));
                     }
-                    let section = buf.split_to(end + 4);
+                    let section = buf.split_to(end);
                     let trailers = parse_trailers(&section)?;
                     self.state = State::Done;
                     return Ok(Decoded::Trailers(trailers));
@@ -263,6 +263,29 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// The length of the trailer section at the start of `buf` (its blank line
+/// included), once it is all in. Every line ends in CRLF: a bare LF is
+/// refused as soon as it is in, since parsers differ on where it puts the
+/// section's end (hyper reads on to the next CRLF CRLF, which can be the
+/// next message's; nginx and HAProxy end a line there). The section is at
+/// most 16 KiB, so searching it again on each read stays bounded.
+fn trailers_end(buf: &[u8]) -> Result<Option<usize>, WireError> {
+    let window = &buf[..buf.len().min(MAX_TRAILER_BYTES + 1)];
+    let mut at = 0;
+    while let Some(lf) = window[at..].iter().position(|&b| b == b'\n') {
+        let lf = at + lf;
+        if lf == 0 || window[lf - 1] != b'\r' {
+            return Err(WireError::protocol("trailer line not ended by CRLF"));
+        }
+        // A line's CRLF right after the previous one's: the blank line.
+        if lf >= 3 && &window[lf - 3..lf - 1] == b"\r\n" {
+            return Ok(Some(lf + 1));
+        }
+        at = lf + 1;
+    }
+    Ok(None)
+}
+
 /// A trailer section ending in CRLF CRLF.
 fn parse_trailers(section: &[u8]) -> Result<HeaderMap, WireError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -347,6 +370,43 @@ mod tests {
         let (data, _, ended) = body(Framing::Chunked, b"5\r\nhel").expect("ok");
         assert_eq!(data, b"hel");
         assert!(!ended, "more is needed");
+    }
+
+    #[test]
+    fn trailer_lines_end_in_crlf_and_a_bare_lf_is_refused_at_once() {
+        let (data, trailers, clean) = body(
+            Framing::Chunked,
+            b"3\r\nabc\r\n0\r\nX-A: 1\r\nX-B: 2\r\n\r\n",
+        )
+        .expect("ok");
+        assert_eq!(data, b"abc");
+        let trailers = trailers.expect("trailers");
+        assert_eq!(trailers["x-a"], "1");
+        assert_eq!(trailers["x-b"], "2");
+        assert!(clean);
+        // Refused as soon as the LF is in, not once a CRLF CRLF comes (which
+        // may be the next message's).
+        for bad in [
+            &b"3\r\nabc\r\n0\r\nX-T: y\n\r\n"[..],
+            b"3\r\nabc\r\n0\r\nX-T: y\n",
+            b"3\r\nabc\r\n0\r\nX-T: y\n\r\nGET /second HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"0\r\nX-A: 1\r\nX-T: y\n\n",
+            b"0\r\n\n",
+            b"0\r\nX-A: 1\r\n\n",
+        ] {
+            assert_eq!(
+                body(Framing::Chunked, bad).map_err(|e| e.kind).err(),
+                Some(FailureKind::ProtocolError),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // Cut anywhere, a good section still waits for more.
+        let good = b"0\r\nX-A: 1\r\n\r\n";
+        for cut in 1..good.len() {
+            let (_, trailers, _) = body(Framing::Chunked, &good[..cut]).expect("ok");
+            assert!(trailers.is_none(), "{cut}");
+        }
     }
 
     #[test]

@@ -82,10 +82,10 @@ pub fn request_framing(
             f.add = Some((header::CONTENT_LENGTH, HeaderValue::from(n)));
             f
         }
-        // GET, HEAD and CONNECT almost never have bodies (hyper's rule).
-        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
-            RequestFraming::new(Encoding::Length(0))
-        }
+        // A CONNECT's bytes after its head are the tunnel's. Any other
+        // method's body goes, as a length's would: hyper sends none for GET
+        // and HEAD, which dropped a chunked GET body the client had sent.
+        None if *method == Method::CONNECT => RequestFraming::new(Encoding::Length(0)),
         None => {
             let mut f = RequestFraming::new(Encoding::Chunked);
             if headers.contains_key(header::CONTENT_LENGTH) {
@@ -224,9 +224,21 @@ mod tests {
                 vec!["transfer-encoding=chunked".to_owned()]
             )
         );
+        // A body of unknown length goes chunked whatever the method (hyper
+        // sends none for GET and HEAD: a client's chunked GET body was lost).
+        for method in [Method::GET, Method::HEAD, Method::DELETE] {
+            assert_eq!(
+                enc(method, &[], Some(None)),
+                (
+                    Encoding::Chunked,
+                    vec!["transfer-encoding=chunked".to_owned()]
+                )
+            );
+        }
         assert_eq!(
-            enc(Method::GET, &[], Some(None)),
-            (Encoding::Length(0), vec![])
+            enc(Method::CONNECT, &[], Some(None)),
+            (Encoding::Length(0), vec![]),
+            "a CONNECT's bytes are the tunnel's"
         );
         assert_eq!(
             enc(

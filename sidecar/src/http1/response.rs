@@ -7,7 +7,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Version};
 
 use super::{
-    content_length, digits, has_token, is_chunked, Framing, Spans, WireError, MAX_HEADERS,
+    content_length, digits, has_token, only_chunked, Framing, Spans, WireError, MAX_HEADERS,
     MAX_HEAD_BYTES,
 };
 
@@ -142,12 +142,16 @@ pub fn parse_response(
                     "HTTP/1.0 response with Transfer-Encoding",
                 ));
             }
-            if is_chunked(&headers) {
-                headers.remove(header::CONTENT_LENGTH);
-                Framing::Chunked
-            } else {
-                Framing::Close
+            // The client would get the body with its codings dropped (the
+            // field is hop-by-hop): refused as the request's are (HAProxy
+            // answers such a response 502 too).
+            if !only_chunked(&headers) {
+                return Err(WireError::protocol(
+                    "response with a transfer coding other than chunked",
+                ));
             }
+            headers.remove(header::CONTENT_LENGTH);
+            Framing::Chunked
         } else if lengths == 0 {
             Framing::Close
         } else if let Some(n) = length.filter(|_| lengths == 1) {
@@ -206,15 +210,23 @@ mod tests {
             Err(FailureKind::ProtocolError)
         );
         assert_eq!(ok("transfer-encoding: chunked\r\n"), Ok(Framing::Chunked));
-        assert_eq!(
-            ok("transfer-encoding: gzip, Chunked\r\n"),
-            Ok(Framing::Chunked)
-        );
-        assert_eq!(
-            ok("transfer-encoding: chunked, gzip\r\n"),
-            Ok(Framing::Close)
-        );
-        assert_eq!(ok("transfer-encoding: gzip\r\n"), Ok(Framing::Close));
+        assert_eq!(ok("transfer-encoding: Chunked\r\n"), Ok(Framing::Chunked));
+        // Any other coding is one the client would get unlabelled (the
+        // field is hop-by-hop): refused, as nginx refuses it.
+        for coding in [
+            "gzip, Chunked",
+            "chunked, gzip",
+            "gzip",
+            "identity",
+            "chunked, chunked",
+            "chunked\r\ntransfer-encoding: chunked",
+        ] {
+            assert_eq!(
+                ok(&format!("transfer-encoding: {coding}\r\n")),
+                Err(FailureKind::ProtocolError),
+                "{coding:?}"
+            );
+        }
         assert_eq!(ok(""), Ok(Framing::Close));
         let both = parse(
             b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",

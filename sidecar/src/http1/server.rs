@@ -3,20 +3,36 @@
 //!
 //! The contract: hyper 1.x's HTTP/1 server rules (`proto/h1/role.rs`,
 //! `conn.rs`), which served the sidecar's clients before this codec, so a
-//! client sees the same answers:
-//! - Request framing (RFC 9112 §6.3): `Transfer-Encoding` whose last coding
-//!   is `chunked` is chunked, and a `Content-Length` beside it is dropped
-//!   and the connection closes after the response; any other coding is a
-//!   `400`, and so is `Transfer-Encoding` on HTTP/1.0. `Content-Length` must
-//!   be digits (no sign, no list) and every line equal, else `400`. Neither:
-//!   no body.
+//! client sees the same answers, but for the transfer codings and `Host`
+//! (a proxy's rules, which hyper leaves to its user):
+//! - Request framing (RFC 9112 §6.3): `Transfer-Encoding: chunked` is
+//!   chunked, and a `Content-Length` beside it is dropped and the connection
+//!   closes after the response. Any other coding, or `chunked` twice, is a
+//!   `501` (RFC 9112 §6.1), nginx's and Envoy's answer: `chunked` is the one
+//!   coding the sidecar decodes, and the field is hop-by-hop, so a `gzip`
+//!   before it would reach the endpoint unlabelled (hyper took `gzip,
+//!   chunked` as chunked and answered `400` to a list not ending in it).
+//!   `Transfer-Encoding` on HTTP/1.0 is a `400`. `Content-Length` must be
+//!   digits (no sign, no list) and every line equal, else `400`. Neither: no
+//!   body.
+//! - `Host`: a second line is a `400` (RFC 9112 §3.2; nginx's answer), so no
+//!   hop after this one can pick another; an absolute-form target's
+//!   authority (without userinfo) replaces the field's value (RFC 9112
+//!   §3.2.2: a proxy sends the target's host, which is also the one the
+//!   request is routed by).
 //! - Keep-alive: HTTP/1.1 unless a `Connection` line says `close` (a later
 //!   `keep-alive` does not undo it); HTTP/1.0 only with `keep-alive`.
 //! - `Expect: 100-continue` (HTTP/1.1, a body to come) is answered when the
 //!   body is first read; an `Upgrade` on HTTP/1.1, or `CONNECT`, may take the
 //!   connection over once answered `101` or `2xx`.
 //! - Limits: 100 fields and the configured head size (`431`), a target of
-//!   at most 65,534 bytes (`414`); any other malformed head is a `400`.
+//!   at most 65,534 bytes (`414`); any other malformed head is a `400`. A
+//!   head is parsed when its first bytes come and then once its blank line
+//!   is in (or the limit is reached): however many reads it takes, its cost
+//!   grows with its length only.
+//! - Refusals name their kind in `x-reprise-error` ([`HeadError::kind`]:
+//!   `malformed_request`, `bad_framing`, `duplicate_host`, `uri_too_long`,
+//!   `header_too_large`, `too_many_headers`, `unsupported_transfer_coding`).
 //! - Responses: `HTTP/1.0` to an HTTP/1.0 client; `date` added when
 //!   missing; a body of known length gets `content-length`, one of unknown
 //!   length is chunked (read to the close for HTTP/1.0); no body for `HEAD`,
@@ -27,7 +43,7 @@
 
 use std::mem::MaybeUninit;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Uri, Version};
 
@@ -55,18 +71,31 @@ pub struct RequestHead {
     pub trailers: bool,
 }
 
-/// A head that cannot be served, and the status that says why.
+/// A head that cannot be served, the status that says why and the error
+/// kind the refusal names in `x-reprise-error`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadError {
     pub status: StatusCode,
     pub what: &'static str,
+    pub kind: &'static str,
 }
 
 impl HeadError {
+    /// A head that breaks HTTP/1.1's grammar.
     const fn bad(what: &'static str) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
             what,
+            kind: "malformed_request",
+        }
+    }
+
+    /// A body whose framing cannot be read one way only.
+    const fn framing(what: &'static str) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            what,
+            kind: "bad_framing",
         }
     }
 
@@ -74,6 +103,7 @@ impl HeadError {
         Self {
             status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             what,
+            kind: "header_too_large",
         }
     }
 }
@@ -85,41 +115,165 @@ impl std::fmt::Display for HeadError {
 }
 
 /// Parses a request head off the front of `buf`, or `None` if more bytes
-/// are needed; `max_head` bounds the bytes a head may take.
+/// are needed; `max_head` bounds the bytes a head may take. Call again with
+/// the same `spans` as more bytes come: they are searched for the head's end
+/// where the last call stopped (`HeadScan` in `http1.rs`).
 pub fn parse_request(
     buf: &mut BytesMut,
     max_head: usize,
     spans: &mut Spans,
 ) -> Result<Option<RequestHead>, HeadError> {
+    // Empty lines before the request line go (RFC 9112 §2.2), counted.
+    if matches!(buf.first(), Some(b'\r' | b'\n')) {
+        let empty = empty_lines(buf);
+        buf.advance(empty);
+        spans.head.skipped += empty;
+        if empty > 0 {
+            spans.head.from = None;
+        }
+    }
+    let limit = max_head.saturating_sub(spans.head.skipped);
+    if limit == 0 {
+        spans.head.reset();
+        return Err(HeadError::too_large("request head over the limit"));
+    }
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    // Only the first `limit` bytes are parsed: a head longer than that gets
+    // 431 however its bytes arrived, and an error inside the limit its own
+    // status (hyper's answer depended on how much one read brought).
+    let window = buf.len().min(limit);
+    if let Some(from) = spans.head.from {
+        if window < limit && !has_blank_line(&buf[..window], from) {
+            spans.head.from = Some(window.saturating_sub(2));
+            return check_line(buf, spans);
+        }
+    }
+    parse_head(buf, window, limit, spans)
+}
+
+/// Bytes of a request line checked while its head is still coming: enough
+/// for the method and the start of the target, so that a client not
+/// speaking HTTP is refused at once.
+const LINE_CHECK: usize = 256;
+
+/// While a head is still coming, its request line (up to its LF, at most
+/// [`LINE_CHECK`] bytes) is checked each time it has grown. The outcome
+/// depends only on those bytes, so it is the same however they arrived: an
+/// error further on is only acted on once the blank line or the limit
+/// calls for the whole parse (a head that never ends gets no answer, fed
+/// whole or in pieces).
+fn check_line(buf: &[u8], spans: &mut Spans) -> Result<Option<RequestHead>, HeadError> {
+    let bound = buf.len().min(LINE_CHECK);
+    let line = buf[..bound]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(bound, |lf| lf + 1);
+    if line <= spans.head.line_checked {
+        return Ok(None);
+    }
+    spans.head.line_checked = line;
+    let mut parsed = httparse::Request::new(&mut []);
+    match httparse::ParserConfig::default().parse_request(&mut parsed, &buf[..line]) {
+        Ok(_) => Ok(None),
+        Err(e) => {
+            spans.head.reset();
+            Err(head_error(e, &parsed))
+        }
+    }
+}
+
+/// The refusal for httparse's error `e` on `parsed`.
+fn head_error(e: httparse::Error, parsed: &httparse::Request<'_, '_>) -> HeadError {
+    match e {
+        httparse::Error::TooManyHeaders => HeadError {
+            kind: "too_many_headers",
+            ..HeadError::too_large("request head over 100 fields")
+        },
+        httparse::Error::Token if parsed.method.is_none() => HeadError::bad("invalid method"),
+        httparse::Error::Token => HeadError::bad("invalid request target"),
+        httparse::Error::Version => HeadError::bad("invalid HTTP version"),
+        _ => HeadError::bad("malformed request head"),
+    }
+}
+
+/// Bytes of complete empty lines (CRLF or LF) at the start of `buf`, as
+/// httparse skips them.
+fn empty_lines(buf: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        match buf.get(at..at + 2) {
+            Some(b"\r\n") => at += 2,
+            _ if buf.get(at) == Some(&b'\n') => at += 1,
+            _ => return at,
+        }
+    }
+}
+
+/// `buf` holds a blank line (an LF, an optional CR, an LF) at or after
+/// `from`: no head can be complete without one.
+fn has_blank_line(buf: &[u8], from: usize) -> bool {
+    let mut at = from;
+    while let Some(lf) = buf
+        .get(at..)
+        .and_then(|rest| rest.iter().position(|&b| b == b'\n'))
+    {
+        let lf = at + lf;
+        match buf.get(lf + 1..lf + 3) {
+            Some([b'\n', _]) | Some([b'\r', b'\n']) => return true,
+            None if buf.get(lf + 1) == Some(&b'\n') => return true,
+            _ => at = lf + 1,
+        }
+    }
+    false
+}
+
+/// One httparse run over the first `window` bytes of `buf` (at most
+/// `limit`), and the head taken off `buf` when it is complete.
+fn parse_head(
+    buf: &mut BytesMut,
+    window: usize,
+    limit: usize,
+    spans: &mut Spans,
+) -> Result<Option<RequestHead>, HeadError> {
+    #[cfg(test)]
+    {
+        spans.head.parses += 1;
+    }
     // Uninitialised, as in `parse_response`: zeroing 100 fields costs about
     // as much as parsing a typical head.
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut []);
-    // Only the first `max_head` bytes are parsed: a head longer than that
-    // gets 431 however its bytes arrived, and an error inside the limit its
-    // own status (hyper's answer depended on how much one read brought).
-    let window = &buf[..buf.len().min(max_head)];
     let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
         &mut parsed,
-        window,
+        &buf[..window],
         &mut fields,
     ) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => {
-            if buf.len() >= max_head {
-                return Err(HeadError::too_large("request head over the limit"));
-            }
+        Ok(httparse::Status::Complete(len)) => {
+            spans.head.reset();
+            len
+        }
+        Ok(httparse::Status::Partial) if buf.len() < limit => {
+            // No blank line in what came so far (or httparse would have
+            // completed or failed): the next search starts at its end.
+            spans.head.from = Some(buf.len().saturating_sub(2));
             return Ok(None);
         }
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(HeadError::too_large("request head over 100 fields"))
+        Ok(httparse::Status::Partial) => {
+            spans.head.reset();
+            return Err(HeadError::too_large("request head over the limit"));
         }
-        Err(httparse::Error::Token) if parsed.method.is_none() => {
-            return Err(HeadError::bad("invalid method"))
+        // A head that has not ended yet is only refused for its request
+        // line (`check_line`), as it would be if it came in pieces.
+        Err(_) if buf.len() < limit && !has_blank_line(&buf[..window], 0) => {
+            spans.head.from = Some(window.saturating_sub(2));
+            return check_line(buf, spans);
         }
-        Err(httparse::Error::Token) => return Err(HeadError::bad("invalid request target")),
-        Err(httparse::Error::Version) => return Err(HeadError::bad("invalid HTTP version")),
-        Err(_) => return Err(HeadError::bad("malformed request head")),
+        Err(e) => {
+            spans.head.reset();
+            return Err(head_error(e, &parsed));
+        }
     };
     let (Some(method), Some(target), Some(minor)) = (parsed.method, parsed.path, parsed.version)
     else {
@@ -129,6 +283,7 @@ pub fn parse_request(
         return Err(HeadError {
             status: StatusCode::URI_TOO_LONG,
             what: "request target over 65,534 bytes",
+            kind: "uri_too_long",
         });
     }
     let method =
@@ -141,11 +296,19 @@ pub fn parse_request(
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target_at..target_end))
         .map_err(|_| HeadError::bad("invalid request target"))?;
+    // An absolute-form target names the host: a proxy sends it as `Host`,
+    // whatever `Host` said (RFC 9112 §3.2.2), so the host the request is
+    // routed by is the one the endpoint sees.
+    let target_host = uri.scheme().and(uri.authority()).map(|a| {
+        let a = a.as_str();
+        a.rfind('@').map_or(a, |at| &a[at + 1..])
+    });
     let mut headers = HeaderMap::with_capacity(spans.len());
     let mut keep_alive = http11;
     let mut saw_close = false;
+    let mut saw_host = false;
     let (mut length, mut saw_length) = (None::<u64>, false);
-    let (mut transfer_encoding, mut chunked) = (false, false);
+    let mut transfer_encoding = false;
     let mut expect_continue = false;
     let mut upgrade = method == Method::CONNECT;
     let mut trailers = false;
@@ -157,17 +320,34 @@ pub fn parse_request(
         let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
             .map_err(|_| HeadError::bad("invalid header value"))?;
         match name {
+            header::HOST => {
+                // Two lines would leave the next hop to choose (RFC 9112
+                // §3.2: 400).
+                if saw_host {
+                    return Err(HeadError {
+                        kind: "duplicate_host",
+                        ..HeadError::bad("more than one Host line")
+                    });
+                }
+                saw_host = true;
+                if let Some(host) = target_host {
+                    if !value.as_bytes().eq_ignore_ascii_case(host.as_bytes()) {
+                        headers.append(name, host_value(host)?);
+                        continue;
+                    }
+                }
+            }
             header::TRANSFER_ENCODING => {
                 if !http11 {
-                    return Err(HeadError::bad("HTTP/1.0 request with Transfer-Encoding"));
+                    return Err(HeadError::framing(
+                        "HTTP/1.0 request with Transfer-Encoding",
+                    ));
                 }
                 transfer_encoding = true;
                 // Chunked framing wins: a length already kept goes.
                 if length.take().is_some() {
                     headers.remove(header::CONTENT_LENGTH);
                 }
-                // The last line's last coding decides.
-                chunked = last_coding_is_chunked(&value);
             }
             header::CONTENT_LENGTH => {
                 saw_length = true;
@@ -175,9 +355,11 @@ pub fn parse_request(
                     continue;
                 }
                 let n = super::digits(value.as_bytes())
-                    .ok_or(HeadError::bad("invalid Content-Length"))?;
+                    .ok_or(HeadError::framing("invalid Content-Length"))?;
                 match length {
-                    Some(m) if m != n => return Err(HeadError::bad("differing Content-Length")),
+                    Some(m) if m != n => {
+                        return Err(HeadError::framing("differing Content-Length"))
+                    }
                     // The same length again: one line is enough.
                     Some(_) => continue,
                     None => length = Some(n),
@@ -201,15 +383,22 @@ pub fn parse_request(
         }
         headers.append(name, value);
     }
-    if transfer_encoding && !chunked {
-        return Err(HeadError::bad("Transfer-Encoding other than chunked"));
+    // `chunked` alone: a coding the sidecar cannot decode is one the
+    // endpoint would get unlabelled (RFC 9112 §6.1: 501; nginx and Envoy
+    // answer any other coding so).
+    if transfer_encoding && !super::only_chunked(&headers) {
+        return Err(HeadError {
+            status: StatusCode::NOT_IMPLEMENTED,
+            what: "a transfer coding other than chunked",
+            kind: "unsupported_transfer_coding",
+        });
     }
     if transfer_encoding && saw_length {
         // Its sender and the next hop could frame the next request
         // differently: the connection ends with this one.
         keep_alive = false;
     }
-    let framing = if chunked {
+    let framing = if transfer_encoding {
         Framing::Chunked
     } else {
         Framing::Length(length.unwrap_or(0))
@@ -237,6 +426,14 @@ fn last_coding_is_chunked(value: &HeaderValue) -> bool {
         .ok()
         .and_then(|s| s.rsplit(',').next())
         .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// `Host`'s value for an absolute-form target's `host`: out of line, as a
+/// request whose `Host` disagrees with its target is rare.
+#[cold]
+#[inline(never)]
+fn host_value(host: &str) -> Result<HeaderValue, HeadError> {
+    HeaderValue::from_str(host).map_err(|_| HeadError::bad("invalid request target"))
 }
 
 /// What the response's request was, as far as the response head cares.
@@ -334,6 +531,7 @@ pub fn encode_response(
                             return Err(HeadError {
                                 status: StatusCode::INTERNAL_SERVER_ERROR,
                                 what: "response with an invalid Content-Length",
+                                kind: "invalid_response",
                             });
                         };
                         match encoding {
@@ -342,6 +540,7 @@ pub fn encode_response(
                                 return Err(HeadError {
                                     status: StatusCode::INTERNAL_SERVER_ERROR,
                                     what: "response with differing Content-Length",
+                                    kind: "invalid_response",
                                 });
                             }
                             Some(_) => continue,
@@ -450,9 +649,9 @@ pub fn encode_response(
     })
 }
 
-/// A whole local answer to a head that could not be served (the
-/// connection closes after it).
-pub fn encode_refusal(dst: &mut Vec<u8>, status: StatusCode) {
+/// A whole local answer to a head that could not be served, naming its
+/// kind in `x-reprise-error` (the connection closes after it).
+pub fn encode_refusal(dst: &mut Vec<u8>, error: &HeadError) {
     let exchange = Exchange {
         http10: false,
         head: false,
@@ -460,8 +659,17 @@ pub fn encode_refusal(dst: &mut Vec<u8>, status: StatusCode) {
         keep_alive: false,
         trailers: false,
     };
-    let _ = encode_response(dst, status, &HeaderMap::new(), BodyLength::Ended, exchange);
+    let mut headers = HeaderMap::new();
+    headers.insert(ERROR_HEADER, HeaderValue::from_static(error.kind));
+    let _ = encode_response(dst, error.status, &headers, BodyLength::Ended, exchange);
 }
+
+/// Response header naming the local failure the sidecar answered for, here
+/// and in every answer of `proxy::local`. A `HeaderName`, not a `&str`:
+/// every response is checked for it, and a lookup by string parses the
+/// name first (measured:
+/// `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`).
+pub const ERROR_HEADER: HeaderName = HeaderName::from_static("x-reprise-error");
 
 #[cfg(test)]
 mod tests;

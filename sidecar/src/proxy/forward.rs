@@ -27,6 +27,12 @@ pub(crate) async fn forward(
     if req.method() == Method::CONNECT {
         return Local::ConnectOutside.into_response();
     }
+    // As for an upstream's requests (`prepare::template`): one host only.
+    if let (Version::HTTP_2, Some(target)) = (req.version(), req.uri().authority()) {
+        if super::route::names_another_host(target, req.headers()) {
+            return Local::HostMismatch.into_response();
+        }
+    }
     let authority = req
         .uri()
         .authority()

@@ -16,17 +16,16 @@ use reprise_crds::grpc;
 use super::body::ProxyBody;
 use crate::exchange::failure::FailureKind;
 
-/// Response header naming the local failure the sidecar answered for. A
-/// `HeaderName`, not a `&str`: every response is checked for it, and a
-/// lookup by string parses the name first (measured:
-/// `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`).
-pub const ERROR_HEADER: http::HeaderName = http::HeaderName::from_static("x-reprise-error");
+pub use crate::http1::server::ERROR_HEADER;
 
 /// Why the sidecar answers a request itself.
 #[derive(Debug)]
 pub(crate) enum Local<'a> {
     /// Neither an absolute URI nor a Host header names a host.
     MissingHost,
+    /// An HTTP/2 request whose `host` names another authority than its
+    /// `:authority` (RFC 9113 §8.3.1).
+    HostMismatch,
     /// No upstream answers to this host.
     UnknownUpstream(&'a str),
     /// A host outside every upstream with a URI that cannot be forwarded.
@@ -57,7 +56,9 @@ impl Local<'_> {
     /// The status the client gets.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            Local::MissingHost | Local::BadUri | Local::RequestBody => StatusCode::BAD_REQUEST,
+            Local::MissingHost | Local::HostMismatch | Local::BadUri | Local::RequestBody => {
+                StatusCode::BAD_REQUEST
+            }
             Local::UnknownUpstream(_) => StatusCode::BAD_GATEWAY,
             Local::RequestBodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Local::ConnectOutside => StatusCode::METHOD_NOT_ALLOWED,
@@ -70,6 +71,7 @@ impl Local<'_> {
     pub(crate) fn kind(&self) -> Cow<'static, str> {
         Cow::Borrowed(match self {
             Local::MissingHost => "missing_host",
+            Local::HostMismatch => "host_mismatch",
             Local::UnknownUpstream(_) => "unknown_upstream",
             Local::BadUri => "bad_uri",
             Local::RequestBody => "request_body_error",
@@ -85,6 +87,9 @@ impl Local<'_> {
         match self {
             Local::MissingHost => {
                 "reprise: the request names no host (absolute URI or Host header)\n".into()
+            }
+            Local::HostMismatch => {
+                "reprise: the host field names another authority than :authority\n".into()
             }
             Local::UnknownUpstream(host) => format!("reprise: no upstream named \"{host}\"\n"),
             Local::BadUri => "reprise: cannot forward this URI\n".into(),

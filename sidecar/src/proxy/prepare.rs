@@ -25,13 +25,14 @@ pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// The request head, ready to be repeated for each attempt.
+/// The request head, ready to be repeated for each attempt; refused when
+/// it names two hosts.
 pub(crate) fn template(
     mut parts: Parts,
     upstream: &UpstreamState,
     upgrade: bool,
     grpc: bool,
-) -> RequestTemplate {
+) -> Result<RequestTemplate, Local<'static>> {
     let path = parts
         .uri
         .path_and_query()
@@ -45,10 +46,30 @@ pub(crate) fn template(
     // `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`).
     let host_field = parts.headers.get(HOST);
     let has_host = host_field.is_some();
-    let host = host_field.and_then(|h| Authority::try_from(h.as_bytes()).ok());
+    // The request was routed by its target's authority when it has one
+    // (`route::request_host`), so that is the host it carries on. An HTTP/1
+    // client's `Host` already agrees with it (the codec saw to that, RFC 9112
+    // §3.2.2); an HTTP/2 client's `host` naming another makes the request
+    // malformed (RFC 9113 §8.3.1). Checked only when both came, which an
+    // HTTP/2 client seldom sends.
+    let target = parts.uri.authority();
+    if let (true, Version::HTTP_2, Some(target)) = (has_host, parts.version, target) {
+        if super::route::names_another_host(target, &parts.headers) {
+            return Err(Local::HostMismatch);
+        }
+    }
+    let host = match target {
+        Some(target) if parts.version == Version::HTTP_2 => Some(target.clone()),
+        // `Host` is the target's host without its userinfo, if any.
+        _ => host_field
+            .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+            .or_else(|| target.cloned()),
+    };
     if !has_host && !h2c {
-        if let Some(authority) = parts.uri.authority() {
-            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+        if let Some(authority) = target {
+            let a = authority.as_str();
+            let a = a.rfind('@').map_or(a, |at| &a[at + 1..]);
+            if let Ok(v) = HeaderValue::from_str(a) {
                 parts.headers.insert(HOST, v);
             }
         }
@@ -65,7 +86,7 @@ pub(crate) fn template(
     hop_by_hop::strip(&mut parts.headers, upgrade);
     // The host the client addressed travels as HTTP/2's :authority or HTTP/1's
     // Host; an HTTP/2 request must not also carry a different Host (RFC 9113 §8.3.1).
-    let authority = host.or_else(|| parts.uri.authority().cloned());
+    let authority = host;
     let version = match upstream.config.protocol {
         Protocol::Http1 => Version::HTTP_11,
         Protocol::H2c => {
@@ -85,7 +106,7 @@ pub(crate) fn template(
         path_and_query: path,
         headers: parts.headers,
     };
-    RequestTemplate::new(head, version, authority, grpc)
+    Ok(RequestTemplate::new(head, version, authority, grpc))
 }
 
 /// The body as the retry loop will send it: buffered for replay under

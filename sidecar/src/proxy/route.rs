@@ -237,6 +237,15 @@ pub(crate) fn authority_host(authority: &http::uri::Authority) -> &str {
     &s[start..start + len]
 }
 
+/// A `host` field of `headers` names another authority than `target`
+/// (compared whole, port included, case aside): two hosts in one request.
+pub(crate) fn names_another_host(target: &http::uri::Authority, headers: &HeaderMap) -> bool {
+    headers.get_all(HOST).iter().any(|h| {
+        !h.as_bytes()
+            .eq_ignore_ascii_case(target.as_str().as_bytes())
+    })
+}
+
 /// The host a request addresses: the absolute-form URI's host, else the Host
 /// header's, without a port.
 pub(crate) fn request_host<B>(req: &Request<B>) -> Option<&str> {

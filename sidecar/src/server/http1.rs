@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
-use http::{Method, Request, StatusCode, Version};
+use http::{Method, Request, Version};
 use http_body::Body;
 use tokio::io::AsyncWriteExt;
 
@@ -75,7 +75,7 @@ pub(super) async fn serve<I: Stream>(
             Ok(Some(head)) => head,
             Ok(None) => return Ok(()),
             Err(Refused::Head(e)) => {
-                conn.refuse(e.status).await;
+                conn.refuse(&e).await;
                 return Err(e.what.into());
             }
             Err(Refused::Io(e)) => return Err(e.into()),
@@ -142,7 +142,7 @@ pub(super) async fn serve<I: Stream>(
             Ok(framing) => framing,
             Err(e) => {
                 conn.out = buf;
-                conn.refuse(e.status).await;
+                conn.refuse(&e).await;
                 return Err(e.what.into());
             }
         };
@@ -420,11 +420,12 @@ impl<I: Stream> Conn<I> {
         }
     }
 
-    /// Answers `status` to a head that cannot be served, and closes.
-    async fn refuse(&mut self, status: StatusCode) {
+    /// Answers a head that cannot be served with `error`'s status and
+    /// kind, and closes.
+    async fn refuse(&mut self, error: &codec::HeadError) {
         let mut buf = std::mem::take(&mut self.out);
         buf.clear();
-        codec::encode_refusal(&mut buf, status);
+        codec::encode_refusal(&mut buf, error);
         let _ = self.io.write_all(&buf).await;
         let _ = self.io.shutdown().await;
     }

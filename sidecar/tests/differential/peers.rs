@@ -7,6 +7,13 @@
 //! - hyper: a minimal proxy built from `hyper::server::conn::http1` and
 //!   `hyper::client::conn::http1` with their default settings, hop-by-hop
 //!   fields removed and the framing left to hyper: the reference parser.
+//!   Two rules are a proxy's, not a parser's, and it follows RFC 9112 in
+//!   them: an absolute-form target's authority replaces `Host` (§3.2.2),
+//!   and a chunked request stays chunked (hyper's client sends no body of
+//!   unknown length on `GET` and `HEAD` unless `Transfer-Encoding` is set).
+//! - nginx forwards the host the request named (`$host`: the target's, else
+//!   `Host`'s) rather than the upstream block's name, so all four can be
+//!   compared on it.
 //! - nginx and HAProxy: the Debian binaries, started with a config in a
 //!   temporary directory and killed when dropped. A missing binary skips that
 //!   peer with a notice, except under CI (`CI` set), where it is a failure.
@@ -19,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, CONNECTION};
+use http::header::{HeaderName, HeaderValue, CONNECTION, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -260,7 +267,21 @@ async fn hyper_forward(
     upstream: SocketAddr,
 ) -> Reply {
     let (mut parts, body) = req.into_parts();
+    let chunked = parts
+        .headers
+        .get(TRANSFER_ENCODING)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(authority) = parts.uri.authority() {
+        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+            parts.headers.insert(HOST, host);
+        }
+    }
+    if chunked {
+        parts
+            .headers
+            .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    }
     parts.uri = parts
         .uri
         .path_and_query()
@@ -478,6 +499,7 @@ http {{
     client_body_timeout {t}s;
     proxy_http_version 1.1;
     proxy_set_header Connection \"\";
+    proxy_set_header Host $host;
     proxy_connect_timeout {t}s;
     proxy_read_timeout {t}s;
     proxy_send_timeout {t}s;

@@ -1,7 +1,8 @@
 //! Part B, request framing: a raw client writes case NN's request and, in
 //! the same write, `GET /NN/smuggled`; a recording upstream parses what the
 //! proxy sends it with the strict parser of [`crate::wire`] and records
-//! every request (method, path, body), answering each with a `200` marked
+//! every request (method, path, `Host`, transfer codings, body; one without
+//! exactly one `Host` as unframeable), answering each with a `200` marked
 //! `x-upstream: 1` so the client can tell forwarded answers from the proxy's.
 //!
 //! Templates: `{p}` is the case's path prefix `/NN`; `{hidden}` a whole
@@ -92,6 +93,18 @@ pub const CASES: &[Case] = &[
     case("header-name-invalid",  false, "+X-Bad@Name: 1\r\nContent-Length: {CL}\r\n\r\n", "hello"),
     case("nul-in-value",         false, "+X-Nul: a\0b\r\nContent-Length: {CL}\r\n\r\n", "hello"),
     case("expect-100-continue",  true,  "+Expect: 100-continue\r\nContent-Length: {CL}\r\n\r\n", "hello"),
+    case("te-gzip-chunked",      false, "+Transfer-Encoding: gzip, chunked\r\n\r\n", "5\r\nhello\r\n0\r\n\r\n"),
+    case("te-gzip-cl",           false, "+Transfer-Encoding: gzip\r\nContent-Length: {CL}\r\n\r\n", "hello"),
+    case("te-identity",          false, "+Transfer-Encoding: identity\r\nContent-Length: {CL}\r\n\r\n", "hello"),
+    case("te-chunked-chunked",   false, "+Transfer-Encoding: chunked, chunked\r\n\r\n", "5\r\nhello\r\n0\r\n\r\n"),
+    case("trailers",             true,  "+Transfer-Encoding: chunked\r\n\r\n", "5\r\nhello\r\n0\r\nX-T: y\r\n\r\n"),
+    case("trailer-bare-lf",      false, "+Transfer-Encoding: chunked\r\n\r\n", "5\r\nhello\r\n0\r\nX-T: y\n\r\n"),
+    case("trailer-bare-lf-hides",false, "+Transfer-Encoding: chunked\r\n\r\n", "5\r\nhello\r\n0\r\nX-T: y\n{hidden}"),
+    case("chunked-on-get",       false, "GET {p}/first HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n", "5\r\nhello\r\n0\r\n\r\n"),
+    case("host-twice-differ",    false, "GET {p}/first HTTP/1.1\r\nHost: api\r\nHost: other\r\n\r\n", ""),
+    case("host-twice-same",      false, "GET {p}/first HTTP/1.1\r\nHost: api\r\nHost: api\r\n\r\n", ""),
+    case("absolute-form-other-host", false, "GET http://api{p}/first HTTP/1.1\r\nHost: other\r\n\r\n", ""),
+    case("connection-names-host",false, "GET {p}/first HTTP/1.1\r\nHost: api\r\nConnection: host\r\n\r\n", ""),
     Case { trailing: "EXTRA",  ..case("body-longer-than-cl", false, "+Content-Length: 5\r\n\r\n", "hello") },
     Case { trailing: "\r\n",   ..case("cl-then-extra-crlf",  false, "+Content-Length: 5\r\n\r\n", "hello") },
 ];
@@ -138,6 +151,11 @@ pub struct Seen {
     pub method: String,
     /// The path after the case prefix (`/first`, `/smuggled`, `/hidden`).
     pub path: String,
+    /// Its `Host` values, joined: which host the proxy forwarded.
+    pub host: String,
+    /// Its transfer codings but a final `chunked`, joined: what the body
+    /// still has to be decoded from (empty: nothing).
+    pub codings: String,
     pub body: Vec<u8>,
     /// Set when the request was not whole.
     pub bad: Option<Bad>,
@@ -156,6 +174,12 @@ pub enum Bad {
 impl fmt::Display for Seen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.method, self.path)?;
+        if self.host != "api" {
+            write!(f, " host={:?}", self.host)?;
+        }
+        if !self.codings.is_empty() {
+            write!(f, " te={:?}", self.codings)?;
+        }
         if !self.body.is_empty() {
             write!(f, " {}", crate::show(&self.body))?;
         }
@@ -308,6 +332,8 @@ async fn serve(mut conn: Conn, records: Records) {
                     Seen {
                         method,
                         path,
+                        host: String::new(),
+                        codings: String::new(),
                         body: Vec::new(),
                         bad: Some(Bad::Invalid(why)),
                     },
@@ -318,11 +344,34 @@ async fn serve(mut conn: Conn, records: Records) {
             Err(_) => return,
         };
         let (n, path) = tie(&head.second);
+        let joined = |name| {
+            let values: Vec<String> = head
+                .values(name)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .collect();
+            values.join(", ")
+        };
+        let mut codings: Vec<String> = joined("transfer-encoding")
+            .split(',')
+            .map(|t| t.trim().to_ascii_lowercase())
+            .filter(|t| !t.is_empty())
+            .collect();
+        if codings.last().is_some_and(|c| c == "chunked") {
+            codings.pop();
+        }
         let mut seen = Seen {
             method: head.first.clone(),
             path,
+            host: joined("host"),
+            codings: codings.join(", "),
             body: Vec::new(),
             bad: None,
+        };
+        // RFC 9112 §3.2: exactly one Host, which a proxy must not drop.
+        let hosts = head.values("host").count();
+        let framed = match hosts {
+            1 => framing(&head, false, &head.first),
+            n => Err(WireError::Invalid(format!("{n} Host fields"))),
         };
         let expects = head
             .values("expect")
@@ -330,7 +379,7 @@ async fn serve(mut conn: Conn, records: Records) {
         if expects && conn.write(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
             return;
         }
-        let body = match framing(&head, false, &head.first) {
+        let body = match framed {
             Ok(fr) => conn.read_body(fr, None, deadline).await,
             Err(e) => Err(e),
         };

@@ -135,6 +135,9 @@ pub const CASES: &[Case] = &[
     case("100-then-200",         true,  Keep,  b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"),
     case("unsolicited-101",      false, Close, b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: evil\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"),
     case("trailers",             true,  Keep,  b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n"),
+    case("trailer-bare-lf",      false, Keep,  b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: 1\n\r\n"),
+    case("trailer-bare-lf-lf",   false, Keep,  b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: 1\n\n"),
+    case("te-x-custom-chunked",  false, Keep,  b"HTTP/1.1 200 OK\r\nTransfer-Encoding: x-custom, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
     case("cl-in-trailers",       false, Keep,  b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nContent-Length: 100\r\n\r\n"),
     made("huge-header-block",    false, Keep,  huge_header_block),
     made("over-100-headers",     false, Keep,  over_100_headers),
@@ -163,8 +166,14 @@ fn over_100_headers() -> Vec<u8> {
 /// What a proxy made of the first response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum First {
-    /// A complete response from the upstream.
-    Forwarded { status: u16, body: Vec<u8> },
+    /// A complete response from the upstream: its status, its transfer
+    /// codings but a final `chunked` (what the body still has to be decoded
+    /// from; empty: nothing) and its body.
+    Forwarded {
+        status: u16,
+        codings: String,
+        body: Vec<u8>,
+    },
     /// The proxy answered 5xx itself.
     Status(u16),
     /// Closed (or reset) without a response.
@@ -177,11 +186,18 @@ pub enum First {
     Garbled(String),
 }
 
+/// What is compared of a forwarded response: status, codings, body.
+pub type Forwarded<'a> = (u16, &'a str, &'a [u8]);
+
 impl First {
     /// The interpretation compared between proxies, if it forwarded one.
-    pub fn forwarded(&self) -> Option<(u16, &[u8])> {
+    pub fn forwarded(&self) -> Option<Forwarded<'_>> {
         match self {
-            First::Forwarded { status, body } => Some((*status, body)),
+            First::Forwarded {
+                status,
+                codings,
+                body,
+            } => Some((*status, codings, body)),
             _ => None,
         }
     }
@@ -207,7 +223,16 @@ pub struct Outcome {
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.first {
-            First::Forwarded { status, body } => write!(f, "{status} {}", crate::show(body))?,
+            First::Forwarded {
+                status,
+                codings,
+                body,
+            } => {
+                write!(f, "{status} {}", crate::show(body))?;
+                if !codings.is_empty() {
+                    write!(f, " te={codings:?}")?;
+                }
+            }
             First::Status(s) => write!(f, "rej {s}")?,
             First::Closed => write!(f, "rej closed")?,
             First::Cut(Some(s)) => write!(f, "rej cut-{s}")?,
@@ -334,10 +359,27 @@ pub async fn exchange(addr: SocketAddr, n: usize) -> Outcome {
         }
     };
     let status = head.status();
+    let te: Vec<String> = head
+        .values("transfer-encoding")
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    let mut codings: Vec<String> = te
+        .join(",")
+        .split(',')
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect();
+    if codings.last().is_some_and(|c| c == "chunked") {
+        codings.pop();
+    }
     let first = if status >= 500 {
         First::Status(status)
     } else {
-        First::Forwarded { status, body }
+        First::Forwarded {
+            status,
+            codings: codings.join(", "),
+            body,
+        }
     };
     // A close-delimited body or `Connection: close`: nothing follows. (After a
     // 101 the second request is still sent: a client that asked for no

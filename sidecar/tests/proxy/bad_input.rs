@@ -342,20 +342,105 @@ async fn content_length_with_chunked_is_read_as_chunked_and_the_smuggled_request
 }
 
 #[tokio::test]
-async fn a_transfer_encoding_that_is_not_chunked_last_is_refused() {
-    let posts = posts_with(
-        &[
-            "transfer-encoding: gzip\r\ncontent-length: 5\r\n",
-            "transfer-encoding: chunked, identity\r\n",
-        ],
-        "hello",
-    );
-    let mut requests: Vec<&[u8]> = posts.iter().map(String::as_bytes).collect();
-    // HTTP/1.0 has no chunked coding at all.
-    requests.push(
+async fn a_transfer_coding_other_than_chunked_gets_501_and_is_never_forwarded() {
+    // RFC 9112 §6.1: a coding the server does not understand is a 501. The
+    // sidecar understands `chunked` alone, as nginx and Envoy do: `gzip,
+    // chunked` was once read as chunked and forwarded as identity bytes.
+    let (up, sidecar) = plain_sidecar().await;
+    for coding in [
+        "gzip, chunked",
+        "gzip",
+        "chunked, identity",
+        "identity",
+        "chunked, chunked",
+        "x-custom, chunked",
+    ] {
+        let request = format!(
+            "POST / HTTP/1.1\r\nhost: api\r\nconnection: close\r\ntransfer-encoding: {coding}\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let r = exchange(&sidecar, request.as_bytes()).await;
+        let responses = r.responses();
+        assert_eq!(responses.len(), 1, "{coding}: {}", r.text());
+        assert_eq!(responses[0].status, 501, "{coding}");
+        assert_eq!(
+            responses[0].header("x-reprise-error"),
+            Some("unsupported_transfer_coding"),
+            "{coding}"
+        );
+    }
+    // Two lines of `chunked` are chunked twice.
+    let twice = b"POST / HTTP/1.1\r\nhost: api\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    assert_eq!(exchange(&sidecar, twice).await.status(), 501);
+    settle().await;
+    assert_eq!(up.count(), 0);
+    // HTTP/1.0 has no chunked coding at all: a framing error, not a coding.
+    refused(&[
         b"POST / HTTP/1.0\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ])
+    .await;
+}
+
+#[tokio::test]
+async fn a_bare_lf_in_the_trailers_gets_400_and_closes_before_the_next_request() {
+    // Parsers disagree on where such a trailer section ends (hyper reads on
+    // to the next CRLF CRLF, swallowing the pipelined GET; nginx ends it at
+    // the blank line): refused, and nothing after it is read as a request.
+    let (up, sidecar) = plain_sidecar().await;
+    let request = b"POST /first HTTP/1.1\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\n\
+        3\r\nabc\r\n0\r\nX-T: y\n\r\n\
+        GET /second HTTP/1.1\r\nhost: api\r\n\r\n";
+    let r = exchange(&sidecar, request).await;
+    let responses = r.responses();
+    assert_eq!(
+        responses.len(),
+        1,
+        "one answer, then the close: {}",
+        r.text()
     );
-    refused(&requests).await;
+    assert_eq!(responses[0].status, 400, "{}", r.text());
+    assert_eq!(
+        responses[0].header("x-reprise-error"),
+        Some("request_body_error")
+    );
+    settle().await;
+    let got = up.received();
+    assert!(
+        got.iter().all(|r| r.path != "/second"),
+        "the next request was read: {got:?}"
+    );
+    // The same trailer with CRLF is fine, and so is what follows it.
+    let request = b"POST /first HTTP/1.1\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\n\
+        3\r\nabc\r\n0\r\nX-T: y\r\n\r\n\
+        GET /second HTTP/1.1\r\nhost: api\r\nconnection: close\r\n\r\n";
+    let r = exchange(&sidecar, request).await;
+    let statuses: Vec<u16> = r.responses().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 200], "{}", r.text());
+}
+
+#[tokio::test]
+async fn a_get_body_is_forwarded_however_it_is_framed() {
+    // One rule for every framing: a body the client sent goes on (nginx and
+    // HAProxy forward both); a chunked one on a GET was once dropped while
+    // one with a length went.
+    let (up, sidecar) = plain_sidecar().await;
+    for (framing, body) in [
+        ("transfer-encoding: chunked", "5\r\nhello\r\n0\r\n\r\n"),
+        ("content-length: 5", "hello"),
+    ] {
+        let request = format!(
+            "GET /search HTTP/1.1\r\nhost: api\r\nconnection: close\r\n{framing}\r\n\r\n{body}"
+        );
+        let r = exchange(&sidecar, request.as_bytes()).await;
+        let responses = r.responses();
+        assert_eq!(responses.len(), 1, "{framing}: {}", r.text());
+        assert_eq!(responses[0].status, 200, "{framing}");
+        assert_eq!(responses[0].body, b"hello", "{framing}: echoed");
+    }
+    let got = up.received();
+    assert_eq!(got.len(), 2);
+    for r in &got {
+        assert_eq!(r.body, b"hello", "{:?}", r.headers);
+    }
 }
 
 #[tokio::test]

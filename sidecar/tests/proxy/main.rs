@@ -15,6 +15,7 @@ mod grpc;
 mod grpc_interop;
 mod h2c_limits;
 mod hedging;
+mod hosts;
 mod http1_server;
 mod limits;
 mod listeners;
