@@ -524,8 +524,15 @@ mod tests {
         s.write_all(b"GET /config HTTP/1.1\r\nHost: a\r\n\r\n")
             .await
             .expect("write");
-        // Not read for a while: the response's bytes stop moving.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Not read: once the response's bytes stop moving for the short
+        // limit, the connection is closed. Looked for until 10 s (rendering
+        // 20,000 upstreams takes a while on a loaded machine), not slept.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while proxy.metrics.connections(Listener::Admin).open_now() > 0
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert_eq!(proxy.metrics.connections(Listener::Admin).open_now(), 0);
         drop(s);
     }
