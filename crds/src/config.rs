@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::cel_match::CelMatch;
 use crate::matching::RequestMatch;
 use crate::policy::{MethodSet, Protocol, RetryPolicy};
+pub use crate::tls::{ClientIdentity, TrustBundle};
 
 /// A validated, resolved sidecar configuration.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -50,6 +51,39 @@ pub struct Upstream {
     pub budget: BudgetSettings,
     /// When an endpoint is ejected after repeated transport failures.
     pub passive_health: PassiveHealth,
+    /// TLS the sidecar originates towards the endpoints; none speaks clear
+    /// text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
+    /// The `Host` (or `:authority`) every attempt carries instead of the one
+    /// the application sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_rewrite: Option<String>,
+}
+
+/// TLS towards an upstream's endpoints: one policy for every attempt of a
+/// request, whichever endpoint it goes to (only the address changes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UpstreamTls {
+    /// Sent as SNI and the name the endpoint's certificate must carry (a
+    /// DNS name, or an IP address in the certificate's IP names).
+    pub server_name: String,
+    /// The certificates a chain must end in.
+    pub trust: TrustAnchors,
+    /// The certificate and key to present when the endpoint asks for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_identity: Option<ClientIdentity>,
+}
+
+/// Where the trusted root certificates come from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrustAnchors {
+    /// The public roots compiled into the sidecar (Mozilla's, as curated
+    /// for the web PKI).
+    WellKnown,
+    /// A PEM bundle.
+    Bundle(TrustBundle),
 }
 
 /// One endpoint of an upstream.

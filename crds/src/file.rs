@@ -22,8 +22,11 @@ use serde::{Deserialize, Serialize};
 pub use self::read::{read, FileText, MAX_FILE_BYTES};
 pub use self::retries::{HedgeSpec, RetriesSpec, StatusEntry};
 pub use self::rules::RuleSpec;
-use crate::config::{Config, Endpoint, PassiveHealth, ProxySettings, Upstream};
+use crate::config::{
+    Config, Endpoint, PassiveHealth, ProxySettings, TrustAnchors, Upstream, UpstreamTls,
+};
 use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
+use crate::tls::IdentityField;
 use crate::validation::ValidationErrors;
 use crate::Error;
 
@@ -56,9 +59,16 @@ pub struct UpstreamSpec {
     /// transparently captured connections go to this upstream.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
-    /// `http1` (default) or `h2c`.
+    /// `http1` (default), `h2c`, or with `tls` `h2` (HTTP/2 over TLS).
     #[serde(default)]
     pub protocol: Protocol,
+    /// TLS the sidecar originates towards the endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+    /// The host every attempt carries (`Host` or `:authority`) instead of
+    /// the one the application sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_rewrite: Option<String>,
     /// Connect and per-attempt read timeouts.
     #[serde(default)]
     pub timeouts: TimeoutsSpec,
@@ -84,6 +94,24 @@ pub struct EndpointSpec {
     /// Optional topology zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+}
+
+/// `tls` as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSpec {
+    /// SNI and the name verified (default: the upstream's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// A PEM bundle of trusted roots (default: the public roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// A PEM certificate chain to present when the endpoint asks for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_file: Option<String>,
+    /// The PEM private key of `client_cert_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key_file: Option<String>,
 }
 
 /// `timeouts` as written.
@@ -321,7 +349,21 @@ impl UpstreamSpec {
             1,
             3_600_000,
         );
+        let tls = self.resolve_tls(p, errs);
+        let host_rewrite = self.host_rewrite.as_ref().map(|h| {
+            if !is_host(h) {
+                errs.push(
+                    format!("{p}.host_rewrite"),
+                    format!(
+                        "must be a host name or an IP address, with an optional port (got \"{h}\")"
+                    ),
+                );
+            }
+            h.to_ascii_lowercase()
+        });
         Upstream {
+            tls,
+            host_rewrite,
             name: self.name.to_ascii_lowercase(),
             aliases: self.aliases.clone(),
             addresses: common::addresses(errs, &format!("{p}.addresses"), &self.addresses),
@@ -337,6 +379,100 @@ impl UpstreamSpec {
             },
         }
     }
+}
+
+impl UpstreamSpec {
+    /// The `tls` block, and the protocols that need or refuse it.
+    fn resolve_tls(&self, p: &str, errs: &mut ValidationErrors) -> Option<UpstreamTls> {
+        let Some(tls) = &self.tls else {
+            if self.protocol == Protocol::H2 {
+                errs.push(
+                    format!("{p}.protocol"),
+                    "h2 is HTTP/2 over TLS and needs a tls block (cleartext HTTP/2 is h2c)",
+                );
+            }
+            return None;
+        };
+        if self.protocol == Protocol::H2c {
+            errs.push(
+                format!("{p}.protocol"),
+                "h2c is cleartext HTTP/2 and cannot have a tls block (HTTP/2 over TLS is h2)",
+            );
+        }
+        let t = format!("{p}.tls");
+        let server_name = tls
+            .server_name
+            .clone()
+            .unwrap_or_else(|| self.name.to_ascii_lowercase());
+        let valid_name = (common::is_dns_name(&server_name)
+            || server_name.parse::<IpAddr>().is_ok())
+            && rustls::pki_types::ServerName::try_from(server_name.as_str()).is_ok();
+        if !valid_name {
+            errs.push(
+                format!("{t}.server_name"),
+                format!("must be a DNS name or an IP address (got \"{server_name}\")"),
+            );
+        }
+        let trust = match &tls.ca_file {
+            None => TrustAnchors::WellKnown,
+            Some(file) => match crate::tls::read_bundle(Path::new(file)) {
+                Ok(bundle) => TrustAnchors::Bundle(bundle),
+                Err(rule) => {
+                    errs.push(format!("{t}.ca_file"), rule);
+                    TrustAnchors::WellKnown
+                }
+            },
+        };
+        let client_identity = match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(cert), Some(key)) => {
+                match crate::tls::read_identity(Path::new(cert), Path::new(key)) {
+                    Ok(identity) => Some(identity),
+                    Err((field, rule)) => {
+                        let field = match field {
+                            IdentityField::Cert => "client_cert_file",
+                            IdentityField::Key => "client_key_file",
+                        };
+                        errs.push(format!("{t}.{field}"), rule);
+                        None
+                    }
+                }
+            }
+            (None, None) => None,
+            (Some(_), None) => {
+                errs.push(
+                    format!("{t}.client_key_file"),
+                    "must be set with client_cert_file (both or neither)",
+                );
+                None
+            }
+            (None, Some(_)) => {
+                errs.push(
+                    format!("{t}.client_cert_file"),
+                    "must be set with client_key_file (both or neither)",
+                );
+                None
+            }
+        };
+        Some(UpstreamTls {
+            server_name,
+            trust,
+            client_identity,
+        })
+    }
+}
+
+/// A host as a `Host` header carries it: a DNS name or an IP address
+/// (IPv6 in brackets), and an optional port.
+fn is_host(host: &str) -> bool {
+    let Ok(authority) = host.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    let name = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    authority.as_str() == host
+        && (common::is_dns_name(&name.to_ascii_lowercase()) || name.parse::<IpAddr>().is_ok())
 }
 
 impl ProxySpec {

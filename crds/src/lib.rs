@@ -24,6 +24,7 @@ pub mod resource;
 pub mod retry_rule;
 pub mod sidecar_env;
 pub mod snapshot;
+pub mod tls;
 pub mod validation;
 
 pub use config::{BudgetSettings, Config, Endpoint, PassiveHealth, ProxySettings, Rule, Upstream};

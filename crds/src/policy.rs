@@ -40,6 +40,16 @@ pub enum Protocol {
     Http1,
     /// HTTP/2 over cleartext with prior knowledge (h2c); streams are multiplexed.
     H2c,
+    /// HTTP/2 over TLS (ALPN `h2`), the upstream's `tls` block required;
+    /// what gRPC over TLS speaks.
+    H2,
+}
+
+impl Protocol {
+    /// HTTP/2 towards the endpoints, in clear or over TLS.
+    pub fn is_http2(self) -> bool {
+        matches!(self, Protocol::H2c | Protocol::H2)
+    }
 }
 
 /// A set of HTTP methods, as a bit set so the per-request check is one AND.

@@ -176,6 +176,12 @@ impl Snapshot {
         }
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (i, u) in self.upstreams.iter().enumerate() {
+            if u.protocol == Protocol::H2 {
+                errs.push(
+                    format!("upstreams[{i}].protocol"),
+                    "h2 is HTTP/2 over TLS, and a snapshot carries no TLS settings",
+                );
+            }
             let mut endpoints = Vec::with_capacity(u.endpoints.len());
             for (j, e) in u.endpoints.iter().enumerate() {
                 match e.address.parse::<IpAddr>() {
@@ -199,6 +205,8 @@ impl Snapshot {
                     min_retries_per_second: 0,
                 });
             upstreams.push(Upstream {
+                tls: None,
+                host_rewrite: None,
                 name: u.name.clone(),
                 aliases: u.hosts.clone(),
                 addresses: crate::file::common::addresses(

@@ -32,10 +32,6 @@ impl Socket {
         &self.stream
     }
 
-    pub(crate) fn into_stream(self) -> TcpStream {
-        self.stream
-    }
-
     /// One write of up to `len` bytes once the socket is writable (`write`
     /// makes the system call). A `WouldBlock` clears the readiness and waits
     /// for the next; so does a partial write, as in tokio's own `poll_write`:

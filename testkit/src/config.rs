@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 pub use reprise_crds::file::{
-    ConfigFile, EndpointSpec, HedgeSpec, ProxySpec, RetriesSpec, RuleSpec, StatusEntry,
+    ConfigFile, EndpointSpec, HedgeSpec, ProxySpec, RetriesSpec, RuleSpec, StatusEntry, TlsSpec,
     UpstreamSpec,
 };
 pub use reprise_crds::policy::{FailureBoundary, Protocol};
@@ -160,6 +160,39 @@ impl UpstreamConfig {
     /// Speaks h2c to the endpoints.
     pub fn h2c(mut self) -> UpstreamConfig {
         self.0.protocol = Protocol::H2c;
+        self
+    }
+
+    /// Speaks HTTP/2 over TLS (`h2`) to the endpoints; needs [`Self::tls`].
+    pub fn h2(mut self) -> UpstreamConfig {
+        self.0.protocol = Protocol::H2;
+        self
+    }
+
+    /// Opens TLS to the endpoints, trusting the roots in `ca_file`
+    /// (none: the public roots), verifying `server_name` (none: the
+    /// upstream's name).
+    pub fn tls(mut self, ca_file: Option<&Path>, server_name: Option<&str>) -> UpstreamConfig {
+        self.0.tls = Some(TlsSpec {
+            server_name: server_name.map(str::to_string),
+            ca_file: ca_file.map(|p| p.display().to_string()),
+            ..TlsSpec::default()
+        });
+        self
+    }
+
+    /// Presents the client certificate in `cert_file` with `key_file`
+    /// (after [`Self::tls`]).
+    pub fn client_cert(mut self, cert_file: &Path, key_file: &Path) -> UpstreamConfig {
+        let tls = self.0.tls.get_or_insert_with(TlsSpec::default);
+        tls.client_cert_file = Some(cert_file.display().to_string());
+        tls.client_key_file = Some(key_file.display().to_string());
+        self
+    }
+
+    /// Sends `host` as every attempt's `Host` instead of the client's.
+    pub fn host_rewrite(mut self, host: &str) -> UpstreamConfig {
+        self.0.host_rewrite = Some(host.to_string());
         self
     }
 

@@ -11,6 +11,8 @@
 //! - [`client`]: one-shot HTTP clients (hyper, and raw bytes on a socket).
 //! - [`http1`]: HTTP/1.1 message framing (heads, Content-Length, chunked),
 //!   which the upstream and the raw client share.
+//! - [`tls`]: a certificate authority made in the test, and TLS on loopback
+//!   in front of a plain-text server.
 //! - [`layers`]: a crate's module layering read from its sources, held
 //!   against a table of floors (`testkit/tests/layers.rs` holds the tables).
 //!
@@ -41,4 +43,5 @@ pub mod http1;
 pub mod layers;
 pub mod prometheus;
 pub mod sidecar;
+pub mod tls;
 pub mod upstream;

@@ -69,7 +69,7 @@ const CRDS: &[&[&str]] = &[
     &["file"],
     &["config"],
     &["policy", "cel_match", "matching"],
-    &["grpc", "protocol", "sidecar_env"],
+    &["grpc", "protocol", "sidecar_env", "tls"],
     &["validation"],
 ];
 
@@ -80,7 +80,7 @@ const TELEMETRY: &[&[&str]] = &[
 ];
 
 const TESTKIT: &[&[&str]] = &[
-    &["sidecar", "grpc", "layers"],
+    &["sidecar", "grpc", "layers", "tls"],
     &["upstream", "client", "prometheus"],
     &["config", "http1"],
 ];

@@ -15,6 +15,8 @@
 
 pub(crate) mod http1;
 pub(crate) mod http2;
+pub(crate) mod io;
+pub(crate) mod tls;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -36,6 +38,8 @@ use tokio::time::Instant;
 use self::http1::conn::Http1Body;
 use self::http1::Http1Pool;
 use self::http2::{H2Body, Http2Endpoint};
+use self::io::EndpointIo;
+use self::tls::TlsOrigin;
 use crate::exchange::body::{impl_body, replay::AttemptBody, BoxError, Frames};
 use crate::exchange::failure::{classify_connect_error, FailureKind, Stage};
 use crate::exchange::prefixed::Prefixed;
@@ -83,7 +87,7 @@ impl EndpointClient {
             ),
             EndpointClient::H2c(endpoint) => Either::Right(
                 endpoint
-                    .send(request.into_http2(), now)
+                    .send(request.into_http2(endpoint.scheme()), now)
                     .map(|sent| sent.map(|r| r.map(EndpointBody::H2c))),
             ),
         }
@@ -104,7 +108,7 @@ pub(crate) enum EndpointBody {
 impl EndpointBody {
     /// After a `101`: the endpoint's connection, now speaking the upgraded
     /// protocol (its first bytes included).
-    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<tokio::net::TcpStream>> {
+    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<EndpointIo>> {
         match self {
             EndpointBody::Http1(body) => body.take_upgrade(),
             EndpointBody::H2c(_) => None,
@@ -178,15 +182,21 @@ async fn dial(
     Ok(stream)
 }
 
-/// The client of the endpoint at `addr`.
+/// The client of the endpoint at `addr`, over TLS from `tls` when the
+/// upstream has it.
 pub(crate) fn endpoint_client(
     addr: std::net::SocketAddr,
     protocol: Protocol,
     connect_timeout: Duration,
+    tls: Option<&TlsOrigin>,
 ) -> EndpointClient {
     match protocol {
-        Protocol::Http1 => EndpointClient::Http1(Http1Pool::new(addr, connect_timeout)),
-        Protocol::H2c => EndpointClient::H2c(Http2Endpoint::new(addr, connect_timeout)),
+        Protocol::Http1 => {
+            EndpointClient::Http1(Http1Pool::new(addr, connect_timeout, tls.cloned()))
+        }
+        Protocol::H2c | Protocol::H2 => {
+            EndpointClient::H2c(Http2Endpoint::new(addr, connect_timeout, tls.cloned()))
+        }
     }
 }
 

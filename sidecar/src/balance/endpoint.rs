@@ -188,6 +188,7 @@ mod tests {
             addr,
             reprise_crds::Protocol::Http1,
             Duration::from_secs(1),
+            None,
         );
         EndpointState::new(
             Endpoint {

@@ -85,6 +85,7 @@ mod tests {
                     addr,
                     reprise_crds::Protocol::Http1,
                     Duration::from_secs(1),
+                    None,
                 );
                 Arc::new(EndpointState::new(
                     Endpoint {

@@ -22,6 +22,14 @@ pub enum FailureKind {
     /// memory while connecting: not the endpoint's fault, and another
     /// endpoint would fail the same way.
     LocalResources,
+    /// The TLS handshake with the endpoint failed before it completed (a
+    /// reset, a close, an alert, a timeout, plain text where TLS was
+    /// expected, no HTTP/2 where `h2` needs it): nothing was written.
+    TlsHandshake,
+    /// The endpoint's certificate failed validation (unknown issuer,
+    /// expired or not yet valid, another name, a broken chain): never
+    /// retried, since another attempt would only hide it.
+    TlsCertificate,
     /// The connection was reset.
     ConnectionReset,
     /// The connection closed before response headers arrived.
@@ -68,6 +76,8 @@ impl FailureKind {
             FailureKind::ConnectTimeout => "connect_timeout",
             FailureKind::ConnectError => "connect_error",
             FailureKind::LocalResources => "local_resources",
+            FailureKind::TlsHandshake => "tls_handshake",
+            FailureKind::TlsCertificate => "tls_certificate",
             FailureKind::ConnectionReset => "connection_reset",
             FailureKind::ConnectionClosed => "connection_closed",
             FailureKind::ProtocolError => "protocol_error",
@@ -128,6 +138,23 @@ pub(crate) fn classify_client_error(
     classify_chain(err.source())
 }
 
+/// Classifies a TLS handshake that failed with `e` (tokio-rustls reports
+/// rustls' own errors inside an `io::Error`): a certificate that failed
+/// validation, or any other end of the handshake.
+pub(crate) fn classify_tls_error(e: &io::Error) -> FailureKind {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(
+            rustls::Error::InvalidCertificate(_)
+            | rustls::Error::NoCertificatesPresented
+            | rustls::Error::InvalidCertRevocationList(_),
+        ) => FailureKind::TlsCertificate,
+        _ => FailureKind::TlsHandshake,
+    }
+}
+
 /// Classifies a failed dial of an endpoint: `TimedOut` is the connect
 /// timeout (the sidecar's own, or the kernel's).
 pub(crate) fn classify_connect_error(err: &io::Error) -> (FailureKind, Stage) {
@@ -167,6 +194,14 @@ pub(crate) fn is_local_resources(e: &io::Error) -> bool {
 /// A socket error on an open connection, by its kind (hyper's client and
 /// the sidecar's own HTTP/1 codec alike).
 pub(crate) fn classify_io(e: &io::Error) -> FailureKind {
+    // TLS that failed once the client's side of the handshake was done: in
+    // TLS 1.3 an endpoint refusing the client's certificate says so with an
+    // alert the first read meets.
+    if e.get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+    {
+        return classify_tls_error(e);
+    }
     match e.kind() {
         io::ErrorKind::ConnectionReset
         | io::ErrorKind::BrokenPipe
@@ -251,6 +286,33 @@ mod tests {
         assert_eq!(
             classify_connect_error(&refused).0,
             FailureKind::ConnectRefused
+        );
+    }
+
+    #[test]
+    fn a_certificate_rustls_refused_is_tls_certificate_anything_else_tls_handshake() {
+        let refused = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        assert_eq!(classify_tls_error(&refused), FailureKind::TlsCertificate);
+        let alert = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::HandshakeFailure),
+        );
+        assert_eq!(classify_tls_error(&alert), FailureKind::TlsHandshake);
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert_eq!(classify_tls_error(&reset), FailureKind::TlsHandshake);
+        assert_eq!(FailureKind::TlsHandshake.name(), "tls_handshake");
+        assert_eq!(FailureKind::TlsCertificate.name(), "tls_certificate");
+        assert!(FailureKind::TlsHandshake.is_transport());
+        assert!(
+            FailureKind::TlsCertificate.is_transport(),
+            "counts for passive health"
+        );
+        assert_eq!(
+            FailureKind::TlsCertificate.status(),
+            StatusCode::BAD_GATEWAY
         );
     }
 

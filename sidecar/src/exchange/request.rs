@@ -216,7 +216,7 @@ impl AttemptRequest<'_> {
     /// The request for an HTTP/2 connection: scheme and authority for its
     /// pseudo-headers, the fields applied to the template's headers (copied
     /// unless this attempt owns them).
-    pub(crate) fn into_http2(self) -> Request<AttemptBody> {
+    pub(crate) fn into_http2(self, scheme: Scheme) -> Request<AttemptBody> {
         let (method, path_and_query, mut headers) = match self.head {
             Cow::Owned(head) => (head.method, head.path_and_query, head.headers),
             Cow::Borrowed(head) => (
@@ -227,7 +227,7 @@ impl AttemptRequest<'_> {
         };
         self.fields.apply(&mut headers);
         let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(Scheme::HTTP);
+        parts.scheme = Some(scheme);
         parts.authority = Some(self.authority.clone());
         parts.path_and_query = Some(path_and_query);
         let mut request = Request::new(self.body);

@@ -38,7 +38,8 @@ pub(crate) fn template(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let h2c = upstream.config.protocol == Protocol::H2c;
+    // HTTP/2 towards the endpoints, h2c or h2 over TLS.
+    let h2c = upstream.config.protocol.is_http2();
     // One lookup. An HTTP/1.1 endpoint needs a `Host`: one that came only
     // in the request target (an HTTP/2 client's `:authority`) is added. An
     // h2c endpoint gets none (below), so none is added for it: an h2c
@@ -86,10 +87,22 @@ pub(crate) fn template(
     hop_by_hop::strip(&mut parts.headers, upgrade);
     // The host the client addressed travels as HTTP/2's :authority or HTTP/1's
     // Host; an HTTP/2 request must not also carry a different Host (RFC 9113 §8.3.1).
-    let authority = host;
+    // An upstream's `host_rewrite` replaces it on every attempt (an external
+    // API answers to its own name, not to the one the application called).
+    let authority = match &upstream.config.host_rewrite {
+        None => host,
+        Some(rewrite) => {
+            if !h2c {
+                if let Ok(v) = HeaderValue::from_str(rewrite) {
+                    parts.headers.insert(HOST, v);
+                }
+            }
+            Authority::try_from(rewrite.as_str()).ok().or(host)
+        }
+    };
     let version = match upstream.config.protocol {
         Protocol::Http1 => Version::HTTP_11,
-        Protocol::H2c => {
+        Protocol::H2c | Protocol::H2 => {
             if has_host {
                 parts.headers.remove(HOST);
             }

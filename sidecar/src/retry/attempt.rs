@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 pub(crate) use self::request::{KeptFields, RequestTemplate};
 use super::upstream::UpstreamState;
+use crate::balance::client::io::EndpointIo;
 use crate::balance::client::{early_body_failure, EndpointBody};
 use crate::exchange::body::{impl_body, BoxError, Frames};
 use crate::exchange::failure::{FailureKind, Stage};
@@ -43,7 +44,7 @@ impl UpstreamBody {
     }
 
     /// After a `101`: the endpoint's connection in its new protocol.
-    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<tokio::net::TcpStream>> {
+    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<EndpointIo>> {
         self.rest.take_upgrade()
     }
 

@@ -70,7 +70,11 @@ pub(crate) fn decide(
         match f.kind {
             // Another endpoint would fail the same way: the sidecar itself
             // ran out of descriptors or memory.
-            FailureKind::RequestBodyError | FailureKind::LocalResources => {
+            // A certificate that failed validation is never retried: another
+            // attempt would only hide it (the rules document).
+            FailureKind::RequestBodyError
+            | FailureKind::LocalResources
+            | FailureKind::TlsCertificate => {
                 return Stop(Outcome::Skipped(SkipReason::NotRetryable))
             }
             FailureKind::DeadlineExceeded => {
@@ -257,6 +261,15 @@ mod tests {
                 trigger: Some((FailureKind::LocalResources, Stage::Connect, None)),
                 want: Err(Outcome::Skipped(NotRetryable)),
                 ..row("the sidecar out of descriptors is not retried elsewhere")
+            },
+            Row {
+                trigger: Some((FailureKind::TlsCertificate, Stage::Connect, None)),
+                want: Err(Outcome::Skipped(NotRetryable)),
+                ..row("a certificate that failed validation is never retried")
+            },
+            Row {
+                trigger: Some((FailureKind::TlsHandshake, Stage::Connect, None)),
+                ..row("a failed handshake is retried like a refused connect")
             },
             Row {
                 trigger: Some((FailureKind::DeadlineExceeded, Stage::AfterWrite, None)),

@@ -8,6 +8,7 @@ use reprise_crds::{Endpoint, Upstream};
 
 use super::budget::RetryBudget;
 use crate::balance::client::endpoint_client;
+use crate::balance::client::tls::TlsOrigin;
 use crate::balance::endpoint::EndpointState;
 use crate::observe::metrics::{EndpointStats, UpstreamMetrics, UpstreamStats};
 
@@ -43,6 +44,11 @@ impl UpstreamState {
         {
             kept.entry(&s.endpoint).or_insert(s);
         }
+        // One TLS origin for every endpoint: one policy for every attempt.
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|t| TlsOrigin::new(t, config.protocol));
         let endpoints = config
             .endpoints
             .iter()
@@ -50,7 +56,12 @@ impl UpstreamState {
                 kept.get(e).map(|s| Arc::clone(s)).unwrap_or_else(|| {
                     Arc::new(EndpointState::new(
                         e.clone(),
-                        endpoint_client(e.addr, config.protocol, config.connect_timeout),
+                        endpoint_client(
+                            e.addr,
+                            config.protocol,
+                            config.connect_timeout,
+                            tls.as_ref(),
+                        ),
                     ))
                 })
             })

@@ -23,5 +23,6 @@ mod matching;
 mod methods;
 mod resources;
 mod routing;
+mod tls;
 mod tracing;
 mod tunnel;

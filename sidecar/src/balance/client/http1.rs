@@ -36,15 +36,20 @@ use http::Response;
 use tokio::time::Instant;
 
 use self::conn::{Conn, Failed, Http1Body};
+use super::io::EndpointIo;
+use super::tls::TlsOrigin;
 use super::IDLE_TIMEOUT;
 use crate::exchange::failure::{FailureKind, Stage};
 use crate::exchange::request::AttemptRequest;
+use crate::socket::Socket;
 
 /// The idle connections of one HTTP/1 endpoint.
 #[derive(Debug)]
 pub(crate) struct Http1Pool {
     addr: SocketAddr,
     connect_timeout: Duration,
+    /// TLS to the endpoint, when the upstream has it.
+    tls: Option<TlsOrigin>,
     idle: Mutex<Idle>,
 }
 
@@ -63,11 +68,16 @@ struct IdleConn {
 }
 
 impl Http1Pool {
-    /// An empty pool of connections to `addr`.
-    pub(crate) fn new(addr: SocketAddr, connect_timeout: Duration) -> Arc<Self> {
+    /// An empty pool of connections to `addr`, over TLS from `tls`.
+    pub(crate) fn new(
+        addr: SocketAddr,
+        connect_timeout: Duration,
+        tls: Option<TlsOrigin>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             addr,
             connect_timeout,
+            tls,
             idle: Mutex::new(Idle::default()),
         })
     }
@@ -107,17 +117,23 @@ impl Http1Pool {
     /// The newest idle connection still open (checked outside the lock).
     fn checkout(&self) -> Option<Box<Conn>> {
         loop {
-            let conn = lock(&self.idle).conns.pop()?.conn;
+            let mut conn = lock(&self.idle).conns.pop()?.conn;
             if conn.is_open() {
                 return Some(conn);
             }
         }
     }
 
-    /// Dials the endpoint.
+    /// Dials the endpoint, and shakes hands when it speaks TLS (the
+    /// connect timeout bounds both).
     async fn connect(&self) -> Result<Box<Conn>, (FailureKind, Stage)> {
+        let deadline = Instant::now() + self.connect_timeout;
         let stream = super::dial(self.addr, self.connect_timeout).await?;
-        Ok(Conn::new(stream))
+        let io = match &self.tls {
+            Some(tls) => EndpointIo::Tls(Box::new(tls.handshake(stream, deadline).await?)),
+            None => EndpointIo::Plain(Socket::new(stream)),
+        };
+        Ok(Conn::new(io))
     }
 
     /// Puts a connection ready for its next request on top of the stack.
@@ -148,7 +164,7 @@ async fn reap(pool: Weak<Http1Pool>) {
             let mut idle = lock(&pool.idle);
             let now = Instant::now();
             idle.conns
-                .retain(|c| now.duration_since(c.since) < IDLE_TIMEOUT && c.conn.is_open());
+                .retain_mut(|c| now.duration_since(c.since) < IDLE_TIMEOUT && c.conn.is_open());
             match idle.conns.first() {
                 Some(oldest) => oldest.since + IDLE_TIMEOUT,
                 None => {

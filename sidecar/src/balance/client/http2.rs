@@ -43,12 +43,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::uri::Scheme;
 use http::{Request, Response};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
 pub(crate) use self::stream::H2Body;
+use super::tls::TlsOrigin;
 use super::IDLE_TIMEOUT;
 use crate::exchange::body::replay::AttemptBody;
 use crate::exchange::failure::{classify_h2_error, FailureKind, Stage};
@@ -68,11 +70,13 @@ const MAX_SEND_BUFFER: usize = 1 << 20;
 /// (Envoy's default circuit breaker allows 1,024 requests per cluster).
 pub(crate) const MAX_CONNECTIONS: usize = 8;
 
-/// The connections to one h2c endpoint.
+/// The connections to one HTTP/2 endpoint (h2c, or h2 over TLS).
 #[derive(Debug)]
 pub(crate) struct Http2Endpoint {
     addr: SocketAddr,
     connect_timeout: Duration,
+    /// TLS to the endpoint (`h2`), when the upstream has it.
+    tls: Option<TlsOrigin>,
     shared: Mutex<Shared>,
     /// Held while dialling, so that one request dials and the rest wait.
     dialing: tokio::sync::Mutex<()>,
@@ -148,11 +152,16 @@ enum Take {
 }
 
 impl Http2Endpoint {
-    /// No connection yet to `addr`.
-    pub(crate) fn new(addr: SocketAddr, connect_timeout: Duration) -> Arc<Self> {
+    /// No connection yet to `addr`, over TLS from `tls` when given.
+    pub(crate) fn new(
+        addr: SocketAddr,
+        connect_timeout: Duration,
+        tls: Option<TlsOrigin>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             addr,
             connect_timeout,
+            tls,
             shared: Mutex::new(Shared {
                 conns: Vec::new(),
                 reaping: false,
@@ -294,10 +303,24 @@ impl Http2Endpoint {
         stream
     }
 
-    /// Dials the endpoint and shakes hands.
+    /// `https` over TLS, `http` in clear: the `:scheme` of its requests.
+    pub(crate) fn scheme(&self) -> Scheme {
+        if self.tls.is_some() {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        }
+    }
+
+    /// Dials the endpoint and shakes hands: TLS first when the upstream has
+    /// it (the connect timeout bounds the connect and that handshake).
     async fn connect(&self) -> Result<Sender, (FailureKind, Stage)> {
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let stream = super::dial(self.addr, self.connect_timeout).await?;
-        handshake(Socket::new(stream), self.addr).await
+        match &self.tls {
+            Some(tls) => handshake(tls.handshake(stream, deadline).await?, self.addr).await,
+            None => handshake(Socket::new(stream), self.addr).await,
+        }
     }
 
     /// Connections held open now (closed ones not yet seen included).

@@ -28,29 +28,28 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
 use http::header;
 use http::Response;
 use http_body::Body;
-use tokio::net::TcpStream;
 
 mod body;
 
 pub(crate) use self::body::Http1Body;
 use super::Http1Pool;
+use crate::balance::client::io::EndpointIo;
 use crate::exchange::body::replay::AttemptBody;
 use crate::exchange::failure::Stage;
 use crate::exchange::request::{AttemptFields, AttemptRequest, RequestHead};
 use crate::http1::outgoing::Outgoing;
 use crate::http1::{self as codec, reads, Decoder, Encoding, WireError};
-use crate::socket::Socket;
 
 /// One connection: the socket and the bytes read from it not yet consumed.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    io: Socket,
+    io: EndpointIo,
     read: BytesMut,
     read_size: usize,
     /// The head buffer, kept between requests.
@@ -60,9 +59,9 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(io: TcpStream) -> Box<Self> {
+    pub(crate) fn new(io: EndpointIo) -> Box<Self> {
         Box::new(Self {
-            io: Socket::new(io),
+            io,
             read: BytesMut::new(),
             read_size: reads::READ_INIT,
             out: Vec::new(),
@@ -71,20 +70,9 @@ impl Conn {
     }
 
     /// Nothing arrived while the connection sat idle: no close, no stray
-    /// bytes. Reads the readiness the reactor already recorded (no system
-    /// call) unless it says something arrived.
-    pub(crate) fn is_open(&self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        match self.io.stream().poll_read_ready(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            // A stale readiness (the last read took everything without
-            // seeing `WouldBlock`) or a real event: one peek tells.
-            Poll::Ready(Ok(())) => matches!(
-                self.io.stream().try_read(&mut [0u8; 1]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-            ),
-        }
+    /// bytes ([`EndpointIo::is_open`]).
+    pub(crate) fn is_open(&mut self) -> bool {
+        self.io.is_open()
     }
 
     /// Reads more into the buffer; `Ok(0)` at the endpoint's close.
@@ -319,7 +307,7 @@ mod tests {
         ];
         assert_eq!(fields(&out), want);
         // HTTP/2: the same fields but the length (h2 frames the body itself).
-        let h2 = request.into_http2();
+        let h2 = request.into_http2(http::uri::Scheme::HTTP);
         let mut h2_fields: Vec<String> = h2
             .headers()
             .iter()

@@ -6,7 +6,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
+use crate::balance::client::io::EndpointIo;
 use crate::exchange::body::replay::AttemptBody;
+use crate::socket::Socket;
 
 /// A loopback upstream that hands each accepted connection, with its
 /// number (from 1), to `serve`; counts connections.
@@ -78,7 +80,7 @@ async fn fetch(pool: &Arc<Http1Pool>) -> String {
 }
 
 fn pool(addr: SocketAddr) -> Arc<Http1Pool> {
-    Http1Pool::new(addr, Duration::from_secs(1))
+    Http1Pool::new(addr, Duration::from_secs(1), None)
 }
 
 #[tokio::test]
@@ -177,7 +179,9 @@ fn reset_connection() -> Box<Conn> {
     drop(server);
     std::thread::sleep(Duration::from_millis(20));
     client.set_nonblocking(true).expect("nonblocking");
-    Conn::new(TcpStream::from_std(client).expect("tokio"))
+    Conn::new(EndpointIo::Plain(Socket::new(
+        TcpStream::from_std(client).expect("tokio"),
+    )))
 }
 
 #[tokio::test]
@@ -186,7 +190,7 @@ async fn a_request_given_back_unsent_goes_on_another_connection() {
     let pool = pool(addr);
     // A pooled connection the peer reset before the request (SO_LINGER
     // 0): the first write fails, nothing of the request left.
-    let conn = reset_connection();
+    let mut conn = reset_connection();
     // The runtime has not run since: the reactor has not seen the reset,
     // so the checkout takes the connection and its first write fails.
     assert!(conn.is_open());
@@ -332,7 +336,9 @@ async fn idle_connections_close_after_the_idle_timeout() {
             std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         servers.push(listener.accept().expect("accept").0);
         client.set_nonblocking(true).expect("nonblocking");
-        pool.put(Conn::new(TcpStream::from_std(client).expect("tokio")));
+        pool.put(Conn::new(EndpointIo::Plain(Socket::new(
+            TcpStream::from_std(client).expect("tokio"),
+        ))));
         tokio::time::sleep(Duration::from_secs(30)).await;
     }
     // The first went in 60 s ago, the second 30 s ago.

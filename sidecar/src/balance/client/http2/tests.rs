@@ -72,7 +72,7 @@ async fn fetch(endpoint: &Arc<Http2Endpoint>, addr: SocketAddr) -> String {
 #[tokio::test]
 async fn concurrent_requests_share_one_dial_and_one_connection() {
     let (addr, accepted) = upstream(false).await;
-    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1), None);
     // All sixteen start with no connection: one dials, fifteen wait for it.
     let calls: Vec<_> = (0..16)
         .map(|_| {
@@ -149,7 +149,7 @@ async fn start_held(
 async fn streams_past_the_endpoints_limit_go_on_another_connection() {
     let release = Arc::new(tokio::sync::Semaphore::new(0));
     let (addr, accepted, mut arrivals) = limited_upstream(2, Arc::clone(&release)).await;
-    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1), None);
     // One request first: its connection's SETTINGS (2 streams) are known.
     release.add_permits(1);
     assert_eq!(fetch(&endpoint, addr).await, "1");
@@ -178,7 +178,7 @@ async fn streams_past_the_endpoints_limit_go_on_another_connection() {
 async fn past_the_connection_cap_a_stream_waits_on_the_least_loaded() {
     let release = Arc::new(tokio::sync::Semaphore::new(0));
     let (addr, accepted, mut arrivals) = limited_upstream(1, Arc::clone(&release)).await;
-    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1), None);
     release.add_permits(1);
     assert_eq!(fetch(&endpoint, addr).await, "1");
     assert_eq!(arrivals.recv().await, Some(1));
@@ -273,7 +273,7 @@ fn post(addr: SocketAddr, len: usize) -> Request<AttemptBody> {
 #[tokio::test]
 async fn a_body_larger_than_the_window_streams_whole_and_its_trailers_follow() {
     let (addr, _) = body_upstream(false).await;
-    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1), None);
     // 3 MiB through a 64 KiB window: the pipe waits for capacity ~48 times.
     let response = tokio::time::timeout(
         Duration::from_secs(10),
@@ -289,7 +289,7 @@ async fn a_body_larger_than_the_window_streams_whole_and_its_trailers_follow() {
 #[tokio::test]
 async fn dropping_the_response_resets_a_body_still_streaming() {
     let (addr, mut endings) = body_upstream(true).await;
-    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1), None);
     let response = endpoint
         .send(post(addr, 3 << 20), Instant::now())
         .await
@@ -308,7 +308,7 @@ async fn dropping_the_response_resets_a_body_still_streaming() {
 #[tokio::test]
 async fn a_connection_the_endpoint_closed_is_dialled_again_without_a_failure() {
     let (addr, accepted) = upstream(true).await;
-    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1), None);
     assert_eq!(fetch(&endpoint, addr).await, "1");
     // The GOAWAY reaches the client's connection task.
     for _ in 0..200 {
@@ -342,7 +342,7 @@ async fn requests_waiting_on_a_dial_that_times_out_share_its_failure() {
     {
         held.push(stream);
     }
-    let endpoint = Http2Endpoint::new(addr, Duration::from_millis(300));
+    let endpoint = Http2Endpoint::new(addr, Duration::from_millis(300), None);
     let started = std::time::Instant::now();
     let calls: Vec<_> = (0..8)
         .map(|_| {
@@ -371,7 +371,7 @@ async fn a_refused_dial_is_a_connect_failure() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     drop(listener);
-    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1));
+    let endpoint = Http2Endpoint::new(addr, Duration::from_secs(1), None);
     let err = endpoint
         .send(get(addr), Instant::now())
         .await
@@ -381,7 +381,11 @@ async fn a_refused_dial_is_a_connect_failure() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unused_connection_is_let_go_after_the_idle_timeout() {
-    let endpoint = Http2Endpoint::new("127.0.0.1:1".parse().expect("addr"), Duration::from_secs(1));
+    let endpoint = Http2Endpoint::new(
+        "127.0.0.1:1".parse().expect("addr"),
+        Duration::from_secs(1),
+        None,
+    );
     // An in-memory connection: nothing here depends on real time.
     let (client, server) = tokio::io::duplex(64 * 1024);
     let served = tokio::spawn(

@@ -6,10 +6,10 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use tokio::net::TcpStream;
 
 use super::super::Http1Pool;
 use super::Conn;
+use crate::balance::client::io::EndpointIo;
 use crate::exchange::body::{impl_body, BoxError, Frames};
 use crate::exchange::prefixed::Prefixed;
 use crate::http1::outgoing::Outgoing;
@@ -39,13 +39,13 @@ impl Http1Body {
 
     /// The connection after a `101`, with the bytes of the new protocol
     /// that came behind the head.
-    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<TcpStream>> {
+    pub(crate) fn take_upgrade(&mut self) -> Option<Prefixed<EndpointIo>> {
         if !self.upgrade {
             return None;
         }
         let conn = self.conn.take()?;
         let Conn { io, mut read, .. } = *conn;
-        Some(Prefixed::new(read.split().freeze(), io.into_stream()))
+        Some(Prefixed::new(read.split().freeze(), io))
     }
 
     /// The connection is no longer this body's.

@@ -1,0 +1,156 @@
+//! TLS the sidecar originates towards an upstream's endpoints: one client
+//! configuration per upstream (its trust, its client certificate, the ALPN
+//! its protocol asks for), shared by every endpoint and every attempt, so
+//! each attempt of a request presents the same policy and only the address
+//! changes. Sessions are resumed from the configuration's in-memory cache.
+//!
+//! The contract with the retry engine: a certificate that fails validation
+//! is `tls_certificate`, never retried; any other end of the handshake
+//! before it completed (a reset, a close, an alert, a timeout, plain text,
+//! no `h2` where HTTP/2 needs it) is `tls_handshake`, at the connect stage:
+//! nothing was written, so it is retried like a refused connection.
+
+use std::sync::{Arc, OnceLock};
+
+use reprise_crds::config::{TrustAnchors, UpstreamTls};
+use reprise_crds::Protocol;
+use rustls::client::ResolvesClientCert;
+use rustls::pki_types::ServerName;
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, RootCertStore, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use crate::exchange::failure::{classify_tls_error, FailureKind, Stage};
+
+/// How the sidecar opens TLS to one upstream's endpoints.
+#[derive(Clone)]
+pub(crate) struct TlsOrigin {
+    /// The connector and the name to verify, or why rustls refused to make
+    /// them: the configuration's checks accept only what rustls accepts, so
+    /// that is a bug, and then every handshake fails (never plain text).
+    ready: Result<Ready, Arc<str>>,
+    /// The endpoint must select HTTP/2 (`h2`).
+    require_h2: bool,
+}
+
+#[derive(Clone)]
+struct Ready {
+    connector: TlsConnector,
+    server_name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for TlsOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("TlsOrigin");
+        match &self.ready {
+            Ok(ready) => d.field("server_name", &ready.server_name),
+            Err(why) => d.field("refused", why),
+        };
+        d.field("require_h2", &self.require_h2)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsOrigin {
+    /// The origin of `tls` for an upstream speaking `protocol`.
+    pub(crate) fn new(tls: &UpstreamTls, protocol: Protocol) -> Self {
+        let ready = Self::ready(tls, protocol).map_err(|e| {
+            tracing::error!(server_name = %tls.server_name, error = %e, "TLS settings refused; every handshake will fail");
+            Arc::from(e.to_string())
+        });
+        Self {
+            ready,
+            require_h2: protocol == Protocol::H2,
+        }
+    }
+
+    /// The connector and server name. The files were read and checked with
+    /// the configuration; what can still fail is rustls refusing them.
+    fn ready(tls: &UpstreamTls, protocol: Protocol) -> Result<Ready, rustls::Error> {
+        let roots = match &tls.trust {
+            TrustAnchors::WellKnown => Arc::clone(public_roots()),
+            TrustAnchors::Bundle(bundle) => {
+                let mut store = RootCertStore::empty();
+                for cert in &bundle.certs {
+                    store.add(cert.clone())?;
+                }
+                Arc::new(store)
+            }
+        };
+        let builder =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots);
+        let mut config = match &tls.client_identity {
+            Some(identity) => {
+                builder.with_client_cert_resolver(Arc::new(Presents(Arc::clone(&identity.key))))
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = match protocol {
+            Protocol::H2 => vec![b"h2".to_vec()],
+            Protocol::Http1 | Protocol::H2c => vec![b"http/1.1".to_vec()],
+        };
+        let server_name = ServerName::try_from(tls.server_name.clone()).map_err(|e| {
+            rustls::Error::General(format!("server name \"{}\": {e}", tls.server_name))
+        })?;
+        Ok(Ready {
+            connector: TlsConnector::from(Arc::new(config)),
+            server_name,
+        })
+    }
+
+    /// Shakes hands over `tcp`, done by `deadline` (the connect timeout
+    /// bounds the TCP connect and the handshake together).
+    pub(crate) async fn handshake(
+        &self,
+        tcp: TcpStream,
+        deadline: Instant,
+    ) -> Result<TlsStream<TcpStream>, (FailureKind, Stage)> {
+        let ready = self
+            .ready
+            .as_ref()
+            .map_err(|_| (FailureKind::TlsHandshake, Stage::Connect))?;
+        let connecting = ready.connector.connect(ready.server_name.clone(), tcp);
+        let stream = match tokio::time::timeout_at(deadline, connecting).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Err((classify_tls_error(&e), Stage::Connect)),
+            Err(_) => return Err((FailureKind::TlsHandshake, Stage::Connect)),
+        };
+        if self.require_h2 && stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+            return Err((FailureKind::TlsHandshake, Stage::Connect));
+        }
+        Ok(stream)
+    }
+}
+
+/// The public roots (Mozilla's, as `webpki-roots` ships them), built once.
+fn public_roots() -> &'static Arc<RootCertStore> {
+    static ROOTS: OnceLock<Arc<RootCertStore>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        Arc::new(RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        })
+    })
+}
+
+/// Presents one certificate chain whenever the endpoint asks for one.
+#[derive(Debug)]
+struct Presents(Arc<CertifiedKey>);
+
+impl ResolvesClientCert for Presents {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0))
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
