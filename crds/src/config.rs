@@ -33,6 +33,10 @@ pub struct Upstream {
     pub aliases: Vec<String>,
     /// Interchangeable endpoints; a retry goes to one not yet tried.
     pub endpoints: Vec<Endpoint>,
+    /// Endpoints named by DNS: every address a name resolves to is an
+    /// endpoint beside [`Upstream::endpoints`], resolved by the sidecar.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dns: Vec<DnsEndpoint>,
     /// Virtual addresses (a Service's ClusterIP and port) whose connections,
     /// captured transparently, go to this upstream.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -99,6 +103,18 @@ pub struct Endpoint {
     pub zone: Option<String>,
 }
 
+/// Endpoints named by DNS: the addresses `host` resolves to, each on `port`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct DnsEndpoint {
+    /// The name, lowercase.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Topology zone, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
 /// Retry budget: a retry is allowed while
 /// `(retries + 1) * 100 <= percent * requests` over the rolling window.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -149,7 +165,7 @@ pub struct Rule {
 }
 
 /// Process-wide settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProxySettings {
     /// Bytes all replay buffers together may hold.
     pub replay_reservation_bytes: u64,
@@ -166,6 +182,10 @@ pub struct ProxySettings {
     /// Forward requests for hosts that name no upstream as a plain proxy
     /// (Kubernetes mode, where HTTP_PROXY sends every host here) instead of refusing them.
     pub forward_unknown_hosts: bool,
+    /// The DNS servers that resolve host-named endpoints; empty: the
+    /// system's (`/etc/resolv.conf`, its search domains and `ndots`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dns_resolvers: Vec<SocketAddr>,
 }
 
 impl Config {

@@ -11,6 +11,7 @@ mod read;
 mod retries;
 mod rules;
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -23,7 +24,8 @@ pub use self::read::{read, FileText, MAX_FILE_BYTES};
 pub use self::retries::{HedgeSpec, RetriesSpec, StatusEntry};
 pub use self::rules::RuleSpec;
 use crate::config::{
-    Config, Endpoint, PassiveHealth, ProxySettings, TrustAnchors, Upstream, UpstreamTls,
+    Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, TrustAnchors, Upstream,
+    UpstreamTls,
 };
 use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
 use crate::tls::IdentityField;
@@ -84,8 +86,12 @@ pub struct UpstreamSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointSpec {
-    /// IP address.
+    /// IP address (or, instead, `host`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub address: String,
+    /// A DNS name whose every address is an endpoint (instead of `address`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// TCP port.
     pub port: u16,
     /// Optional name (a pod name in Kubernetes), shown in traces and logs.
@@ -158,6 +164,10 @@ pub struct ProxySpec {
     /// transparent listeners) holds open at once (default 10000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u64>,
+    /// DNS servers (`IP:PORT`) for host-named endpoints (default: the
+    /// system's resolver configuration).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_resolvers: Vec<String>,
 }
 
 /// Default connect timeout.
@@ -287,31 +297,63 @@ impl UpstreamSpec {
             }
         }
         let mut endpoints = Vec::with_capacity(self.endpoints.len());
-        // Each address and port's first endpoint, as written.
-        let mut seen: HashMap<(&str, u16), usize> = HashMap::with_capacity(self.endpoints.len());
+        let mut dns = Vec::new();
+        // Each address (or host) and port's first endpoint, as written.
+        let mut seen: HashMap<(Cow<'_, str>, u16), usize> =
+            HashMap::with_capacity(self.endpoints.len());
         for (i, e) in self.endpoints.iter().enumerate() {
             let ep = format!("{p}.endpoints[{i}]");
-            match e.address.parse::<IpAddr>() {
-                Ok(ip) => endpoints.push(Endpoint {
-                    addr: SocketAddr::new(ip, e.port),
-                    name: e.name.clone(),
-                    zone: e.zone.clone(),
-                }),
-                Err(_) => errs.push(
-                    format!("{ep}.address"),
-                    format!("must be an IPv4 or IPv6 address (got \"{}\")", e.address),
-                ),
+            match (&e.host, e.address.is_empty()) {
+                (Some(_), false) => {
+                    errs.push(ep.clone(), "must have an address or a host, not both")
+                }
+                (None, true) => errs.push(format!("{ep}.address"), "must be set (or host)"),
+                (Some(host), true) => {
+                    let host = host.to_ascii_lowercase();
+                    if common::is_dns_name(&host) {
+                        dns.push(DnsEndpoint {
+                            host,
+                            port: e.port,
+                            zone: e.zone.clone(),
+                        });
+                    } else {
+                        errs.push(
+                            format!("{ep}.host"),
+                            format!("must be a DNS name (got \"{host}\")"),
+                        );
+                    }
+                }
+                (None, false) => match e.address.parse::<IpAddr>() {
+                    Ok(ip) => endpoints.push(Endpoint {
+                        addr: SocketAddr::new(ip, e.port),
+                        name: e.name.clone(),
+                        zone: e.zone.clone(),
+                    }),
+                    Err(_) => errs.push(
+                        format!("{ep}.address"),
+                        format!("must be an IPv4 or IPv6 address (got \"{}\")", e.address),
+                    ),
+                },
             }
             if e.port == 0 {
                 errs.push(format!("{ep}.port"), "must be in 1..=65535 (got 0)");
             }
-            let j = *seen.entry((e.address.as_str(), e.port)).or_insert(i);
+            // Names compare as DNS compares them, without case.
+            let at: Cow<'_, str> = match &e.host {
+                Some(h) if h.bytes().any(|b| b.is_ascii_uppercase()) => {
+                    Cow::Owned(h.to_ascii_lowercase())
+                }
+                Some(h) => Cow::Borrowed(h),
+                None => Cow::Borrowed(&e.address),
+            };
+            let j = *seen.entry((at, e.port)).or_insert(i);
             if j != i {
                 errs.push(
                     ep.clone(),
                     format!(
                         "must be unique ({}:{} is also endpoints[{j}])",
-                        e.address, e.port
+                        e.host.as_deref().unwrap_or(&e.address),
+                        e.port
                     ),
                 );
             }
@@ -349,7 +391,7 @@ impl UpstreamSpec {
             1,
             3_600_000,
         );
-        let tls = self.resolve_tls(p, errs);
+        let tls = self.resolve_tls(p, &dns, errs);
         let host_rewrite = self.host_rewrite.as_ref().map(|h| {
             if !is_host(h) {
                 errs.push(
@@ -364,6 +406,7 @@ impl UpstreamSpec {
         Upstream {
             tls,
             host_rewrite,
+            dns,
             name: self.name.to_ascii_lowercase(),
             aliases: self.aliases.clone(),
             addresses: common::addresses(errs, &format!("{p}.addresses"), &self.addresses),
@@ -383,7 +426,12 @@ impl UpstreamSpec {
 
 impl UpstreamSpec {
     /// The `tls` block, and the protocols that need or refuse it.
-    fn resolve_tls(&self, p: &str, errs: &mut ValidationErrors) -> Option<UpstreamTls> {
+    fn resolve_tls(
+        &self,
+        p: &str,
+        dns: &[DnsEndpoint],
+        errs: &mut ValidationErrors,
+    ) -> Option<UpstreamTls> {
         let Some(tls) = &self.tls else {
             if self.protocol == Protocol::H2 {
                 errs.push(
@@ -400,10 +448,24 @@ impl UpstreamSpec {
             );
         }
         let t = format!("{p}.tls");
-        let server_name = tls
-            .server_name
-            .clone()
-            .unwrap_or_else(|| self.name.to_ascii_lowercase());
+        // Default: the endpoints' host name when they share one, else the
+        // upstream's name; host-named endpoints of different names must say
+        // which name they all answer to.
+        let mut hosts: Vec<&str> = dns.iter().map(|d| d.host.as_str()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        let server_name = match (&tls.server_name, hosts.as_slice()) {
+            (Some(name), _) => name.clone(),
+            (None, []) => self.name.to_ascii_lowercase(),
+            (None, [one]) => one.to_string(),
+            (None, _) => {
+                errs.push(
+                    format!("{t}.server_name"),
+                    "must be set when host-named endpoints have different names",
+                );
+                self.name.to_ascii_lowercase()
+            }
+        };
         let valid_name = (common::is_dns_name(&server_name)
             || server_name.parse::<IpAddr>().is_ok())
             && rustls::pki_types::ServerName::try_from(server_name.as_str()).is_ok();
@@ -516,6 +578,21 @@ impl ProxySpec {
             max_connections,
             access_log: self.access_log.unwrap_or(true),
             forward_unknown_hosts: false,
+            dns_resolvers: self
+                .dns_resolvers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| match r.parse::<SocketAddr>() {
+                    Ok(addr) => Some(addr),
+                    Err(_) => {
+                        errs.push(
+                            format!("proxy.dns_resolvers[{i}]"),
+                            format!("must be IP:PORT (got \"{r}\")"),
+                        );
+                        None
+                    }
+                })
+                .collect(),
         }
     }
 }

@@ -215,6 +215,7 @@ impl Snapshot {
                     &u.addresses,
                 ),
                 endpoints,
+                dns: Vec::new(),
                 protocol: u.protocol,
                 connect_timeout: Duration::from_millis(DEFAULT_CONNECT_MS),
                 read_timeout: Some(Duration::from_millis(DEFAULT_READ_MS)),
@@ -238,6 +239,7 @@ impl Snapshot {
                 max_connections: DEFAULT_MAX_CONNECTIONS,
                 access_log: true,
                 forward_unknown_hosts: true,
+                dns_resolvers: Vec::new(),
             },
         })
     }

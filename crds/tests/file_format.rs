@@ -133,6 +133,12 @@ fn every_validation_rule_names_field_and_rule() {
         ("upstreams:\n  - name: api\n    endpoints: []\n".to_string(), "upstreams[0].endpoints: must list at least one endpoint"),
         ("upstreams:\n  - name: api\n    endpoints: [{ address: example.com, port: 1 }]\n".to_string(), "upstreams[0].endpoints[0].address: must be an IPv4 or IPv6 address (got \"example.com\")"),
         ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 0 }]\n".to_string(), "upstreams[0].endpoints[0].port: must be in 1..=65535 (got 0)"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, host: api.example, port: 1 }]\n".to_string(), "upstreams[0].endpoints[0]: must have an address or a host, not both"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ port: 1 }]\n".to_string(), "upstreams[0].endpoints[0].address: must be set (or host)"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ host: 'api_1.example', port: 1 }]\n".to_string(), "upstreams[0].endpoints[0].host: must be a DNS name (got \"api_1.example\")"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ host: a.example, port: 443 }, { host: A.example, port: 443 }]\n".to_string(), "upstreams[0].endpoints[1]: must be unique (A.example:443 is also endpoints[0])"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ host: a.example, port: 443 }, { host: b.example, port: 443 }]\n    tls: {}\n".to_string(), "upstreams[0].tls.server_name: must be set when host-named endpoints have different names"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\nproxy: { dns_resolvers: ['10.96.0.10'] }\n".to_string(), "proxy.dns_resolvers[0]: must be IP:PORT (got \"10.96.0.10\")"),
         ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }, { address: 127.0.0.1, port: 1 }]\n".to_string(), "upstreams[0].endpoints[1]: must be unique (127.0.0.1:1 is also endpoints[0])"),
         ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 2 }]\n".to_string(), "upstreams[1].name: must be unique (\"api\" is also upstreams[0])"),
         ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n    addresses: [10.96.0.10]\n".to_string(), "upstreams[0].addresses[0]: must be IP:PORT, e.g. 10.96.0.10:80 or [fd00::10]:80 (got \"10.96.0.10\")"),
@@ -197,4 +203,32 @@ fn a_cel_condition_is_compiled_when_the_file_loads() {
         Some("request.headers['x-tenant'] == 'a'")
     );
     assert_eq!(rule.request_match.cel, None, "held compiled, once");
+}
+
+#[test]
+fn host_named_endpoints_are_resolved_later_and_name_the_tls_server() {
+    let yaml = "upstreams:\n  - name: payments\n    endpoints: [{ host: API.Payments.Example, port: 443 }, { address: 10.0.0.7, port: 8443 }, { host: api.payments.example, port: 8443 }]\n    tls: {}\nproxy: { dns_resolvers: ['127.0.0.1:5353', '[::1]:53'] }\n";
+    let config = parse(yaml, "test.yaml").expect("valid");
+    let up = &config.upstreams[0];
+    assert_eq!(up.endpoints.len(), 1, "only the address is an endpoint now");
+    let hosts: Vec<(&str, u16)> = up.dns.iter().map(|d| (d.host.as_str(), d.port)).collect();
+    assert_eq!(
+        hosts,
+        [
+            ("api.payments.example", 443),
+            ("api.payments.example", 8443)
+        ]
+    );
+    assert_eq!(
+        up.tls.as_ref().map(|t| t.server_name.as_str()),
+        Some("api.payments.example"),
+        "the endpoints' shared host name, not the upstream's"
+    );
+    assert_eq!(
+        config.proxy.dns_resolvers,
+        [
+            "127.0.0.1:5353".parse().expect("addr"),
+            "[::1]:53".parse().expect("addr")
+        ]
+    );
 }

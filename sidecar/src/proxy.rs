@@ -16,6 +16,7 @@
 
 pub(crate) mod admit;
 pub(crate) mod body;
+pub(crate) mod dns;
 mod forward;
 pub(crate) mod local;
 mod prepare;
@@ -25,7 +26,7 @@ pub(crate) mod tunnel;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use arc_swap::ArcSwap;
 use http::{Method, Request, Response};
@@ -34,6 +35,7 @@ use tokio::time::Instant;
 
 use self::admit::Admission;
 use self::body::ProxyBody;
+use self::dns::Dns;
 use self::local::{Local, ERROR_HEADER};
 use self::route::{Destination, Routed, Routes};
 use self::tunnel::Tunnels;
@@ -63,6 +65,10 @@ pub struct Proxy {
     tracing: Tracing,
     access_log: AccessLog,
     tunnels: Tunnels,
+    /// The addresses of host-named endpoints, and the task that keeps them.
+    pub(crate) dns: Arc<Dns>,
+    /// This proxy, for the DNS task, which must not keep it alive.
+    me: Weak<Self>,
 }
 
 impl Proxy {
@@ -85,8 +91,11 @@ impl Proxy {
         access_log: AccessLog,
     ) -> Arc<Self> {
         let reservation = ReplayReservation::new(config.proxy.replay_reservation_bytes);
-        Arc::new(Self {
-            routes: ArcSwap::from_pointee(Routes::new(config, None)),
+        let dns = Arc::new(Dns::default());
+        let config = Arc::new(config);
+        let proxy = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            routes: ArcSwap::from_pointee(Routes::new(Arc::clone(&config), None, &dns)),
             reservation,
             metrics: ProxyMetrics::default(),
             draining: AtomicBool::new(false),
@@ -95,7 +104,10 @@ impl Proxy {
             tracing,
             access_log,
             tunnels: Tunnels::default(),
-        })
+            dns,
+        });
+        proxy.dns.configured(Arc::downgrade(&proxy), &config);
+        proxy
     }
 
     /// The tracing pipeline (off unless OTEL_* configured one).
@@ -108,10 +120,25 @@ impl Proxy {
     pub fn reload(&self, config: Config) {
         self.reservation
             .set_limit(config.proxy.replay_reservation_bytes);
+        let config = Arc::new(config);
         let previous = self.routes.load_full();
-        self.routes
-            .store(Arc::new(Routes::new(config, Some(&previous))));
+        self.routes.store(Arc::new(Routes::new(
+            Arc::clone(&config),
+            Some(&previous),
+            &self.dns,
+        )));
         self.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
+        self.dns.configured(self.me.clone(), &config);
+    }
+
+    /// Builds the routes again from the configuration in force, for host
+    /// names whose addresses changed; like a reload, what stays keeps its
+    /// state.
+    pub(crate) fn rebuild_routes(&self) {
+        let previous = self.routes.load_full();
+        let config = Arc::clone(&previous.config);
+        self.routes
+            .store(Arc::new(Routes::new(config, Some(&previous), &self.dns)));
     }
 
     /// The configuration in force now.

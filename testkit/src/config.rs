@@ -136,6 +136,16 @@ impl UpstreamConfig {
         self
     }
 
+    /// Adds endpoints named by DNS: every address `host` resolves to, on `port`.
+    pub fn host_endpoint(mut self, host: &str, port: u16) -> UpstreamConfig {
+        self.0.endpoints.push(EndpointSpec {
+            host: Some(host.to_string()),
+            port,
+            ..EndpointSpec::default()
+        });
+        self
+    }
+
     /// Adds an endpoint with a name (shown in logs and traces).
     pub fn named_endpoint(self, addr: SocketAddr, name: &str) -> UpstreamConfig {
         let mut me = self.endpoint(addr);
@@ -351,6 +361,13 @@ impl ProxyConfig {
         max_request_header_bytes: usize,
         access_log: bool,
         max_connections: u64,
+    }
+
+    /// Resolves host-named endpoints with the DNS server at `server`
+    /// instead of the system's.
+    pub fn dns_resolver(mut self, server: SocketAddr) -> ProxyConfig {
+        self.0.dns_resolvers.push(server.to_string());
+        self
     }
 }
 

@@ -13,6 +13,8 @@
 //!   which the upstream and the raw client share.
 //! - [`tls`]: a certificate authority made in the test, and TLS on loopback
 //!   in front of a plain-text server.
+//! - [`dns`]: a DNS server on loopback whose answers the test sets and
+//!   changes (names to addresses, failures, silence).
 //! - [`layers`]: a crate's module layering read from its sources, held
 //!   against a table of floors (`testkit/tests/layers.rs` holds the tables).
 //!
@@ -38,6 +40,7 @@ macro_rules! field_setters {
 
 pub mod client;
 pub mod config;
+pub mod dns;
 pub mod grpc;
 pub mod http1;
 pub mod layers;

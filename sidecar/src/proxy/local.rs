@@ -15,6 +15,7 @@ use reprise_crds::grpc;
 
 use super::body::ProxyBody;
 use crate::exchange::failure::FailureKind;
+use crate::retry::upstream::UpstreamState;
 
 pub use crate::http1::server::ERROR_HEADER;
 
@@ -45,6 +46,8 @@ pub(crate) enum Local<'a> {
     },
     /// The upstream has no endpoints.
     NoEndpoint(&'a str),
+    /// The upstream's endpoints are DNS names none of which has resolved yet.
+    DnsUnresolved(&'a str),
     /// Forwarding to a host outside every upstream failed.
     Forward {
         authority: &'a str,
@@ -52,7 +55,17 @@ pub(crate) enum Local<'a> {
     },
 }
 
-impl Local<'_> {
+impl<'a> Local<'a> {
+    /// The answer for `upstream` when it has no endpoint to send to: its
+    /// host names not resolved yet (or resolving to nothing), or none at all.
+    pub(crate) fn no_endpoint(upstream: &'a UpstreamState) -> Self {
+        if upstream.endpoints.is_empty() && !upstream.config.dns.is_empty() {
+            Local::DnsUnresolved(&upstream.config.name)
+        } else {
+            Local::NoEndpoint(&upstream.config.name)
+        }
+    }
+
     /// The status the client gets.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
@@ -63,7 +76,7 @@ impl Local<'_> {
             Local::RequestBodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Local::ConnectOutside => StatusCode::METHOD_NOT_ALLOWED,
             Local::Failed { kind, .. } | Local::Forward { kind, .. } => kind.status(),
-            Local::NoEndpoint(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Local::NoEndpoint(_) | Local::DnsUnresolved(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -79,6 +92,7 @@ impl Local<'_> {
             Local::ConnectOutside => "connect_unsupported",
             Local::Failed { kind, .. } | Local::Forward { kind, .. } => return kind.name(),
             Local::NoEndpoint(_) => "no_endpoint",
+            Local::DnsUnresolved(_) => "dns_unresolved",
         })
     }
 
@@ -112,6 +126,9 @@ impl Local<'_> {
             Local::NoEndpoint(upstream) => {
                 format!("reprise: upstream \"{upstream}\" has no endpoints\n")
             }
+            Local::DnsUnresolved(upstream) => format!(
+                "reprise: upstream \"{upstream}\" has no endpoints: its DNS names have not resolved\n"
+            ),
             Local::Forward { authority, kind } => format!(
                 "reprise: forwarding to {authority} failed: {}\n",
                 kind.name()

@@ -50,7 +50,7 @@ pub(crate) fn respond(
             attempts: report.attempts,
         }
         .answer(grpc),
-        Final::NoEndpoint => Local::NoEndpoint(&upstream.config.name).answer(grpc),
+        Final::NoEndpoint => Local::no_endpoint(upstream).answer(grpc),
     }
 }
 

@@ -12,7 +12,9 @@ use http::header::HOST;
 use http::{HeaderMap, Request};
 use reprise_crds::cel_match::CelRequest;
 use reprise_crds::snapshot::Fnv1a;
-use reprise_crds::{Config, RetryPolicy};
+use reprise_crds::{Config, Endpoint, RetryPolicy, Upstream};
+
+use super::dns::Dns;
 
 use crate::exchange::report::PolicySource;
 use crate::retry::upstream::UpstreamState;
@@ -65,6 +67,25 @@ pub(crate) struct RequestFacts<'a> {
     pub headers: &'a HeaderMap,
 }
 
+/// `u` with an endpoint for each address its host names resolved to last,
+/// after its own (named by the host; one address listed twice counts once).
+fn with_dns(u: &Upstream, dns: &Dns) -> Upstream {
+    let mut out = u.clone();
+    for d in &u.dns {
+        for ip in dns.addresses(&d.host) {
+            let addr = SocketAddr::new(ip, d.port);
+            if !out.endpoints.iter().any(|e| e.addr == addr) {
+                out.endpoints.push(Endpoint {
+                    addr,
+                    name: Some(d.host.clone()),
+                    zone: d.zone.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Where [`Routes::route`] sends a request.
 #[derive(Debug)]
 pub(crate) enum Routed {
@@ -89,14 +110,14 @@ pub(crate) struct ChosenPolicy<'a> {
 
 impl Routes {
     /// Builds routes for `config`, carrying live state over from `previous`.
-    pub(crate) fn new(config: Config, previous: Option<&Routes>) -> Self {
+    pub(crate) fn new(config: Arc<Config>, previous: Option<&Routes>, dns: &Dns) -> Self {
         let mut upstreams = HashMap::default();
         let mut by_address = HashMap::default();
         for u in &config.upstreams {
             let prev = previous
                 .and_then(|p| p.upstreams.get(&u.name))
                 .map(Arc::as_ref);
-            let state = Arc::new(UpstreamState::new(u.clone(), prev));
+            let state = Arc::new(UpstreamState::new(with_dns(u, dns), prev));
             for alias in &u.aliases {
                 upstreams
                     .entry(alias.to_ascii_lowercase())
@@ -111,8 +132,8 @@ impl Routes {
             upstreams.insert(u.name.clone(), state);
         }
         for u in &config.upstreams {
-            for e in &u.endpoints {
-                if let Some(state) = upstreams.get(&u.name) {
+            if let Some(state) = upstreams.get(&u.name) {
+                for e in &state.config.endpoints {
                     by_address
                         .entry(e.addr)
                         .or_insert_with(|| Arc::clone(state));
@@ -120,7 +141,7 @@ impl Routes {
             }
         }
         Self {
-            config: Arc::new(config),
+            config,
             upstreams,
             by_address,
         }

@@ -78,7 +78,7 @@ pub(crate) fn connect(
     tunnels: &Tunnels,
 ) -> Response<ProxyBody> {
     if upstream.endpoints.is_empty() {
-        return Local::NoEndpoint(&upstream.config.name).into_response();
+        return Local::no_endpoint(&upstream).into_response();
     }
     let guard = tunnels.open();
     let client = match req.extensions_mut().remove::<PendingTunnel>() {

@@ -24,15 +24,20 @@ pub(crate) struct UpstreamState {
     pub(crate) budget: Arc<RetryBudget>,
     /// Counters and histograms.
     pub(crate) metrics: Arc<UpstreamMetrics>,
+    /// The TLS every endpoint's connections use (its session cache shared).
+    tls: Option<TlsOrigin>,
 }
 
 impl UpstreamState {
     /// Builds the state for `config`, keeping what `previous` (the same upstream
     /// before a reload) had accumulated.
     pub(crate) fn new(config: Upstream, previous: Option<&UpstreamState>) -> Self {
+        // TLS settings that changed (another trust bundle, a rotated client
+        // certificate) need new connections, as another protocol does.
         let same_transport = previous.is_some_and(|p| {
             p.config.protocol == config.protocol
                 && p.config.connect_timeout == config.connect_timeout
+                && p.config.tls == config.tls
         });
         // The previous endpoints by what they are (the first of any twins),
         // so that a reload of many endpoints looks each one up once.
@@ -45,10 +50,15 @@ impl UpstreamState {
             kept.entry(&s.endpoint).or_insert(s);
         }
         // One TLS origin for every endpoint: one policy for every attempt.
-        let tls = config
-            .tls
-            .as_ref()
-            .map(|t| TlsOrigin::new(t, config.protocol));
+        // Kept while the settings are, so that endpoints added later (a DNS
+        // name's new address) resume sessions from the same cache.
+        let tls = match previous {
+            Some(p) if same_transport => p.tls.clone(),
+            _ => config
+                .tls
+                .as_ref()
+                .map(|t| TlsOrigin::new(t, config.protocol)),
+        };
         let endpoints = config
             .endpoints
             .iter()
@@ -78,6 +88,7 @@ impl UpstreamState {
             config,
             endpoints,
             budget,
+            tls,
         }
     }
 }

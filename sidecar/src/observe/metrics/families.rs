@@ -101,6 +101,16 @@ pub(crate) const FAMILIES: &[Family] = &[
         "Rule CEL conditions that failed to evaluate (each counted as no match), by rule id.",
     ),
     family(
+        "reprise_dns_lookups_total",
+        Kind::Counter,
+        "Lookups of host-named endpoints' DNS names by host and result (resolved; failed: the last addresses are kept).",
+    ),
+    family(
+        "reprise_dns_addresses",
+        Kind::Gauge,
+        "Addresses a host-named endpoint's DNS name resolved to last, each an endpoint.",
+    ),
+    family(
         "reprise_captured_connections_total",
         Kind::Counter,
         "Transparently captured connections by how they were served (http1, h2c: the retry path; opaque: relayed as TCP).",

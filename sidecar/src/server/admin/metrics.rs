@@ -132,6 +132,20 @@ fn proxy_samples(out: &mut Exposition, proxy: &Proxy, replay_limit: u64) {
     for (rule, n) in &m.cel_errors() {
         out.sample("reprise_rule_cel_errors_total", &[("rule", rule)], n);
     }
+    for (host, name) in proxy.dns.names() {
+        for (result, n) in [("resolved", name.resolved), ("failed", name.failed)] {
+            out.sample(
+                "reprise_dns_lookups_total",
+                &[("host", &host), ("result", result)],
+                n,
+            );
+        }
+        out.sample(
+            "reprise_dns_addresses",
+            &[("host", &host)],
+            name.addresses.len(),
+        );
+    }
 }
 
 /// Transparent mode: captured connections by protocol, refusals, and the
