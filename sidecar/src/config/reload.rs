@@ -8,12 +8,20 @@
 //! by `reprise_crds::file::read`'s rule, the one `--check` and the start use:
 //! a regular file, opened without blocking, of at most 16 MiB, UTF-8.
 //!
+//! The TLS files the configuration names (`ca_file`, `client_cert_file`,
+//! `client_key_file`) are watched the same way: when one changes (cert-manager
+//! rotates a Secret by swapping its symlink), the configuration is read and
+//! checked again as a whole, so a new pair is applied only once it is valid;
+//! a bad new pair is refused like any invalid file, the old pair stays, and
+//! the change is counted in `reprise_tls_file_reloads_total`.
+//!
 //! While the file cannot be read (deleted, unreadable, not a regular file,
 //! too large, not UTF-8), every check and every SIGHUP counts a refused
 //! reload, and each distinct error is logged once (and again on SIGHUP). A
 //! file that reads but is refused (YAML or validation) is counted and
 //! logged once per change, as it does not change by itself.
 
+use std::collections::BTreeMap;
 use std::fs::Metadata;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::MetadataExt;
@@ -22,7 +30,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use reprise_crds::config::TrustAnchors;
 use reprise_crds::file::FileText;
+use reprise_crds::Config;
 
 use crate::proxy::Proxy;
 
@@ -41,7 +51,7 @@ const RECENT: Duration = Duration::from_secs(2);
 /// Watches `path` forever, reloading `proxy` on change or SIGHUP; `loaded`
 /// is what the start read.
 pub(crate) async fn watch(path: PathBuf, proxy: Arc<Proxy>, loaded: FileText) {
-    let mut watcher = Some(Watcher::new(path.clone(), &loaded));
+    let mut watcher = Some(Watcher::new(path.clone(), &loaded, &proxy.config()));
     drop(loaded);
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => Some(s),
@@ -135,15 +145,19 @@ struct Watcher {
     path: PathBuf,
     seen: Option<Seen>,
     failed: Option<Failed>,
+    /// The TLS files of the configuration in force, as they were when it
+    /// was built (`None`: missing then).
+    tls: BTreeMap<PathBuf, Option<Stamp>>,
     /// Reads so far (the tests count them).
     reads: u64,
 }
 
 impl Watcher {
-    /// A watcher of `path`, whose text `loaded` is serving.
-    fn new(path: PathBuf, loaded: &FileText) -> Self {
+    /// A watcher of `path`, whose text `loaded` is serving as `config`.
+    fn new(path: PathBuf, loaded: &FileText, config: &Config) -> Self {
         let mut w = Self::unread(path);
         w.seen = Some(Seen::of(loaded, None));
+        w.tls = tls_stamps(config);
         w
     }
 
@@ -153,6 +167,7 @@ impl Watcher {
             path,
             seen: None,
             failed: None,
+            tls: BTreeMap::new(),
             reads: 0,
         }
     }
@@ -161,6 +176,32 @@ impl Watcher {
     /// file when its metadata changed, or always when `forced`, and reloads
     /// `proxy` when its text changed and is valid.
     fn check(&mut self, forced: bool, proxy: &Proxy) -> Checked {
+        let rotated = !self.tls.is_empty() && tls_stamps_now(&self.tls) != self.tls;
+        let checked = self.check_file(forced || rotated, proxy);
+        if rotated {
+            let applied = checked == Checked::Reloaded;
+            let counter = if applied {
+                &proxy.metrics.tls_reloads_ok
+            } else {
+                &proxy.metrics.tls_reloads_refused
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if applied {
+                tracing::info!("TLS files changed; the new ones are serving");
+            } else {
+                tracing::error!("TLS files changed but were refused; the ones loaded before stay");
+            }
+        }
+        if rotated || checked == Checked::Reloaded {
+            // What is on disk now: a refused change is not tried again
+            // until the files change once more.
+            self.tls = tls_stamps(&proxy.config());
+        }
+        checked
+    }
+
+    /// One check of the configuration file itself.
+    fn check_file(&mut self, forced: bool, proxy: &Proxy) -> Checked {
         let label = self.path.display().to_string();
         let stamp = match std::fs::metadata(&self.path) {
             Ok(m) => Some(Stamp::of(&m)),
@@ -241,6 +282,29 @@ impl Watcher {
     }
 }
 
+/// The TLS files `config` names, with no stamp yet.
+fn tls_stamps(config: &Config) -> BTreeMap<PathBuf, Option<Stamp>> {
+    let mut files = BTreeMap::new();
+    for tls in config.upstreams.iter().filter_map(|u| u.tls.as_ref()) {
+        if let TrustAnchors::Bundle(bundle) = &tls.trust {
+            files.insert(bundle.file.clone(), None);
+        }
+        if let Some(identity) = &tls.client_identity {
+            files.insert(identity.cert_file.clone(), None);
+            files.insert(identity.key_file.clone(), None);
+        }
+    }
+    tls_stamps_now(&files)
+}
+
+/// `files` as they are now (through symlinks: a Secret's swap shows).
+fn tls_stamps_now(files: &BTreeMap<PathBuf, Option<Stamp>>) -> BTreeMap<PathBuf, Option<Stamp>> {
+    files
+        .keys()
+        .map(|p| (p.clone(), std::fs::metadata(p).ok().map(|m| Stamp::of(&m))))
+        .collect()
+}
+
 impl Seen {
     /// What `file` was, read just now; `before` is what the last read saw.
     fn of(file: &FileText, before: Option<&Seen>) -> Self {
@@ -300,10 +364,8 @@ mod tests {
         age(path, Duration::from_secs(10));
         let loaded = reprise_crds::file::read(path).expect("read");
         let config = reprise_crds::file::parse(&loaded.text, "t").expect("valid");
-        (
-            Proxy::new(config),
-            Watcher::new(path.to_path_buf(), &loaded),
-        )
+        let watcher = Watcher::new(path.to_path_buf(), &loaded, &config);
+        (Proxy::new(config), watcher)
     }
 
     fn refused(proxy: &Proxy) -> u64 {

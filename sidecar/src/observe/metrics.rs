@@ -48,6 +48,9 @@ pub(crate) struct ProxyMetrics {
     pub(crate) reloads_ok: AtomicU64,
     /// Refused configuration loads.
     pub(crate) reloads_refused: AtomicU64,
+    /// Changes of the TLS files the configuration names, applied and refused.
+    pub(crate) tls_reloads_ok: AtomicU64,
+    pub(crate) tls_reloads_refused: AtomicU64,
     /// Requests for a host that names no upstream.
     pub(crate) unknown_upstream: AtomicU64,
     /// h2c connections closed because their client reset most of its

@@ -2,6 +2,8 @@
 //! a FIFO, a device or a directory at its path, a file deleted or too
 //! large, bytes that are not UTF-8. `--check`, the start and the reload
 //! watcher read it by one rule, never block on it, and say when they refuse.
+//! The TLS files it names are re-read when they change, and a bad new pair
+//! keeps the old one.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 use reprise_testkit::sidecar::{free_addr, write_temp, Running};
 
 use crate::cli::{config_file, start, status};
-use crate::support::{api, Action, Upstream};
+use crate::support::{api, Action, Upstream, UpstreamConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_reprise-sidecar");
 
@@ -311,4 +313,85 @@ async fn an_unchanged_file_is_not_read_again_every_second() {
         )
         .await;
     assert_eq!(forced, Some(2.0));
+}
+
+/// Waits (at most 10 s) until `reprise_tls_file_reloads_total{result}`
+/// reaches `at_least`, and returns it.
+async fn tls_reloads(sidecar: &Running, result: &str, at_least: f64) -> f64 {
+    sidecar
+        .wait_for_metric(
+            "reprise_tls_file_reloads_total",
+            &[("result", result)],
+            Duration::from_secs(10),
+            |v| v >= at_least,
+        )
+        .await
+        .unwrap_or(0.0)
+}
+
+/// Replaces `path`'s content at once (a rename, as a Secret's swap is seen).
+fn swap(path: &Path, content: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, content).expect("write");
+    std::fs::rename(&next, path).expect("rename");
+}
+
+#[tokio::test]
+async fn changed_tls_files_are_applied_and_a_bad_new_pair_keeps_the_old_one() {
+    use reprise_testkit::tls::{FrontSettings, TestCa, TlsFront};
+    let first = TestCa::new("rotate-old");
+    let second = TestCa::new("rotate-new");
+    let up = Upstream::always(Action::Reply(200)).await;
+    // The endpoint's certificate is from the second authority, and it asks
+    // for a client certificate from it too.
+    let front = TlsFront::start(
+        up.addr,
+        FrontSettings::new(second.issue("api", &["api.test"]))
+            .require_client_cert(&second.cert_pem),
+    )
+    .await;
+    let dir = write_temp("rotate-tls", "").with_extension("d");
+    std::fs::create_dir_all(&dir).expect("folder");
+    let (trust, cert, key) = (dir.join("ca.pem"), dir.join("tls.crt"), dir.join("tls.key"));
+    let client = second.issue("client", &["client.test"]);
+    swap(&trust, &first.cert_pem);
+    swap(&cert, &client.cert_pem);
+    swap(&key, &client.key_pem);
+    let path = config_file(
+        "rotate-tls",
+        UpstreamConfig::new("api")
+            .endpoint(front.addr)
+            .tls(Some(&trust), Some("api.test"))
+            .client_cert(&cert, &key),
+    );
+    let sidecar = start(&path, &[]).await;
+    assert_eq!(
+        status(sidecar.listen, "api", "/").await,
+        Some(502),
+        "the endpoint's issuer is not trusted yet"
+    );
+    // The trust bundle rotates to the right authority.
+    swap(&trust, &second.cert_pem);
+    assert!(tls_reloads(&sidecar, "ok", 1.0).await >= 1.0);
+    assert_eq!(status(sidecar.listen, "api", "/").await, Some(200));
+    // A key that does not match the certificate: refused, the old pair stays.
+    let other = second.issue("other", &["client.test"]);
+    swap(&key, &other.key_pem);
+    assert_eq!(tls_reloads(&sidecar, "refused", 1.0).await, 1.0);
+    assert_eq!(
+        refusal_lines(&sidecar, "does not match").await.len(),
+        1,
+        "{:?}",
+        sidecar.lines()
+    );
+    assert_eq!(status(sidecar.listen, "api", "/").await, Some(200));
+    // The matching certificate arrives: the new pair serves.
+    swap(&cert, &other.cert_pem);
+    assert!(tls_reloads(&sidecar, "ok", 2.0).await >= 2.0);
+    assert_eq!(status(sidecar.listen, "api", "/").await, Some(200));
+    assert_eq!(
+        front.handshakes(),
+        2,
+        "one with the rotated bundle, one with the new pair (the refused change kept the pool)"
+    );
 }

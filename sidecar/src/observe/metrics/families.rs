@@ -86,6 +86,11 @@ pub(crate) const FAMILIES: &[Family] = &[
         "Configuration loads by result (ok, refused).",
     ),
     family(
+        "reprise_tls_file_reloads_total",
+        Kind::Counter,
+        "Changes of the TLS files the configuration names by result (ok: the new files serve; refused: invalid, the old ones stay).",
+    ),
+    family(
         "reprise_unknown_upstream_total",
         Kind::Counter,
         "Requests for a host that names no upstream.",

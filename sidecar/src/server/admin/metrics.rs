@@ -120,6 +120,16 @@ fn proxy_samples(out: &mut Exposition, proxy: &Proxy, replay_limit: u64) {
         load(&m.reloads_refused),
     );
     out.sample(
+        "reprise_tls_file_reloads_total",
+        &[("result", "ok")],
+        load(&m.tls_reloads_ok),
+    );
+    out.sample(
+        "reprise_tls_file_reloads_total",
+        &[("result", "refused")],
+        load(&m.tls_reloads_refused),
+    );
+    out.sample(
         "reprise_unknown_upstream_total",
         &[],
         load(&m.unknown_upstream),
