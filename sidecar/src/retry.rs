@@ -222,6 +222,7 @@ impl<'a> RetryState<'a> {
                 attempts: 0,
                 tried: Tried::default(),
                 first_error: None,
+                error_detail: None,
                 backoffs: Vec::new(),
                 hedged: false,
             },

@@ -28,8 +28,9 @@ pub enum FailureKind {
     TlsHandshake,
     /// The endpoint's certificate failed validation (unknown issuer,
     /// expired or not yet valid, another name, a broken chain): never
-    /// retried, since another attempt would only hide it.
-    TlsCertificate,
+    /// retried, since another attempt would only hide it. Which check
+    /// failed rides along for the log, the span and the metric.
+    TlsCertificate(CertificateError),
     /// The connection was reset.
     ConnectionReset,
     /// The connection closed before response headers arrived.
@@ -57,6 +58,86 @@ pub enum FailureKind {
     Other,
 }
 
+/// Which check an endpoint's certificate failed, named as in the access
+/// log's `error_detail`, the span's `reprise.tls.certificate_error` and
+/// `reprise_tls_certificate_failures_total{reason}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CertificateError {
+    /// No chain to a trusted root.
+    UnknownIssuer,
+    /// Past its validity.
+    Expired,
+    /// Before its validity.
+    NotYetValid,
+    /// Not valid for the server name verified.
+    NameMismatch,
+    /// A signature in the chain does not verify, or uses an algorithm
+    /// refused.
+    BadSignature,
+    /// Revoked.
+    Revoked,
+    /// Not valid for a TLS server (its key usages).
+    InvalidPurpose,
+    /// The endpoint presented no certificate.
+    NotPresented,
+    /// Anything else (a malformed certificate, an unknown critical extension).
+    Other,
+}
+
+impl CertificateError {
+    /// Every reason, in the metric's order.
+    pub const ALL: [CertificateError; 9] = [
+        CertificateError::UnknownIssuer,
+        CertificateError::Expired,
+        CertificateError::NotYetValid,
+        CertificateError::NameMismatch,
+        CertificateError::BadSignature,
+        CertificateError::Revoked,
+        CertificateError::InvalidPurpose,
+        CertificateError::NotPresented,
+        CertificateError::Other,
+    ];
+
+    /// The reason's name, e.g. `unknown_issuer`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CertificateError::UnknownIssuer => "unknown_issuer",
+            CertificateError::Expired => "expired",
+            CertificateError::NotYetValid => "not_yet_valid",
+            CertificateError::NameMismatch => "name_mismatch",
+            CertificateError::BadSignature => "bad_signature",
+            CertificateError::Revoked => "revoked",
+            CertificateError::InvalidPurpose => "invalid_purpose",
+            CertificateError::NotPresented => "not_presented",
+            CertificateError::Other => "other",
+        }
+    }
+
+    /// The position in [`Self::ALL`].
+    pub(crate) fn index(self) -> usize {
+        Self::ALL.iter().position(|r| *r == self).unwrap_or(8)
+    }
+
+    /// What rustls' verifier said.
+    fn of(e: &rustls::CertificateError) -> Self {
+        use rustls::CertificateError as E;
+        match e {
+            E::UnknownIssuer => CertificateError::UnknownIssuer,
+            E::Expired | E::ExpiredContext { .. } => CertificateError::Expired,
+            E::NotValidYet | E::NotValidYetContext { .. } => CertificateError::NotYetValid,
+            E::NotValidForName | E::NotValidForNameContext { .. } => CertificateError::NameMismatch,
+            E::BadSignature
+            | E::UnsupportedSignatureAlgorithmContext { .. }
+            | E::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
+                CertificateError::BadSignature
+            }
+            E::Revoked => CertificateError::Revoked,
+            E::InvalidPurpose | E::InvalidPurposeContext { .. } => CertificateError::InvalidPurpose,
+            _ => CertificateError::Other,
+        }
+    }
+}
+
 /// How far a failed attempt got, which decides whether its failure boundary allows a retry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
@@ -77,7 +158,7 @@ impl FailureKind {
             FailureKind::ConnectError => "connect_error",
             FailureKind::LocalResources => "local_resources",
             FailureKind::TlsHandshake => "tls_handshake",
-            FailureKind::TlsCertificate => "tls_certificate",
+            FailureKind::TlsCertificate(_) => "tls_certificate",
             FailureKind::ConnectionReset => "connection_reset",
             FailureKind::ConnectionClosed => "connection_closed",
             FailureKind::ProtocolError => "protocol_error",
@@ -95,6 +176,15 @@ impl FailureKind {
                 ))
             }
         })
+    }
+
+    /// What more the kind says, where it says more: which check a
+    /// certificate failed.
+    pub fn detail(&self) -> Option<&'static str> {
+        match self {
+            FailureKind::TlsCertificate(reason) => Some(reason.name()),
+            _ => None,
+        }
     }
 
     /// True for the endpoint's transport failures (everything but a
@@ -146,11 +236,15 @@ pub(crate) fn classify_tls_error(e: &io::Error) -> FailureKind {
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
     {
-        Some(
-            rustls::Error::InvalidCertificate(_)
-            | rustls::Error::NoCertificatesPresented
-            | rustls::Error::InvalidCertRevocationList(_),
-        ) => FailureKind::TlsCertificate,
+        Some(rustls::Error::InvalidCertificate(e)) => {
+            FailureKind::TlsCertificate(CertificateError::of(e))
+        }
+        Some(rustls::Error::NoCertificatesPresented) => {
+            FailureKind::TlsCertificate(CertificateError::NotPresented)
+        }
+        Some(rustls::Error::InvalidCertRevocationList(_)) => {
+            FailureKind::TlsCertificate(CertificateError::Other)
+        }
         _ => FailureKind::TlsHandshake,
     }
 }
@@ -290,12 +384,45 @@ mod tests {
     }
 
     #[test]
-    fn a_certificate_rustls_refused_is_tls_certificate_anything_else_tls_handshake() {
-        let refused = io::Error::new(
-            io::ErrorKind::InvalidData,
-            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
-        );
-        assert_eq!(classify_tls_error(&refused), FailureKind::TlsCertificate);
+    fn a_certificate_rustls_refused_is_tls_certificate_with_its_reason_anything_else_tls_handshake()
+    {
+        use rustls::CertificateError as E;
+        let cases = [
+            (
+                rustls::Error::InvalidCertificate(E::UnknownIssuer),
+                "unknown_issuer",
+            ),
+            (rustls::Error::InvalidCertificate(E::Expired), "expired"),
+            (
+                rustls::Error::InvalidCertificate(E::NotValidYet),
+                "not_yet_valid",
+            ),
+            (
+                rustls::Error::InvalidCertificate(E::NotValidForName),
+                "name_mismatch",
+            ),
+            (
+                rustls::Error::InvalidCertificate(E::BadSignature),
+                "bad_signature",
+            ),
+            (rustls::Error::InvalidCertificate(E::Revoked), "revoked"),
+            (
+                rustls::Error::InvalidCertificate(E::InvalidPurpose),
+                "invalid_purpose",
+            ),
+            (rustls::Error::InvalidCertificate(E::BadEncoding), "other"),
+            (rustls::Error::NoCertificatesPresented, "not_presented"),
+        ];
+        for (error, reason) in cases {
+            let kind = classify_tls_error(&io::Error::new(io::ErrorKind::InvalidData, error));
+            assert_eq!(kind.name(), "tls_certificate");
+            assert_eq!(kind.detail(), Some(reason));
+            assert!(kind.is_transport(), "counts for passive health");
+            assert_eq!(kind.status(), StatusCode::BAD_GATEWAY);
+        }
+        for (i, reason) in CertificateError::ALL.iter().enumerate() {
+            assert_eq!(reason.index(), i);
+        }
         let alert = io::Error::new(
             io::ErrorKind::InvalidData,
             rustls::Error::AlertReceived(rustls::AlertDescription::HandshakeFailure),
@@ -304,16 +431,8 @@ mod tests {
         let reset = io::Error::from(io::ErrorKind::ConnectionReset);
         assert_eq!(classify_tls_error(&reset), FailureKind::TlsHandshake);
         assert_eq!(FailureKind::TlsHandshake.name(), "tls_handshake");
-        assert_eq!(FailureKind::TlsCertificate.name(), "tls_certificate");
+        assert_eq!(FailureKind::TlsHandshake.detail(), None);
         assert!(FailureKind::TlsHandshake.is_transport());
-        assert!(
-            FailureKind::TlsCertificate.is_transport(),
-            "counts for passive health"
-        );
-        assert_eq!(
-            FailureKind::TlsCertificate.status(),
-            StatusCode::BAD_GATEWAY
-        );
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub(crate) struct Report {
     pub(crate) tried: Tried,
     /// The first failure's kind.
     pub(crate) first_error: Option<FailureKind>,
+    /// What the last failure that says more said (which check a
+    /// certificate failed).
+    pub(crate) error_detail: Option<&'static str>,
     /// The delays slept before each retry.
     pub(crate) backoffs: Vec<Duration>,
     /// True when a hedge was sent.

@@ -53,6 +53,9 @@ pub(crate) struct Entry<'a> {
     pub reason: &'a str,
     /// The first failure's kind, or empty.
     pub first_error: &'a str,
+    /// What the last failure that says more said (which check an
+    /// endpoint's certificate failed, e.g. `unknown_issuer`), or empty.
+    pub error_detail: &'a str,
     /// True when a hedge was sent.
     pub hedged: bool,
     /// The status sent to the client.
@@ -91,6 +94,7 @@ impl AccessLog {
                 outcome = entry.outcome,
                 reason = entry.reason,
                 first_error = entry.first_error,
+                error_detail = entry.error_detail,
                 hedged = entry.hedged,
                 status = entry.status,
                 grpc_status = entry.grpc_status,
@@ -149,6 +153,7 @@ impl AccessLog {
             first_error: &report
                 .first_error
                 .map_or(std::borrow::Cow::Borrowed(""), |k| k.name()),
+            error_detail: report.error_detail.unwrap_or(""),
             hedged: report.hedged,
             status: status.as_u16(),
             grpc_status: &grpc_status
@@ -181,6 +186,7 @@ impl Entry<'_> {
             (",\"outcome\":", self.outcome),
             (",\"reason\":", self.reason),
             (",\"first_error\":", self.first_error),
+            (",\"error_detail\":", self.error_detail),
         ];
         push_strings(&mut line, &strings);
         line.extend_from_slice(if self.hedged {
@@ -377,6 +383,7 @@ mod tests {
             outcome: "recovered",
             reason: "",
             first_error: "upstream_status_503",
+            error_detail: "",
             hedged: false,
             status: 200,
             grpc_status: "",

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use reprise_telemetry::prometheus::{Exposition, Gauge, Histogram};
 
+use crate::exchange::failure::CertificateError;
 use crate::exchange::outcome::Outcome;
 
 mod families;
@@ -35,6 +36,9 @@ pub(crate) struct UpstreamMetrics {
     hedges: AtomicU64,
     response_body_errors: AtomicU64,
     grpc_statuses: Mutex<BTreeMap<u8, u64>>,
+    /// Attempts whose endpoint's certificate failed validation, by reason
+    /// (in `CertificateError::ALL`'s order).
+    certificate_failures: [AtomicU64; CertificateError::ALL.len()],
     attempt_latency: Histogram<14>,
 }
 
@@ -215,6 +219,9 @@ pub struct UpstreamStats {
     pub response_body_errors: u64,
     /// gRPC responses passed to clients, by `grpc-status` code.
     pub grpc_statuses: BTreeMap<u8, u64>,
+    /// Attempts whose endpoint's certificate failed validation, by reason
+    /// (`unknown_issuer`, `expired`, ...); reasons never seen are absent.
+    pub certificate_failures: BTreeMap<&'static str, u64>,
     /// Each endpoint, in configuration order.
     pub endpoints: Vec<EndpointStats>,
 }
@@ -234,6 +241,9 @@ pub struct EndpointStats {
     pub ejections: u64,
     /// The share of recent attempts that failed, decayed (0 when none did).
     pub failure_estimate: f64,
+    /// When the certificate it presented last expires (seconds since the
+    /// epoch), over TLS.
+    pub certificate_expiry: Option<i64>,
 }
 
 impl Default for UpstreamMetrics {
@@ -247,6 +257,7 @@ impl Default for UpstreamMetrics {
             hedges: AtomicU64::new(0),
             response_body_errors: AtomicU64::new(0),
             grpc_statuses: Mutex::default(),
+            certificate_failures: Default::default(),
             attempt_latency: Histogram::new(LATENCY_BUCKETS),
         }
     }
@@ -288,6 +299,11 @@ impl UpstreamMetrics {
     /// Counts a hedge sent.
     pub(crate) fn record_hedge(&self) {
         self.hedges.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an attempt whose endpoint's certificate failed `reason`.
+    pub(crate) fn record_certificate_failure(&self, reason: CertificateError) {
+        self.certificate_failures[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a response body that failed mid-stream.
@@ -335,6 +351,11 @@ impl UpstreamStats {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            certificate_failures: CertificateError::ALL
+                .iter()
+                .map(|r| (r.name(), load(&m.certificate_failures[r.index()])))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
             endpoints,
         }
     }

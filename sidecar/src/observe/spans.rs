@@ -50,6 +50,9 @@ pub(crate) const ENDPOINT_POD: &str = "reprise.endpoint.pod";
 pub(crate) const HEDGE: &str = "reprise.hedge";
 /// True on an attempt abandoned because the other one of a hedge answered first (CLIENT span).
 pub(crate) const CANCELLED: &str = "reprise.attempt.cancelled";
+/// Which check the endpoint's certificate failed, e.g. `unknown_issuer`,
+/// on an attempt that failed `tls_certificate` (CLIENT span).
+pub(crate) const CERTIFICATE_ERROR: &str = "reprise.tls.certificate_error";
 /// The delay slept before a retry, in milliseconds (`backoff` event).
 pub(crate) const BACKOFF_MS: &str = "reprise.backoff_ms";
 /// The wait before a hedge was sent, in milliseconds (`hedge` event).
@@ -366,6 +369,9 @@ impl AttemptSpan {
             }
             if let FailureKind::GrpcStatus(code) = kind {
                 span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+            }
+            if let Some(detail) = kind.detail() {
+                span.set_attribute(KeyValue::new(CERTIFICATE_ERROR, detail));
             }
             let name = kind.name();
             span.set_attribute(KeyValue::new(ERROR_TYPE, name.clone()));

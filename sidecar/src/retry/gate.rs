@@ -74,7 +74,7 @@ pub(crate) fn decide(
             // attempt would only hide it (the rules document).
             FailureKind::RequestBodyError
             | FailureKind::LocalResources
-            | FailureKind::TlsCertificate => {
+            | FailureKind::TlsCertificate(_) => {
                 return Stop(Outcome::Skipped(SkipReason::NotRetryable))
             }
             FailureKind::DeadlineExceeded => {
@@ -263,7 +263,13 @@ mod tests {
                 ..row("the sidecar out of descriptors is not retried elsewhere")
             },
             Row {
-                trigger: Some((FailureKind::TlsCertificate, Stage::Connect, None)),
+                trigger: Some((
+                    FailureKind::TlsCertificate(
+                        crate::exchange::failure::CertificateError::UnknownIssuer,
+                    ),
+                    Stage::Connect,
+                    None,
+                )),
                 want: Err(Outcome::Skipped(NotRetryable)),
                 ..row("a certificate that failed validation is never retried")
             },

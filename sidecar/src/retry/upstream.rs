@@ -107,6 +107,7 @@ impl UpstreamState {
                 ejected: e.is_ejected(),
                 ejections: e.ejections(),
                 failure_estimate: e.failure_estimate(),
+                certificate_expiry: self.tls.as_ref().and_then(|t| t.expiry(e.endpoint.addr)),
             })
             .collect();
         let (budget_requests, budget_retries) = self.budget.totals();

@@ -131,6 +131,9 @@ pub(crate) fn observe(
                 }
                 None => {
                     span.failed(f.kind, None);
+                    if let FailureKind::TlsCertificate(reason) = f.kind {
+                        up.metrics.record_certificate_failure(reason);
+                    }
                     if f.kind.is_transport() {
                         state.record_outcome(true);
                         state.record_failure(&up.config.passive_health);
@@ -138,6 +141,9 @@ pub(crate) fn observe(
                 }
             }
             report.first_error.get_or_insert(f.kind);
+            if let Some(detail) = f.kind.detail() {
+                report.error_detail = Some(detail);
+            }
         }
     }
 }

@@ -45,6 +45,12 @@ async fn https_endpoints_are_reached_over_tls_keeping_the_host_the_application_s
         "the Host the application sent"
     );
     assert_eq!(tls.handshakes(), 1, "one pooled connection, one handshake");
+    // rcgen's default validity ends on 4096-01-01.
+    assert_eq!(
+        sidecar.stats("api").endpoints[0].certificate_expiry,
+        Some(67_090_118_400),
+        "the leaf's notAfter, for reprise_tls_peer_certificate_expiry_seconds"
+    );
 }
 
 #[tokio::test]
@@ -93,8 +99,13 @@ async fn a_failed_handshake_is_retried_on_another_endpoint() {
 }
 
 /// `certificate` issued for the front, then one request: its status, its
-/// `x-reprise-error`, and the sidecar.
-async fn refused(ca: &TestCa, front_ca: &TestCa, names: &[&str], expired: bool) -> (u16, String) {
+/// `x-reprise-error`, and the reasons the sidecar counted.
+async fn refused(
+    ca: &TestCa,
+    front_ca: &TestCa,
+    names: &[&str],
+    expired: bool,
+) -> (u16, String, Vec<(&'static str, u64)>) {
     let up = Upstream::always(Action::Reply(200)).await;
     let identity = front_ca.issue_with("bad", names, |p| {
         if expired {
@@ -112,8 +123,10 @@ async fn refused(ca: &TestCa, front_ca: &TestCa, names: &[&str], expired: bool) 
         1,
         "never retried: the failure is the certificate's"
     );
-    assert!(sidecar.stats("api").retries.is_empty(), "no retry");
-    (r.status, error_kind(&r))
+    let stats = sidecar.stats("api");
+    assert!(stats.retries.is_empty(), "no retry");
+    let reasons = stats.certificate_failures.into_iter().collect();
+    (r.status, error_kind(&r), reasons)
 }
 
 #[tokio::test]
@@ -121,7 +134,11 @@ async fn a_certificate_for_another_name_is_502_tls_certificate_and_never_retried
     let ca = TestCa::new("names");
     assert_eq!(
         refused(&ca, &ca, &["other.test"], false).await,
-        (502, "tls_certificate".to_string())
+        (
+            502,
+            "tls_certificate".to_string(),
+            vec![("name_mismatch", 1)]
+        )
     );
 }
 
@@ -130,12 +147,16 @@ async fn an_expired_certificate_or_an_unknown_issuer_is_tls_certificate_too() {
     let ca = TestCa::new("expiry");
     assert_eq!(
         refused(&ca, &ca, &["api.test"], true).await,
-        (502, "tls_certificate".to_string())
+        (502, "tls_certificate".to_string(), vec![("expired", 1)])
     );
     let stranger = TestCa::new("stranger");
     assert_eq!(
         refused(&ca, &stranger, &["api.test"], false).await,
-        (502, "tls_certificate".to_string())
+        (
+            502,
+            "tls_certificate".to_string(),
+            vec![("unknown_issuer", 1)]
+        )
     );
 }
 

@@ -10,7 +10,11 @@
 //! no `h2` where HTTP/2 needs it) is `tls_handshake`, at the connect stage:
 //! nothing was written, so it is retried like a refused connection.
 
-use std::sync::{Arc, OnceLock};
+mod expiry;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use reprise_crds::config::{TrustAnchors, UpstreamTls};
 use reprise_crds::Protocol;
@@ -34,6 +38,9 @@ pub(crate) struct TlsOrigin {
     ready: Result<Ready, Arc<str>>,
     /// The endpoint must select HTTP/2 (`h2`).
     require_h2: bool,
+    /// When each endpoint's certificate expires (seconds since the epoch),
+    /// as its last handshake showed.
+    expiries: Arc<Mutex<HashMap<SocketAddr, i64>>>,
 }
 
 #[derive(Clone)]
@@ -64,6 +71,7 @@ impl TlsOrigin {
         Self {
             ready,
             require_h2: protocol == Protocol::H2,
+            expiries: Arc::default(),
         }
     }
 
@@ -120,11 +128,31 @@ impl TlsOrigin {
             Ok(Err(e)) => return Err((classify_tls_error(&e), Stage::Connect)),
             Err(_) => return Err((FailureKind::TlsHandshake, Stage::Connect)),
         };
-        if self.require_h2 && stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+        let (tcp, session) = stream.get_ref();
+        if self.require_h2 && session.alpn_protocol() != Some(b"h2") {
             return Err((FailureKind::TlsHandshake, Stage::Connect));
+        }
+        let expires = session
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| expiry::not_after(leaf));
+        if let (Some(expires), Ok(peer)) = (expires, tcp.peer_addr()) {
+            lock(&self.expiries).insert(peer, expires);
         }
         Ok(stream)
     }
+}
+
+impl TlsOrigin {
+    /// When the certificate `endpoint` presented last expires, in seconds
+    /// since the epoch.
+    pub(crate) fn expiry(&self, endpoint: SocketAddr) -> Option<i64> {
+        lock(&self.expiries).get(&endpoint).copied()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The public roots (Mozilla's, as `webpki-roots` ships them), built once.

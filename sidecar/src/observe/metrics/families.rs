@@ -36,6 +36,16 @@ pub(crate) const FAMILIES: &[Family] = &[
         "Speculative duplicate attempts sent.",
     ),
     family(
+        "reprise_tls_peer_certificate_expiry_seconds",
+        Kind::Gauge,
+        "When the certificate an endpoint presented in its last TLS handshake expires, in seconds since the Unix epoch.",
+    ),
+    family(
+        "reprise_tls_certificate_failures_total",
+        Kind::Counter,
+        "Attempts whose endpoint's certificate failed validation, by upstream and reason (unknown_issuer, expired, not_yet_valid, name_mismatch, bad_signature, revoked, invalid_purpose, not_presented, other).",
+    ),
+    family(
         "reprise_response_body_errors_total",
         Kind::Counter,
         "Response bodies that failed mid-stream (never retried).",

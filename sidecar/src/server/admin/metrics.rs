@@ -69,6 +69,13 @@ fn upstream_samples(out: &mut Exposition, name: &str, up: &UpstreamState) {
         &upstream,
         stats.response_body_errors,
     );
+    for (reason, n) in &stats.certificate_failures {
+        out.sample(
+            "reprise_tls_certificate_failures_total",
+            &[("upstream", name), ("reason", reason)],
+            n,
+        );
+    }
     for (code, n) in &stats.grpc_statuses {
         let status = reprise_crds::grpc::name_of(*code);
         out.sample(
@@ -94,6 +101,13 @@ fn upstream_samples(out: &mut Exposition, name: &str, up: &UpstreamState) {
         out.sample("reprise_endpoint_in_flight", &labels, e.in_flight);
         out.sample("reprise_endpoint_ejected", &labels, u8::from(e.ejected));
         out.sample("reprise_endpoint_ejections_total", &labels, e.ejections);
+        if let Some(expiry) = e.certificate_expiry {
+            out.sample(
+                "reprise_tls_peer_certificate_expiry_seconds",
+                &labels,
+                expiry,
+            );
+        }
     }
 }
 
