@@ -433,11 +433,16 @@ impl UpstreamSpec {
         errs: &mut ValidationErrors,
     ) -> Option<UpstreamTls> {
         let Some(tls) = &self.tls else {
-            if self.protocol == Protocol::H2 {
-                errs.push(
+            match self.protocol {
+                Protocol::H2 => errs.push(
                     format!("{p}.protocol"),
                     "h2 is HTTP/2 over TLS and needs a tls block (cleartext HTTP/2 is h2c)",
-                );
+                ),
+                Protocol::Auto => errs.push(
+                    format!("{p}.protocol"),
+                    "auto lets the endpoint choose through TLS (ALPN) and needs a tls block",
+                ),
+                Protocol::Http1 | Protocol::H2c => {}
             }
             return None;
         };

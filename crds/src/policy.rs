@@ -43,12 +43,21 @@ pub enum Protocol {
     /// HTTP/2 over TLS (ALPN `h2`), the upstream's `tls` block required;
     /// what gRPC over TLS speaks.
     H2,
+    /// Over TLS, offers both `h2` and `http/1.1` and speaks what the
+    /// endpoint selects (the `tls` block required).
+    Auto,
 }
 
 impl Protocol {
-    /// HTTP/2 towards the endpoints, in clear or over TLS.
+    /// HTTP/2 towards the endpoints, in clear or over TLS (`auto` is
+    /// decided per endpoint, when it answers).
     pub fn is_http2(self) -> bool {
         matches!(self, Protocol::H2c | Protocol::H2)
+    }
+
+    /// Needs the upstream's `tls` block.
+    pub fn needs_tls(self) -> bool {
+        matches!(self, Protocol::H2 | Protocol::Auto)
     }
 }
 

@@ -176,10 +176,10 @@ impl Snapshot {
         }
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (i, u) in self.upstreams.iter().enumerate() {
-            if u.protocol == Protocol::H2 {
+            if u.protocol.needs_tls() {
                 errs.push(
                     format!("upstreams[{i}].protocol"),
-                    "h2 is HTTP/2 over TLS, and a snapshot carries no TLS settings",
+                    "h2 and auto need TLS, and a snapshot carries no TLS settings",
                 );
             }
             let mut endpoints = Vec::with_capacity(u.endpoints.len());

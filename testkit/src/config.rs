@@ -173,6 +173,13 @@ impl UpstreamConfig {
         self
     }
 
+    /// Offers HTTP/2 and HTTP/1.1 over TLS (`auto`), speaking what each
+    /// endpoint selects; needs [`Self::tls`].
+    pub fn auto(mut self) -> UpstreamConfig {
+        self.0.protocol = Protocol::Auto;
+        self
+    }
+
     /// Speaks HTTP/2 over TLS (`h2`) to the endpoints; needs [`Self::tls`].
     pub fn h2(mut self) -> UpstreamConfig {
         self.0.protocol = Protocol::H2;

@@ -13,6 +13,7 @@
 //! ends. h2c endpoints
 //! multiplex every request over one connection of their own ([`http2`]).
 
+pub(crate) mod auto;
 pub(crate) mod http1;
 pub(crate) mod http2;
 pub(crate) mod io;
@@ -35,6 +36,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use reprise_crds::Protocol;
 use tokio::time::Instant;
 
+use self::auto::AutoEndpoint;
 use self::http1::conn::Http1Body;
 use self::http1::Http1Pool;
 use self::http2::{H2Body, Http2Endpoint};
@@ -59,6 +61,8 @@ pub(crate) enum EndpointClient {
     Http1(Arc<Http1Pool>),
     /// h2c: one multiplexed connection.
     H2c(Arc<Http2Endpoint>),
+    /// `auto`: HTTP/2 or HTTP/1.1 over TLS, as the endpoint selects.
+    Auto(Arc<AutoEndpoint>),
 }
 
 /// A client for hosts outside every upstream (resolved by the system).
@@ -85,11 +89,16 @@ impl EndpointClient {
                 pool.send(request)
                     .map(|sent| sent.map(|r| r.map(EndpointBody::Http1))),
             ),
-            EndpointClient::H2c(endpoint) => Either::Right(
+            EndpointClient::H2c(endpoint) => Either::Right(Either::Left(
                 endpoint
                     .send(request.into_http2(endpoint.scheme()), now)
                     .map(|sent| sent.map(|r| r.map(EndpointBody::H2c))),
-            ),
+            )),
+            // Boxed, so that `auto`'s larger future (both protocols' and the
+            // first dial's) does not enlarge every other request's.
+            EndpointClient::Auto(endpoint) => Either::Right(Either::Right(Box::pin(
+                Arc::clone(endpoint).send(request, now),
+            ))),
         }
     }
 }
@@ -197,6 +206,12 @@ pub(crate) fn endpoint_client(
         Protocol::H2c | Protocol::H2 => {
             EndpointClient::H2c(Http2Endpoint::new(addr, connect_timeout, tls.cloned()))
         }
+        Protocol::Auto => match tls {
+            Some(tls) => EndpointClient::Auto(AutoEndpoint::new(addr, connect_timeout, tls)),
+            // The configuration's checks refuse `auto` without TLS; were one
+            // to pass, HTTP/1.1 in clear is what an endpoint without ALPN speaks.
+            None => EndpointClient::Http1(Http1Pool::new(addr, connect_timeout, None)),
+        },
     }
 }
 

@@ -76,8 +76,9 @@ pub(crate) fn template(
         }
     }
     // gRPC servers refuse a stream without `te: trailers`, the one TE value
-    // HTTP/2 allows (RFC 9113 §8.2.2): it is kept towards h2c endpoints.
-    let te_trailers = h2c
+    // HTTP/2 allows (RFC 9113 §8.2.2): it is kept towards h2c endpoints,
+    // and `auto` ones, which may select HTTP/2.
+    let te_trailers = (h2c || upstream.config.protocol == Protocol::Auto)
         && parts.headers.get_all(TE).iter().any(|v| {
             v.to_str().is_ok_and(|v| {
                 v.split(',')
@@ -102,6 +103,17 @@ pub(crate) fn template(
     };
     let version = match upstream.config.protocol {
         Protocol::Http1 => Version::HTTP_11,
+        // Prepared as HTTP/1.1 (with `Host`); the endpoint's client turns
+        // it into HTTP/2 when the endpoint selected `h2`. `te: trailers`
+        // stays for gRPC servers, and means as much to an HTTP/1.1 one.
+        Protocol::Auto => {
+            if te_trailers {
+                parts
+                    .headers
+                    .insert(TE, HeaderValue::from_static("trailers"));
+            }
+            Version::HTTP_11
+        }
         Protocol::H2c | Protocol::H2 => {
             if has_host {
                 parts.headers.remove(HOST);

@@ -190,6 +190,45 @@ async fn h2_speaks_http2_over_tls_and_needs_the_endpoint_to_select_it() {
 }
 
 #[tokio::test]
+async fn auto_speaks_what_each_endpoint_selects_on_the_connection_that_asked() {
+    let ca = TestCa::new("auto");
+    for (alpn, version) in [
+        (&["h2", "http/1.1"][..], http::Version::HTTP_2),
+        (&["h2"][..], http::Version::HTTP_2),
+        (&["http/1.1"][..], http::Version::HTTP_11),
+        // No ALPN at all: HTTP/1.1, as RFC 7301 has it.
+        (&[][..], http::Version::HTTP_11),
+    ] {
+        let up = Upstream::always(Action::Reply(200)).await;
+        let front = TlsFront::start(
+            up.addr,
+            FrontSettings::new(ca.issue("auto", &["api.test"])).alpn(alpn),
+        )
+        .await;
+        let sidecar = Sidecar::start(over_tls(&[&front], &ca).auto()).await;
+        for _ in 0..3 {
+            assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+        }
+        let seen = up.received();
+        assert!(
+            seen.iter().all(|r| r.version == version),
+            "{alpn:?}: {:?}",
+            seen.iter().map(|r| r.version).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            seen[0].header("host").or(seen[0].authority.as_deref()),
+            Some("api"),
+            "{alpn:?}: the host the application sent"
+        );
+        assert_eq!(
+            front.handshakes(),
+            1,
+            "{alpn:?}: the connection that asked is the one used"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_client_certificate_is_presented_when_the_endpoint_requires_one() {
     let ca = TestCa::new("mtls");
     let up = Upstream::always(Action::Reply(200)).await;
@@ -324,6 +363,9 @@ fn check_refuses_bad_tls_settings_naming_file_field_and_rule() {
     endpoints: [{{ address: 127.0.0.1, port: 1 }}]
     protocol: h2c
     tls: {{}}
+  - name: f
+    endpoints: [{{ address: 127.0.0.1, port: 1 }}]
+    protocol: auto
 ",
         empty = empty.display(),
         cert = client.cert_file.display(),
@@ -340,6 +382,7 @@ fn check_refuses_bad_tls_settings_naming_file_field_and_rule() {
         format!("{p}: upstreams[2].tls.client_key_file: must be set with client_cert_file"),
         format!("{p}: upstreams[3].protocol: h2 is HTTP/2 over TLS and needs a tls block"),
         format!("{p}: upstreams[4].protocol: h2c is cleartext HTTP/2 and cannot have a tls block"),
+        format!("{p}: upstreams[5].protocol: auto lets the endpoint choose through TLS (ALPN) and needs a tls block"),
     ] {
         assert!(stderr.contains(&want), "missing `{want}` in:\n{stderr}");
     }

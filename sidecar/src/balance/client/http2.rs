@@ -303,6 +303,17 @@ impl Http2Endpoint {
         stream
     }
 
+    /// Keeps a connection another dialled and shook TLS hands on, and that
+    /// selected `h2` (`protocol: auto`'s first connection).
+    pub(crate) async fn adopt<T>(self: &Arc<Self>, io: T) -> Result<(), (FailureKind, Stage)>
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let sender = handshake(io, self.addr).await?;
+        drop(self.keep(sender));
+        Ok(())
+    }
+
     /// `https` over TLS, `http` in clear: the `:scheme` of its requests.
     pub(crate) fn scheme(&self) -> Scheme {
         if self.tls.is_some() {

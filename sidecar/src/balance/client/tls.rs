@@ -36,6 +36,8 @@ pub(crate) struct TlsOrigin {
     /// them: the configuration's checks accept only what rustls accepts, so
     /// that is a bug, and then every handshake fails (never plain text).
     ready: Result<Ready, Arc<str>>,
+    /// What it offers in ALPN, from the protocol.
+    protocol: Protocol,
     /// The endpoint must select HTTP/2 (`h2`).
     require_h2: bool,
     /// When each endpoint's certificate expires (seconds since the epoch),
@@ -64,20 +66,32 @@ impl std::fmt::Debug for TlsOrigin {
 impl TlsOrigin {
     /// The origin of `tls` for an upstream speaking `protocol`.
     pub(crate) fn new(tls: &UpstreamTls, protocol: Protocol) -> Self {
-        let ready = Self::ready(tls, protocol).map_err(|e| {
+        let ready = Self::ready(tls).map_err(|e| {
             tracing::error!(server_name = %tls.server_name, error = %e, "TLS settings refused; every handshake will fail");
             Arc::from(e.to_string())
         });
         Self {
             ready,
+            protocol,
             require_h2: protocol == Protocol::H2,
             expiries: Arc::default(),
         }
     }
 
+    /// The same TLS offering `protocol` in ALPN instead (one trust, one
+    /// client certificate, one session cache): `auto` dials with both
+    /// protocols offered once, then with the one the endpoint chose.
+    pub(crate) fn speaking(&self, protocol: Protocol) -> Self {
+        Self {
+            protocol,
+            require_h2: protocol == Protocol::H2,
+            ..self.clone()
+        }
+    }
+
     /// The connector and server name. The files were read and checked with
     /// the configuration; what can still fail is rustls refusing them.
-    fn ready(tls: &UpstreamTls, protocol: Protocol) -> Result<Ready, rustls::Error> {
+    fn ready(tls: &UpstreamTls) -> Result<Ready, rustls::Error> {
         let roots = match &tls.trust {
             TrustAnchors::WellKnown => Arc::clone(public_roots()),
             TrustAnchors::Bundle(bundle) => {
@@ -92,15 +106,11 @@ impl TlsOrigin {
             ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()?
                 .with_root_certificates(roots);
-        let mut config = match &tls.client_identity {
+        let config = match &tls.client_identity {
             Some(identity) => {
                 builder.with_client_cert_resolver(Arc::new(Presents(Arc::clone(&identity.key))))
             }
             None => builder.with_no_client_auth(),
-        };
-        config.alpn_protocols = match protocol {
-            Protocol::H2 => vec![b"h2".to_vec()],
-            Protocol::Http1 | Protocol::H2c => vec![b"http/1.1".to_vec()],
         };
         let server_name = ServerName::try_from(tls.server_name.clone()).map_err(|e| {
             rustls::Error::General(format!("server name \"{}\": {e}", tls.server_name))
@@ -122,16 +132,19 @@ impl TlsOrigin {
             .ready
             .as_ref()
             .map_err(|_| (FailureKind::TlsHandshake, Stage::Connect))?;
-        let connecting = ready.connector.connect(ready.server_name.clone(), tcp);
+        let connecting = ready
+            .connector
+            .with_alpn(alpn(self.protocol))
+            .connect(ready.server_name.clone(), tcp);
         let stream = match tokio::time::timeout_at(deadline, connecting).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err((classify_tls_error(&e), Stage::Connect)),
             Err(_) => return Err((FailureKind::TlsHandshake, Stage::Connect)),
         };
-        let (tcp, session) = stream.get_ref();
-        if self.require_h2 && session.alpn_protocol() != Some(b"h2") {
+        if self.require_h2 && !selected_h2(&stream) {
             return Err((FailureKind::TlsHandshake, Stage::Connect));
         }
+        let (tcp, session) = stream.get_ref();
         let expires = session
             .peer_certificates()
             .and_then(|chain| chain.first())
@@ -149,6 +162,21 @@ impl TlsOrigin {
     pub(crate) fn expiry(&self, endpoint: SocketAddr) -> Option<i64> {
         lock(&self.expiries).get(&endpoint).copied()
     }
+}
+
+/// The ALPN protocols offered for `protocol` (RFC 7301; `h2` first when
+/// both are, the order being the client's preference).
+fn alpn(protocol: Protocol) -> Vec<Vec<u8>> {
+    match protocol {
+        Protocol::H2 => vec![b"h2".to_vec()],
+        Protocol::Auto => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        Protocol::Http1 | Protocol::H2c => vec![b"http/1.1".to_vec()],
+    }
+}
+
+/// True when the endpoint selected HTTP/2 in the handshake of `stream`.
+pub(crate) fn selected_h2(stream: &TlsStream<TcpStream>) -> bool {
+    stream.get_ref().1.alpn_protocol() == Some(b"h2")
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
