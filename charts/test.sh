@@ -261,7 +261,7 @@ check "the transparent entry differs only in name, selector and path (same injec
   'all(webhook()[k] == transparent_webhook()[k] for k in ("rules","objectSelector","failurePolicy","timeoutSeconds","reinvocationPolicy","sideEffects","admissionReviewVersions")) and selector_rest(webhook()) == selector_rest(transparent_webhook()) and transparent_webhook()["namespaceSelector"]["matchLabels"] == {"reprise.dev/inject":"enabled"} and "caBundle" not in transparent_webhook()["clientConfig"]' \
   '+name: inject.reprise.dev' '-^ +caBundle:'
 check "injection.yaml: sidecar image, controller address, camelCase keys" \
-  'injection() == {"image":"ghcr.io/reprise-dev/reprise-sidecar:0.1.0","imagePullPolicy":"IfNotPresent","controllerAddress":"https://'"$SVC"':15010","serverName":"'"$SVC"'","proxyPort":15001,"adminPort":15000,"redirectPort":15006,"proxyUid":65532,"logLevel":"info","resources":{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}},"otel":{"endpoint":"","protocol":"grpc","sampler":"parentbased_traceidratio","samplerArg":"0.1"},"transparent":{"excludeOutboundPorts":[53],"excludeOutboundCidrs":[],"initResources":{"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"memory":"64Mi"}}}}' \
+  'injection() == {"image":"ghcr.io/reprise-dev/reprise-sidecar:0.1.0","imagePullPolicy":"IfNotPresent","controllerAddress":"https://'"$SVC"':15010","serverName":"'"$SVC"'","proxyPort":15001,"adminPort":15000,"redirectPort":15006,"proxyUid":65532,"logLevel":"info","resources":{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}},"otel":{"endpoint":"","protocol":"grpc","sampler":"parentbased_traceidratio","samplerArg":"0.1","compression":"none","tls":{"caSecret":"","caKey":"ca.crt","clientSecret":""}},"transparent":{"excludeOutboundPorts":[53],"excludeOutboundCidrs":[],"initResources":{"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"memory":"64Mi"}}}}' \
   "+controllerAddress: \"https://$SVC:15010\"" '+image: "ghcr.io/reprise-dev/reprise-sidecar:0.1.0"' '+samplerArg: "0.1"'
 check "injection ConfigMap mounted at /etc/reprise, checksum annotation on the pod" \
   'any(m["mountPath"] == "/etc/reprise" and m["readOnly"] for m in container()["volumeMounts"]) and len(one("Deployment","reprise-controller")["spec"]["template"]["metadata"]["annotations"]["checksum/injection"]) == 64' \
@@ -339,8 +339,25 @@ check "OTEL_RESOURCE_ATTRIBUTES from the downward API (defined before use)" \
   'env()["OTEL_RESOURCE_ATTRIBUTES"] == "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),k8s.node.name=$(NODE_NAME)" and [e["name"] for e in container()["env"]].index("NODE_NAME") < [e["name"] for e in container()["env"]].index("OTEL_RESOURCE_ATTRIBUTES") and env()["NODE_NAME"] == {"fieldRef":{"fieldPath":"spec.nodeName"}}' \
   '+k8s.pod.name=\$\(POD_NAME\),k8s.namespace.name=\$\(POD_NAMESPACE\),k8s.node.name=\$\(NODE_NAME\)' '+fieldPath: spec.nodeName'
 check "sidecars get the same endpoint, samplerArg as a string" \
-  'injection()["otel"] == {"endpoint":"'"$OTEL"'","protocol":"http/protobuf","sampler":"parentbased_traceidratio","samplerArg":"0.25"}' \
+  'injection()["otel"] == {"endpoint":"'"$OTEL"'","protocol":"http/protobuf","sampler":"parentbased_traceidratio","samplerArg":"0.25","compression":"none","tls":{"caSecret":"","caKey":"ca.crt","clientSecret":""}}' \
   "+endpoint: \"$OTEL\"" '+samplerArg: "0.25"'
+check "plain text: compression none, no certificate variables or Secret volumes" \
+  'env()["OTEL_EXPORTER_OTLP_COMPRESSION"] == "none" and not any(k in env() for k in ("OTEL_EXPORTER_OTLP_CERTIFICATE","OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE","OTEL_EXPORTER_OTLP_CLIENT_KEY")) and not any(v["name"].startswith("otlp-") for v in pod()["volumes"])' \
+  '+name: OTEL_EXPORTER_OTLP_COMPRESSION' '-OTEL_EXPORTER_OTLP_CERTIFICATE' '-name: otlp-'
+
+# --- otel over TLS ---------------------------------------------------------------------
+OTELS=https://otel-collector.observability.svc:4317
+render otel-tls --set otel.endpoint=$OTELS --set otel.compression=gzip \
+  --set otel.tls.caSecret=otlp-ca --set otel.tls.caKey=bundle.pem --set otel.tls.clientSecret=otlp-client
+check "controller: compression, certificate and client certificate variables name the mounted files" \
+  'env()["OTEL_EXPORTER_OTLP_COMPRESSION"] == "gzip" and env()["OTEL_EXPORTER_OTLP_CERTIFICATE"] == "/var/run/reprise/otlp-ca/ca.crt" and env()["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"] == "/var/run/reprise/otlp-client/tls.crt" and env()["OTEL_EXPORTER_OTLP_CLIENT_KEY"] == "/var/run/reprise/otlp-client/tls.key"' \
+  '+value: "gzip"' '+value: /var/run/reprise/otlp-ca/ca.crt' '+value: /var/run/reprise/otlp-client/tls.key'
+check "controller: the Secrets mounted read-only, the bundle's key as ca.crt" \
+  '{v["name"]: v["secret"] for v in pod()["volumes"] if v["name"].startswith("otlp-")} == {"otlp-ca":{"secretName":"otlp-ca","items":[{"key":"bundle.pem","path":"ca.crt"}]},"otlp-client":{"secretName":"otlp-client","items":[{"key":"tls.crt","path":"tls.crt"},{"key":"tls.key","path":"tls.key"}]}} and {m["name"]: (m["mountPath"], m["readOnly"]) for m in container()["volumeMounts"] if m["name"].startswith("otlp-")} == {"otlp-ca":("/var/run/reprise/otlp-ca",True),"otlp-client":("/var/run/reprise/otlp-client",True)}' \
+  '+secretName: "otlp-ca"' '+key: "bundle.pem"' '+mountPath: /var/run/reprise/otlp-client'
+check "sidecars: compression and the Secrets' names in injection.yaml (mounted from the pod's namespace)" \
+  'injection()["otel"]["compression"] == "gzip" and injection()["otel"]["tls"] == {"caSecret":"otlp-ca","caKey":"bundle.pem","clientSecret":"otlp-client"}' \
+  '+compression: "gzip"' '+caSecret: "otlp-ca"' '+clientSecret: "otlp-client"'
 
 # --- webhook.url ---------------------------------------------------------------------
 URL=https://192.0.2.10:9443/inject
@@ -386,6 +403,10 @@ refuse "webhook.failurePolicy=Sometimes" failurePolicy --set webhook.failurePoli
 refuse "unknown key controler.replicas" controler --set controler.replicas=2
 refuse "webhook.timeoutSeconds=31" timeoutSeconds --set webhook.timeoutSeconds=31
 refuse "otel.protocol=http" protocol --set otel.protocol=http
+refuse "otel.compression=zstd" compression --set otel.compression=zstd
+refuse "otel.tls.caSecret with an http:// endpoint" endpoint --set otel.endpoint=http://c:4317 --set otel.tls.caSecret=otlp-ca
+refuse "otel.tls.clientSecret with the bundled Jaeger (plain text)" endpoint --set jaeger.enabled=true --set otel.tls.clientSecret=otlp-client
+refuse "unknown key otel.tls.insecure" insecure --set otel.tls.insecure=true
 refuse "controller.logLevel=verbose" logLevel --set controller.logLevel=verbose
 refuse "image.sidecar.pullPolicy=Sometimes" pullPolicy --set image.sidecar.pullPolicy=Sometimes
 refuse "webhook.url without https" url --set webhook.url=http://insecure/inject

@@ -133,6 +133,10 @@ cargo build --workspace --bins --locked
 # shellcheck disable=SC1090
 source "$(bash e2e/build-tools.sh --env-file ${REPRISE_E2E_API_ONLY:+--api-only})"
 export HELM
+# The OTLP-over-TLS tests need Jaeger, built now (JAEGER is set; a missing
+# binary fails them): ignored by the workspace run above.
+echo "== OTLP over TLS to Jaeger (telemetry/tests/otlp_tls.rs)"
+cargo test -p reprise-telemetry --test otlp_tls --locked -- --ignored 2>&1 | tee -a "$log"
 echo "== chart: lint, render every documented combination, schema refusals"
 bash charts/test.sh
 REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test -p reprise-e2e --test cluster --locked -- --ignored --test-threads=1 "${skip[@]}" 2>&1 | tee -a "$log"

@@ -15,7 +15,9 @@ mod pipeline;
 pub mod prometheus;
 pub mod propagation;
 mod settings;
+mod tls;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +25,9 @@ use opentelemetry_sdk::trace::SdkTracer;
 
 pub use batch::SpanCounters;
 pub use pipeline::{Pipeline, Service};
-pub use settings::{BatchSettings, Protocol, Settings};
+pub use settings::{
+    BatchSettings, ClientFiles, Compression, Endpoint, FileVar, Protocol, Settings, TlsSettings,
+};
 
 /// Errors setting up telemetry.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +42,29 @@ pub enum Error {
         value: String,
         /// What is accepted.
         reason: &'static str,
+    },
+    /// A file an `OTEL_*` variable names (the collector's CA bundle, the
+    /// client certificate or its key) cannot be read or used. Refused at
+    /// start: TLS to the collector must never quietly become something else.
+    #[error("{var}={}: {reason}", .path.display())]
+    File {
+        /// The variable.
+        var: &'static str,
+        /// The file it names.
+        path: PathBuf,
+        /// The rule the file breaks.
+        reason: String,
+        /// What the reader or rustls said, when it said something.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// rustls refused the TLS client settings (its crypto provider offers no
+    /// safe protocol version; not expected with ring).
+    #[error("cannot set up TLS to the OTLP collector")]
+    Tls {
+        /// rustls's error.
+        #[source]
+        source: rustls::Error,
     },
     /// The OTLP trace exporter could not be set up (e.g. a malformed endpoint).
     #[error("cannot set up the OTLP trace exporter")]

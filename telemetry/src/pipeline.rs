@@ -1,19 +1,28 @@
 //! Assembles the SDK pipeline: resource, OTLP exporter, batch processor and
 //! tracer provider (whose sampler the SDK reads from `OTEL_TRACES_SAMPLER`).
 //! Shared by the sidecar and the controller, which differ only in [`Service`].
+//!
+//! The exporter gets everything [`Settings`] decided explicitly (endpoint,
+//! timeout, compression), so that the OTLP crate's own reading of the same
+//! variables cannot disagree; it still reads the headers itself. Over TLS it gets the transport too: the
+//! crate's TLS features are off (they bring tonic's TLS stack), so the gRPC
+//! channel and the HTTP client dial through [`TlsConnector`] with the rustls
+//! configuration of `tls`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::{Key, KeyValue};
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_http::hyper::HyperClient;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanExporter};
 use opentelemetry_sdk::Resource;
 use opentelemetry_semantic_conventions::resource::{SERVICE_NAME, SERVICE_VERSION};
 
 use crate::batch::{BatchProcessor, SpanCounters, Stopper};
-use crate::settings::{BatchSettings, Protocol, Settings};
+use crate::settings::{BatchSettings, Compression, Protocol, Settings};
+use crate::tls::{self, TlsConnector};
 use crate::Error;
 
 /// Which program the spans come from.
@@ -43,18 +52,15 @@ impl Pipeline {
     /// runtime: the export task and the gRPC channel live on it.
     pub fn start(settings: &Settings, service: Service) -> Result<Pipeline, Error> {
         let exporter = match settings.protocol {
-            Protocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .build(),
-            Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .build(),
-        }
-        .map_err(|source| Error::Exporter { source })?;
+            Protocol::Grpc => grpc_exporter(settings)?,
+            Protocol::HttpProtobuf => http_exporter(settings)?,
+        };
         let pipeline = Self::with_exporter(exporter, settings.batch, service);
         tracing::info!(
             protocol = settings.protocol.name(),
+            endpoint = %settings.endpoint.url,
+            tls = settings.tls.is_some(),
+            compression = settings.compression.name(),
             "OpenTelemetry tracing on: spans go to the OTLP collector"
         );
         Ok(pipeline)
@@ -115,6 +121,65 @@ impl Pipeline {
         // Marks the provider shut down: spans started from now on are not recorded.
         let _ = self.provider.shutdown();
         flushed
+    }
+}
+
+/// The OTLP/gRPC exporter: the crate's plain-text channel to the endpoint's
+/// URL, or over TLS a lazy channel of our own through [`TlsConnector`]
+/// (ALPN `h2`). Headers go in as metadata either way.
+fn grpc_exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, Error> {
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_timeout(settings.timeout);
+    if let Some(compression) = compression(settings.compression) {
+        builder = builder.with_compression(compression);
+    }
+    let builder = match &settings.tls {
+        None => builder.with_endpoint(settings.endpoint.url.clone()),
+        Some(tls) => {
+            let config = tls::client_config(tls, b"h2")?;
+            let endpoint = tonic::transport::Endpoint::from_shared(settings.endpoint.url.clone())
+                // Settings parsed the same URL with the same parser; kept as
+                // an error rather than a panic all the same.
+                .map_err(|_| Error::Env {
+                    var: settings.endpoint.var,
+                    value: settings.endpoint.url.clone(),
+                    reason: "not a URL with a host: https://host[:port]",
+                })?
+                .timeout(settings.timeout);
+            builder.with_channel(endpoint.connect_with_connector_lazy(TlsConnector::new(config)))
+        }
+    };
+    builder.build().map_err(|source| Error::Exporter { source })
+}
+
+/// The OTLP/HTTP exporter, sending with the crate's hyper client, or over
+/// TLS with one on [`TlsConnector`] (ALPN `http/1.1`).
+fn http_exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, Error> {
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(settings.endpoint.url.clone())
+        .with_timeout(settings.timeout);
+    if let Some(compression) = compression(settings.compression) {
+        builder = builder.with_compression(compression);
+    }
+    if let Some(tls) = &settings.tls {
+        let config = tls::client_config(tls, b"http/1.1")?;
+        builder = builder.with_http_client(HyperClient::new(
+            TlsConnector::new(config),
+            settings.timeout,
+            None,
+        ));
+    }
+    builder.build().map_err(|source| Error::Exporter { source })
+}
+
+/// The OTLP crate's compression, `None` for none.
+fn compression(compression: Compression) -> Option<opentelemetry_otlp::Compression> {
+    match compression {
+        Compression::None => None,
+        Compression::Gzip => Some(opentelemetry_otlp::Compression::Gzip),
     }
 }
 

@@ -75,7 +75,8 @@ const CRDS: &[&[&str]] = &[
 
 const TELEMETRY: &[&[&str]] = &[
     &["pipeline", "prometheus", "propagation"],
-    &["batch"],
+    // The export task; TLS to the collector (its files, the connector).
+    &["batch", "tls"],
     &["settings"],
 ];
 

@@ -103,6 +103,45 @@ pub(crate) struct OtelSettings {
     /// `OTEL_TRACES_SAMPLER_ARG`.
     #[serde(default)]
     pub sampler_arg: String,
+    /// `OTEL_EXPORTER_OTLP_COMPRESSION`: `gzip` or `none`; empty leaves it
+    /// unset (none).
+    #[serde(default)]
+    pub compression: String,
+    /// TLS material for an `https://` endpoint, from Secrets in the pod's
+    /// namespace.
+    #[serde(default)]
+    pub tls: OtelTls,
+}
+
+/// Secrets mounted into the sidecar for TLS to the collector. They live in
+/// the injected pod's namespace (a pod can mount no other), so each
+/// namespace with injected pods needs them; a missing one keeps the pod in
+/// `ContainerCreating` with the kubelet's event saying which.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct OtelTls {
+    /// Secret with the PEM bundle the collector's certificate is verified
+    /// against (`OTEL_EXPORTER_OTLP_CERTIFICATE`); empty: Mozilla's roots.
+    #[serde(default)]
+    pub ca_secret: String,
+    /// The bundle's key in that Secret.
+    #[serde(default = "defaults::ca_key")]
+    pub ca_key: String,
+    /// `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) with the client
+    /// certificate the collector requires (`OTEL_EXPORTER_OTLP_CLIENT_*`);
+    /// empty: none.
+    #[serde(default)]
+    pub client_secret: String,
+}
+
+impl Default for OtelTls {
+    fn default() -> Self {
+        OtelTls {
+            ca_secret: String::new(),
+            ca_key: defaults::ca_key(),
+            client_secret: String::new(),
+        }
+    }
 }
 
 /// The values of the fields above that the config file may leave out.
@@ -139,6 +178,10 @@ mod defaults {
     /// `proxyUid`: the user the sidecar image runs as (`nonroot`).
     pub(super) fn proxy_uid() -> i64 {
         65532
+    }
+    /// `otel.tls.caKey`: cert-manager's name for the CA in its Secrets.
+    pub(super) fn ca_key() -> String {
+        "ca.crt".into()
     }
     /// `transparent.excludeOutboundPorts`.
     pub(super) fn exclude_outbound_ports() -> Vec<u16> {
@@ -206,6 +249,28 @@ impl InjectionConfig {
                 config.proxy_uid
             ));
         }
+        // What the sidecar would refuse at start, refused here once, before
+        // every injected pod's sidecar fails the same way.
+        let otel = &config.otel;
+        if !["", "gzip", "none"].contains(&otel.compression.as_str()) {
+            return Err(format!(
+                "otel.compression: {:?} is not gzip or none",
+                otel.compression
+            ));
+        }
+        let tls = &otel.tls;
+        if (!tls.ca_secret.is_empty() || !tls.client_secret.is_empty())
+            && !otel.endpoint.is_empty()
+            && !otel.endpoint.to_ascii_lowercase().starts_with("https://")
+        {
+            return Err(format!(
+                "otel.tls: the Secrets are for an https:// endpoint, and otel.endpoint is {:?}",
+                otel.endpoint
+            ));
+        }
+        if !tls.ca_secret.is_empty() && tls.ca_key.is_empty() {
+            return Err("otel.tls.caKey: the CA bundle's key in otel.tls.caSecret is empty".into());
+        }
         let t = &config.transparent;
         if let Some(p) = t.exclude_outbound_ports.iter().find(|p| **p == 0) {
             return Err(format!(
@@ -239,6 +304,41 @@ mod tests {
         let e = InjectionConfig::from_yaml("image: x\ncontrollerAddress: y\nlogLevel: loud\n")
             .expect_err("level");
         assert!(e.contains("logLevel"), "{e}");
+    }
+
+    #[test]
+    fn otel_compression_and_tls_are_checked() {
+        let base = "image: x\ncontrollerAddress: y\n";
+        let c = InjectionConfig::from_yaml(base).expect("defaults");
+        assert_eq!(c.otel.tls, OtelTls::default());
+        assert_eq!(c.otel.tls.ca_key, "ca.crt");
+        let c = InjectionConfig::from_yaml(&format!(
+            "{base}otel: {{endpoint: https://c:4317, compression: gzip, tls: {{caSecret: otlp-ca, clientSecret: otlp-client}}}}\n"
+        ))
+        .expect("tls");
+        assert_eq!(
+            (c.otel.compression.as_str(), c.otel.tls.ca_secret.as_str()),
+            ("gzip", "otlp-ca")
+        );
+        for (extra, field) in [
+            ("otel: {compression: zstd}\n", "otel.compression"),
+            (
+                "otel: {endpoint: http://c:4317, tls: {caSecret: otlp-ca}}\n",
+                "otel.tls",
+            ),
+            (
+                "otel: {endpoint: http://c:4317, tls: {clientSecret: otlp-client}}\n",
+                "otel.tls",
+            ),
+            (
+                "otel: {endpoint: https://c:4317, tls: {caSecret: otlp-ca, caKey: \"\"}}\n",
+                "otel.tls.caKey",
+            ),
+            ("otel: {tls: {caFile: x}}\n", "caFile"),
+        ] {
+            let e = InjectionConfig::from_yaml(&format!("{base}{extra}")).expect_err(extra);
+            assert!(e.contains(field), "{extra}: {e}");
+        }
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The injected `reprise-sidecar` container: its arguments, the environment
-//! contract of [`reprise_crds::sidecar_env`], OTLP settings, probes, security
-//! context and mounts; and transparent pods' `reprise-init`.
+//! contract of [`reprise_crds::sidecar_env`], OTLP settings (with the
+//! collector's TLS Secrets as volumes), probes, security context and mounts;
+//! and transparent pods' `reprise-init`.
 
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Probe, SeccompProfile, SecurityContext, VolumeMount,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
+    ObjectFieldSelector, Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use reprise_crds::sidecar_env;
@@ -22,6 +24,16 @@ pub(super) const STATE_VOLUME: &str = "reprise-state";
 /// `reprise-init`'s writable `/run`: iptables-legacy takes its lock at
 /// `/run/xtables.lock`, and the root filesystem is read-only.
 pub(super) const XTABLES_VOLUME: &str = "reprise-xtables";
+
+/// The volume of the collector's CA bundle (`otel.tls.caSecret`).
+const OTLP_CA_VOLUME: &str = "reprise-otlp-ca";
+/// The volume of the client certificate for the collector (`otel.tls.clientSecret`).
+const OTLP_CLIENT_VOLUME: &str = "reprise-otlp-client";
+/// Where they are mounted; the chart mounts the controller's at the same paths.
+const OTLP_CA_DIR: &str = "/var/run/reprise/otlp-ca";
+const OTLP_CLIENT_DIR: &str = "/var/run/reprise/otlp-client";
+/// The bundle's file name in its volume, whatever its key in the Secret.
+const OTLP_CA_FILE: &str = "ca.crt";
 
 /// The directory of `path`: the volumes are mounted where the sidecar's
 /// default paths point (and the variables name those paths), so the two
@@ -101,12 +113,53 @@ pub(super) fn sidecar_container(
             ("OTEL_EXPORTER_OTLP_PROTOCOL", &config.otel.protocol),
             ("OTEL_TRACES_SAMPLER", &config.otel.sampler),
             ("OTEL_TRACES_SAMPLER_ARG", &config.otel.sampler_arg),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", &config.otel.compression),
         ] {
             if !value.is_empty() {
                 env.push(self::env(name, value));
             }
         }
+        let tls = &config.otel.tls;
+        if !tls.ca_secret.is_empty() {
+            env.push(self::env(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                &format!("{OTLP_CA_DIR}/{OTLP_CA_FILE}"),
+            ));
+        }
+        if !tls.client_secret.is_empty() {
+            env.push(self::env(
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                &format!("{OTLP_CLIENT_DIR}/tls.crt"),
+            ));
+            env.push(self::env(
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                &format!("{OTLP_CLIENT_DIR}/tls.key"),
+            ));
+        }
     }
+    let mut mounts = vec![
+        VolumeMount {
+            name: TOKEN_VOLUME.into(),
+            mount_path: dir_of(sidecar_env::DEFAULT_TOKEN_PATH).into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: STATE_VOLUME.into(),
+            mount_path: dir_of(sidecar_env::DEFAULT_SNAPSHOT_PATH).into(),
+            ..Default::default()
+        },
+    ];
+    mounts.extend(
+        otlp_volumes(config)
+            .into_iter()
+            .map(|(volume, dir)| VolumeMount {
+                name: volume.name,
+                mount_path: dir.into(),
+                read_only: Some(true),
+                ..Default::default()
+            }),
+    );
     let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
@@ -165,21 +218,58 @@ pub(super) fn sidecar_container(
             }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: TOKEN_VOLUME.into(),
-                mount_path: dir_of(sidecar_env::DEFAULT_TOKEN_PATH).into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: STATE_VOLUME.into(),
-                mount_path: dir_of(sidecar_env::DEFAULT_SNAPSHOT_PATH).into(),
-                ..Default::default()
-            },
-        ]),
+        volume_mounts: Some(mounts),
         ..Default::default()
     }
+}
+
+/// The pod volumes of the collector's TLS Secrets (`otel.tls`), each with
+/// the sidecar's mount point; none while tracing is off.
+pub(super) fn otlp_volumes(config: &InjectionConfig) -> Vec<(Volume, &'static str)> {
+    let otel = &config.otel;
+    if otel.endpoint.is_empty() {
+        return Vec::new();
+    }
+    let secret = |volume: &str, name: &str, items: &[(&str, &str)]| Volume {
+        name: volume.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(name.into()),
+            items: Some(
+                items
+                    .iter()
+                    .map(|(key, path)| KeyToPath {
+                        key: (*key).into(),
+                        path: (*path).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut volumes = Vec::new();
+    if !otel.tls.ca_secret.is_empty() {
+        volumes.push((
+            secret(
+                OTLP_CA_VOLUME,
+                &otel.tls.ca_secret,
+                &[(&otel.tls.ca_key, OTLP_CA_FILE)],
+            ),
+            OTLP_CA_DIR,
+        ));
+    }
+    if !otel.tls.client_secret.is_empty() {
+        volumes.push((
+            secret(
+                OTLP_CLIENT_VOLUME,
+                &otel.tls.client_secret,
+                &[("tls.crt", "tls.crt"), ("tls.key", "tls.key")],
+            ),
+            OTLP_CLIENT_DIR,
+        ));
+    }
+    volumes
 }
 
 /// The init container of a transparent pod: installs the nat rules that

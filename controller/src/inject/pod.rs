@@ -14,7 +14,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::config::InjectionConfig;
 use super::container::{
-    env, init_container, sidecar_container, token_file, STATE_VOLUME, TOKEN_VOLUME, XTABLES_VOLUME,
+    env, init_container, otlp_volumes, sidecar_container, token_file, STATE_VOLUME, TOKEN_VOLUME,
+    XTABLES_VOLUME,
 };
 use super::overrides::{Capture, Overrides};
 use super::{INIT_NAME, INJECT, INJECTED, PROXY_ENV, SIDECAR_NAME, TRANSPARENT};
@@ -141,6 +142,7 @@ pub(crate) fn decide(pod: &Pod, config: &InjectionConfig, ca_pem: &str, ctx: &Co
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     });
+    volumes.extend(otlp_volumes(config).into_iter().map(|(volume, _)| volume));
     if capture.is_some() {
         volumes.push(Volume {
             name: XTABLES_VOLUME.into(),

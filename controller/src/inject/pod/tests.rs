@@ -242,4 +242,100 @@ fn otel_settings_become_standard_variables() {
         Some("grpc")
     );
     assert_eq!(env_of(sidecar, "OTEL_TRACES_SAMPLER"), None);
+    assert_eq!(env_of(sidecar, "OTEL_EXPORTER_OTLP_COMPRESSION"), None);
+    assert_eq!(env_of(sidecar, "OTEL_EXPORTER_OTLP_CERTIFICATE"), None);
+}
+
+#[test]
+fn otel_tls_secrets_become_volumes_mounts_and_file_variables() {
+    let mut c = config();
+    c.otel.endpoint = "https://collector.observability:4317".into();
+    c.otel.compression = "gzip".into();
+    c.otel.tls.ca_secret = "otlp-ca".into();
+    c.otel.tls.ca_key = "bundle.pem".into();
+    c.otel.tls.client_secret = "otlp-client".into();
+    let spec = injected(decide(&pod(&[]), &c, "CA", &Context::default()))
+        .spec
+        .expect("spec");
+    let sidecar = &spec.containers[0];
+    for (name, value) in [
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        (
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "/var/run/reprise/otlp-ca/ca.crt",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "/var/run/reprise/otlp-client/tls.crt",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "/var/run/reprise/otlp-client/tls.key",
+        ),
+    ] {
+        assert_eq!(env_of(sidecar, name).as_deref(), Some(value), "{name}");
+    }
+    let mounts: Vec<(&str, &str, Option<bool>)> = sidecar
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.name.starts_with("reprise-otlp"))
+        .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("reprise-otlp-ca", "/var/run/reprise/otlp-ca", Some(true)),
+            (
+                "reprise-otlp-client",
+                "/var/run/reprise/otlp-client",
+                Some(true)
+            ),
+        ]
+    );
+    let secrets: Vec<(String, Option<String>, Vec<String>)> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| {
+            let s = v.secret.as_ref()?;
+            Some((
+                v.name.clone(),
+                s.secret_name.clone(),
+                s.items
+                    .iter()
+                    .flatten()
+                    .map(|i| format!("{} -> {}", i.key, i.path))
+                    .collect(),
+            ))
+        })
+        .collect();
+    assert_eq!(
+        secrets,
+        [
+            (
+                "reprise-otlp-ca".to_string(),
+                Some("otlp-ca".to_string()),
+                vec!["bundle.pem -> ca.crt".to_string()]
+            ),
+            (
+                "reprise-otlp-client".to_string(),
+                Some("otlp-client".to_string()),
+                vec![
+                    "tls.crt -> tls.crt".to_string(),
+                    "tls.key -> tls.key".to_string()
+                ]
+            ),
+        ]
+    );
+    // Tracing off: no Secret is mounted (a pod would wait for it).
+    c.otel.endpoint.clear();
+    let spec = injected(decide(&pod(&[]), &c, "CA", &Context::default()))
+        .spec
+        .expect("spec");
+    assert!(spec.volumes.iter().flatten().all(|v| v.secret.is_none()));
+    assert_eq!(
+        env_of(&spec.containers[0], "OTEL_EXPORTER_OTLP_CERTIFICATE"),
+        None
+    );
 }
