@@ -24,6 +24,7 @@ fn any_pod(_token: &str, namespace: &str, pod: &str) -> Result<Identity, AuthErr
         namespace: namespace.into(),
         pod: pod.into(),
         labels: BTreeMap::new(),
+        capabilities: Default::default(),
     })
 }
 
@@ -52,6 +53,7 @@ fn snapshot(round: u16) -> Snapshot {
                 zone: None,
             })
             .collect(),
+        ..Default::default()
     };
     let p = SnapshotPolicy {
         namespace: "bench".into(),

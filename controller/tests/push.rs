@@ -22,6 +22,7 @@ fn fixed_token(token: &str, namespace: &str, pod: &str) -> Result<Identity, Auth
             namespace: namespace.into(),
             pod: pod.into(),
             labels: BTreeMap::new(),
+            capabilities: Default::default(),
         }),
         "token-a" => Err(AuthError::WrongPod(format!("{namespace}/{pod}"))),
         _ => Err(AuthError::Rejected("unknown token".into())),
@@ -64,6 +65,7 @@ fn snapshot(ports: &[u16], attempts: i32) -> Snapshot {
                 zone: None,
             })
             .collect(),
+        ..Default::default()
     };
     let rule = RetryRule {
         retries: Retries {
@@ -283,6 +285,7 @@ fn snapshot_version(h: &Harness) -> String {
             namespace: String::new(),
             pod: String::new(),
             labels: BTreeMap::new(),
+            capabilities: Default::default(),
         })
         .version
 }
@@ -451,4 +454,108 @@ async fn a_streamed_body_whose_connection_closes_leaves_no_connected_sidecar() {
     connection.abort();
     drop((body, sender));
     until_disconnected(&h).await;
+}
+
+/// The harness's snapshot with a second upstream, `pay.shop`, that needs
+/// TLS (its CA bundle `ca_pem`) and, when `dns`, a DNS-named endpoint, and a
+/// policy for it.
+fn with_tls_upstream(ports: &[u16], ca_pem: &str, dns: bool) -> Snapshot {
+    let base = snapshot(ports, 1);
+    let pay = SnapshotUpstream {
+        name: "pay.shop".into(),
+        hosts: vec!["pay".into()],
+        endpoints: vec![SnapshotEndpoint {
+            address: "127.0.0.1".into(),
+            port: 1443,
+            pod: None,
+            zone: None,
+        }],
+        dns: if dns {
+            vec![reprise_crds::snapshot::SnapshotDnsEndpoint {
+                host: "api.payments.example".into(),
+                port: 443,
+            }]
+        } else {
+            Vec::new()
+        },
+        tls: Some(reprise_crds::snapshot::SnapshotTls {
+            server_name: "api.payments.example".into(),
+            ca_certificates: Some(ca_pem.to_string()),
+        }),
+        ..Default::default()
+    };
+    let mut policies = base.policies.clone();
+    policies.push(SnapshotPolicy {
+        namespace: "shop".into(),
+        name: "pays".into(),
+        generation: 1,
+        upstream: "pay.shop".into(),
+        rule: RetryRule::default(),
+    });
+    let mut upstreams = base.upstreams.clone();
+    upstreams.push(pay);
+    Snapshot::new(upstreams, policies)
+}
+
+#[tokio::test]
+async fn upstreams_over_tls_reach_only_sidecars_that_announce_tls() {
+    let h = harness("capabilities").await;
+    h.source.set(with_tls_upstream(&[1001], &h.ca_pem, true));
+    // A sidecar from before TLS (no capabilities announced): the TLS upstream
+    // and its policy are left out, the rest comes as before.
+    let tls = tls_connect(&h, b"h2").await;
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    let response = sender
+        .send_request(snapshot_request())
+        .await
+        .expect("response");
+    let first = {
+        use http_body_util::BodyExt;
+        let mut body = response.into_body();
+        let frame = body.frame().await.expect("a frame").expect("data");
+        frame.into_data().expect("data")
+    };
+    let old: Snapshot = serde_json::from_slice(&first).expect("a snapshot");
+    let names = |s: &Snapshot| -> (Vec<String>, Vec<String>) {
+        (
+            s.upstreams.iter().map(|u| u.name.clone()).collect(),
+            s.policies.iter().map(|p| p.name.clone()).collect(),
+        )
+    };
+    assert_eq!(
+        names(&old),
+        (vec!["api.shop".to_string()], vec!["reads".to_string()])
+    );
+    assert!(old.resolve().is_ok(), "what is left is whole");
+    drop(sender);
+    connection.abort();
+
+    // This sidecar announces TLS: it runs the upstream with its CA bundle
+    // (without the DNS name, which the test does not resolve).
+    h.source.set(with_tls_upstream(&[1001], &h.ca_pem, false));
+    let proxy = empty_proxy();
+    let task = tokio::spawn(h.subscription.clone().run(Arc::clone(&proxy), None));
+    eventually("the TLS upstream is applied", || {
+        proxy.stats("pay.shop").is_some()
+    })
+    .await;
+    let config = proxy.config();
+    let pay = config
+        .upstreams
+        .iter()
+        .find(|u| u.name == "pay.shop")
+        .expect("pay.shop");
+    let tls = pay.tls.as_ref().expect("its TLS");
+    assert_eq!(tls.server_name, "api.payments.example");
+    assert!(
+        matches!(&tls.trust, reprise_crds::config::TrustAnchors::Bundle(b) if b.certs.len() == 1),
+        "the CA bundle from the snapshot"
+    );
+    task.abort();
 }

@@ -40,6 +40,32 @@ pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// Seconds between heartbeat lines on an idle stream.
 pub const HEARTBEAT_SECS: u64 = 15;
 
+/// What a sidecar understands of a snapshot beyond the first version of
+/// it, comma-separated in its subscription request. The controller leaves
+/// out of a sidecar's snapshot every upstream that needs a capability the
+/// sidecar did not announce (and the policies targeting it): an older
+/// sidecar ignores fields it does not know, so it would send plain text,
+/// credentials included, to a TLS port.
+pub const CAPABILITIES_HEADER: &str = "x-reprise-capabilities";
+/// TLS towards endpoints (an upstream's `tls`; `protocol` `h2` or `auto`).
+pub const CAPABILITY_TLS: &str = "tls";
+/// Endpoints named by DNS (an upstream's `dns` and `hostRewrite`).
+pub const CAPABILITY_DNS: &str = "dns";
+/// Every capability this build has, as it announces them.
+pub const CAPABILITIES: &str = "tls,dns";
+
+/// The capabilities `headers` announce (none from a sidecar older than them).
+pub fn capabilities(headers: &http::HeaderMap) -> std::collections::BTreeSet<String> {
+    headers
+        .get_all(CAPABILITIES_HEADER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|c| c.trim().to_ascii_lowercase())
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
 /// Asks for the upgrade to [`UPGRADE_PROTOCOL`] (the sidecar's request) or
 /// grants it (the controller's `101 Switching Protocols`): the same two
 /// headers both ways, `Connection: upgrade` and `Upgrade: reprise-push/1`.

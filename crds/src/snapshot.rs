@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{BudgetSettings, Config, Endpoint, PassiveHealth, ProxySettings, Upstream};
+use crate::config::{
+    BudgetSettings, Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, TrustAnchors,
+    Upstream, UpstreamTls,
+};
 use crate::file::{DEFAULT_CONNECT_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_MS};
 use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
 use crate::retry_rule::RetryRule;
@@ -43,6 +46,54 @@ pub struct SnapshotUpstream {
     /// IP) for transparently captured connections; none for a headless Service.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
+    /// Endpoints named by DNS (an `ExternalName` Service's name), which the
+    /// sidecar resolves: every address is an endpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns: Vec<SnapshotDnsEndpoint>,
+    /// The `Host` every attempt carries instead of the application's (an
+    /// `ExternalName` Service's external name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_rewrite: Option<String>,
+    /// TLS towards the endpoints (a BackendTLSPolicy targets the port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<SnapshotTls>,
+}
+
+/// A DNS name whose every address is an endpoint, on `port`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotDnsEndpoint {
+    /// The name.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+/// TLS to an upstream's endpoints, as a BackendTLSPolicy asks for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotTls {
+    /// SNI and the name verified (`validation.hostname`).
+    pub server_name: String,
+    /// The PEM bundle of `validation.caCertificateRefs`; none: the public
+    /// roots (`wellKnownCACertificates: System`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_certificates: Option<String>,
+}
+
+impl SnapshotUpstream {
+    /// The capabilities ([`crate::protocol::CAPABILITIES_HEADER`]) a sidecar
+    /// needs to run this upstream as meant.
+    pub fn needs(&self) -> Vec<&'static str> {
+        let mut needs = Vec::new();
+        if self.tls.is_some() || self.protocol.needs_tls() {
+            needs.push(crate::protocol::CAPABILITY_TLS);
+        }
+        if !self.dns.is_empty() || self.host_rewrite.is_some() {
+            needs.push(crate::protocol::CAPABILITY_DNS);
+        }
+        needs
+    }
 }
 
 /// A ready pod endpoint.
@@ -136,6 +187,36 @@ impl Snapshot {
         s
     }
 
+    /// This snapshot for a sidecar that understands `capabilities`: the
+    /// upstreams that need another are left out, with the policies that
+    /// target them, and their names returned. The version is that of what
+    /// is left, so sidecars alike still share it.
+    pub fn for_capabilities(
+        self,
+        capabilities: &std::collections::BTreeSet<String>,
+    ) -> (Snapshot, Vec<String>) {
+        let withheld: Vec<String> = self
+            .upstreams
+            .iter()
+            .filter(|u| u.needs().iter().any(|c| !capabilities.contains(*c)))
+            .map(|u| u.name.clone())
+            .collect();
+        if withheld.is_empty() {
+            return (self, withheld);
+        }
+        let upstreams = self
+            .upstreams
+            .into_iter()
+            .filter(|u| !withheld.contains(&u.name))
+            .collect();
+        let policies = self
+            .policies
+            .into_iter()
+            .filter(|p| !withheld.contains(&p.upstream))
+            .collect();
+        (Snapshot::new(upstreams, policies), withheld)
+    }
+
     /// FNV-1a over the canonical JSON of the content (stable across processes).
     pub fn content_hash(&self) -> String {
         let json = serde_json::to_vec(&(&self.upstreams, &self.policies)).unwrap_or_default();
@@ -176,11 +257,65 @@ impl Snapshot {
         }
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (i, u) in self.upstreams.iter().enumerate() {
-            if u.protocol.needs_tls() {
+            if u.protocol.needs_tls() && u.tls.is_none() {
                 errs.push(
                     format!("upstreams[{i}].protocol"),
-                    "h2 and auto need TLS, and a snapshot carries no TLS settings",
+                    "h2 and auto are over TLS and need tls",
                 );
+            }
+            if u.protocol == Protocol::H2c && u.tls.is_some() {
+                errs.push(
+                    format!("upstreams[{i}].protocol"),
+                    "h2c is cleartext HTTP/2 and cannot have tls (HTTP/2 over TLS is h2)",
+                );
+            }
+            let tls = u.tls.as_ref().map(|t| {
+                let trust = match &t.ca_certificates {
+                    None => TrustAnchors::WellKnown,
+                    Some(pem) => match crate::tls::parse_bundle(
+                        pem.as_bytes(),
+                        "the snapshot's CA certificates",
+                    ) {
+                        Ok(bundle) => TrustAnchors::Bundle(bundle),
+                        Err(rule) => {
+                            errs.push(format!("upstreams[{i}].tls.caCertificates"), rule);
+                            TrustAnchors::WellKnown
+                        }
+                    },
+                };
+                if rustls::pki_types::ServerName::try_from(t.server_name.as_str()).is_err() {
+                    errs.push(
+                        format!("upstreams[{i}].tls.serverName"),
+                        format!(
+                            "must be a DNS name or an IP address (got \"{}\")",
+                            t.server_name
+                        ),
+                    );
+                }
+                UpstreamTls {
+                    server_name: t.server_name.clone(),
+                    trust,
+                    client_identity: None,
+                }
+            });
+            let mut dns = Vec::with_capacity(u.dns.len());
+            for (j, d) in u.dns.iter().enumerate() {
+                let host = d.host.to_ascii_lowercase();
+                if !crate::file::common::is_dns_name(&host) || d.port == 0 {
+                    errs.push(
+                        format!("upstreams[{i}].dns[{j}]"),
+                        format!(
+                            "must be a DNS name and a port in 1..=65535 (got \"{}:{}\")",
+                            d.host, d.port
+                        ),
+                    );
+                    continue;
+                }
+                dns.push(DnsEndpoint {
+                    host,
+                    port: d.port,
+                    zone: None,
+                });
             }
             let mut endpoints = Vec::with_capacity(u.endpoints.len());
             for (j, e) in u.endpoints.iter().enumerate() {
@@ -205,8 +340,8 @@ impl Snapshot {
                     min_retries_per_second: 0,
                 });
             upstreams.push(Upstream {
-                tls: None,
-                host_rewrite: None,
+                tls,
+                host_rewrite: u.host_rewrite.clone(),
                 name: u.name.clone(),
                 aliases: u.hosts.clone(),
                 addresses: crate::file::common::addresses(
@@ -215,7 +350,7 @@ impl Snapshot {
                     &u.addresses,
                 ),
                 endpoints,
-                dns: Vec::new(),
+                dns,
                 protocol: u.protocol,
                 connect_timeout: Duration::from_millis(DEFAULT_CONNECT_MS),
                 read_timeout: Some(Duration::from_millis(DEFAULT_READ_MS)),

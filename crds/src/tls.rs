@@ -19,7 +19,7 @@ use serde::Serialize;
 /// Root certificates read from a PEM bundle.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TrustBundle {
-    /// The bundle's file.
+    /// The bundle's file (empty when it came with a snapshot).
     pub file: PathBuf,
     /// Its certificates, in file order.
     #[serde(skip)]
@@ -56,6 +56,10 @@ impl PartialEq for ClientIdentity {
 }
 
 impl Eq for ClientIdentity {}
+
+/// The largest PEM file or text read (a bundle of every public root is
+/// about 250 KiB).
+const MAX_PEM_BYTES: u64 = 1 << 20;
 
 /// The certificates of the PEM bundle `file`; the error is the rule it
 /// broke, for its field.
@@ -118,17 +122,38 @@ pub enum IdentityField {
     Key,
 }
 
+/// The trust bundle in `pem`, text that came with a snapshot (a
+/// BackendTLSPolicy's CA certificates) rather than from a file; `origin`
+/// names it in the error.
+pub fn parse_bundle(pem: &[u8], origin: &str) -> Result<TrustBundle, String> {
+    if pem.len() as u64 > MAX_PEM_BYTES {
+        return Err(format!(
+            "must be at most {MAX_PEM_BYTES} bytes ({origin} has {})",
+            pem.len()
+        ));
+    }
+    Ok(TrustBundle {
+        file: PathBuf::new(),
+        certs: anchors(pem, origin)?,
+    })
+}
+
 /// The certificates of the PEM bundle `file`, each one a usable trust
 /// anchor.
 fn read_anchors(file: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = read_certs(file)?;
+    anchors(&read_file(file)?, &file.display().to_string())
+}
+
+/// The certificates of the PEM bundle `pem` (from `origin`), each one a
+/// usable trust anchor.
+fn anchors(pem: &[u8], origin: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = certs(pem, origin)?;
     let mut store = rustls::RootCertStore::empty();
     for (i, cert) in certs.iter().enumerate() {
         store.add(cert.clone()).map_err(|e| {
             format!(
-                "certificate {} of {} is not a usable root ({e})",
-                i + 1,
-                file.display()
+                "certificate {} of {origin} is not a usable root ({e})",
+                i + 1
             )
         })?;
     }
@@ -137,14 +162,17 @@ fn read_anchors(file: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 
 /// The certificates of the PEM file `file`, at least one.
 fn read_certs(file: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let bytes = read_file(file)?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
+    certs(&read_file(file)?, &file.display().to_string())
+}
+
+/// The certificates in `pem` (from `origin`), at least one.
+fn certs(pem: &[u8], origin: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("must be PEM ({}: {e})", file.display()))?;
+        .map_err(|e| format!("must be PEM ({origin}: {e})"))?;
     if certs.is_empty() {
         return Err(format!(
-            "must hold at least one PEM certificate ({} has none)",
-            file.display()
+            "must hold at least one PEM certificate ({origin} has none)"
         ));
     }
     Ok(certs)
@@ -153,7 +181,6 @@ fn read_certs(file: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 /// The bytes of a small PEM file (a bundle, a chain, a key): at most 1 MiB,
 /// and a regular file (a FIFO would block the read).
 fn read_file(file: &Path) -> Result<Vec<u8>, String> {
-    const MAX_PEM_BYTES: u64 = 1 << 20;
     let meta =
         std::fs::metadata(file).map_err(|e| format!("cannot be read ({}: {e})", file.display()))?;
     if !meta.is_file() {

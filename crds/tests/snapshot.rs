@@ -20,6 +20,7 @@ fn upstream(name: &str, ports: &[u16]) -> SnapshotUpstream {
                 zone: None,
             })
             .collect(),
+        ..Default::default()
     }
 }
 
@@ -170,4 +171,82 @@ fn the_first_policy_by_priority_sets_the_budget() {
     assert!((cfg.upstreams[0].budget.percent - 30.0).abs() < 1e-9);
     let ids: Vec<&str> = cfg.rules.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["default/b", "default/a"]);
+}
+
+#[test]
+fn tls_and_dns_upstreams_resolve_and_broken_ones_are_refused_naming_the_field() {
+    use reprise_crds::config::TrustAnchors;
+    use reprise_crds::snapshot::{SnapshotDnsEndpoint, SnapshotTls};
+    use reprise_crds::Protocol;
+    let tls = |ca: Option<&str>| SnapshotTls {
+        server_name: "api.payments.example".into(),
+        ca_certificates: ca.map(str::to_string),
+    };
+    let mut pay = upstream("pay.shop", &[443]);
+    pay.protocol = Protocol::Auto;
+    pay.tls = Some(tls(None));
+    pay.host_rewrite = Some("api.payments.example".into());
+    pay.dns = vec![SnapshotDnsEndpoint {
+        host: "API.payments.example".into(),
+        port: 443,
+    }];
+    let cfg = Snapshot::new(vec![pay.clone()], vec![])
+        .resolve()
+        .expect("valid");
+    let up = &cfg.upstreams[0];
+    let t = up.tls.as_ref().expect("tls");
+    assert_eq!(t.server_name, "api.payments.example");
+    assert_eq!(
+        t.trust,
+        TrustAnchors::WellKnown,
+        "no bundle: the public roots"
+    );
+    assert_eq!(up.dns[0].host, "api.payments.example");
+    assert_eq!(up.host_rewrite.as_deref(), Some("api.payments.example"));
+
+    let mut bad_ca = pay.clone();
+    bad_ca.tls = Some(tls(Some("not a certificate")));
+    let mut no_tls = pay.clone();
+    no_tls.tls = None;
+    let mut bad_dns = pay.clone();
+    bad_dns.dns[0].host = "bad_name".into();
+    for (u, want) in [
+        (bad_ca, "upstreams[0].tls.caCertificates: must hold at least one PEM certificate (the snapshot's CA certificates has none)"),
+        (no_tls, "upstreams[0].protocol: h2 and auto are over TLS and need tls"),
+        (bad_dns, "upstreams[0].dns[0]: must be a DNS name and a port in 1..=65535 (got \"bad_name:443\")"),
+    ] {
+        let err = Snapshot::new(vec![u], vec![])
+            .resolve()
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains(want), "{err}");
+    }
+}
+
+#[test]
+fn a_sidecar_that_does_not_announce_a_capability_gets_the_snapshot_without_what_needs_it() {
+    use reprise_crds::snapshot::SnapshotTls;
+    let mut pay = upstream("pay.shop", &[443]);
+    pay.tls = Some(SnapshotTls {
+        server_name: "pay".into(),
+        ca_certificates: None,
+    });
+    let full = Snapshot::new(
+        vec![upstream("api.shop", &[80]), pay],
+        vec![
+            policy("reads", "api.shop", RetryRule::default()),
+            policy("pays", "pay.shop", RetryRule::default()),
+        ],
+    );
+    let all: std::collections::BTreeSet<String> = ["tls".to_string(), "dns".to_string()].into();
+    let (same, withheld) = full.clone().for_capabilities(&all);
+    assert_eq!(same, full);
+    assert!(withheld.is_empty());
+    let (old, withheld) = full.clone().for_capabilities(&Default::default());
+    assert_eq!(withheld, ["pay.shop"]);
+    assert_eq!(old.upstreams.len(), 1);
+    assert_eq!(old.policies.len(), 1);
+    assert_eq!(old.policies[0].name, "reads");
+    assert_ne!(old.version, full.version, "its own version");
+    assert!(old.resolve().is_ok());
 }

@@ -81,7 +81,7 @@ const TELEMETRY: &[&[&str]] = &[
 ];
 
 const TESTKIT: &[&[&str]] = &[
-    &["sidecar", "grpc", "layers", "tls"],
+    &["sidecar", "grpc", "layers", "tls", "dns"],
     &["upstream", "client", "prometheus"],
     &["config", "http1"],
 ];

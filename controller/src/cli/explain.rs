@@ -117,6 +117,7 @@ async fn explain(client: Client, q: &Question) -> Result<String, Error> {
         namespace: q.namespace.clone(),
         pod: q.pod.clone().unwrap_or_default(),
         labels,
+        capabilities: Default::default(),
     };
     let snapshot = CacheSource(cache.clone()).snapshot_for(&id);
     let config = snapshot.resolve().map_err(Error::InvalidSnapshot)?;
@@ -350,6 +351,7 @@ mod tests {
                 zone: None,
             }],
             addresses: vec![],
+            ..Default::default()
         };
         let rule = RetryRule {
             methods: vec![HttpMethod::Get],

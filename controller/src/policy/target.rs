@@ -138,6 +138,7 @@ pub(crate) fn resolve<'a>(
         protocol,
         endpoints,
         addresses: virtual_addresses(service, chosen.port),
+        ..Default::default()
     })
 }
 

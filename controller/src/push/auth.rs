@@ -2,7 +2,7 @@
 //! bound ServiceAccount token, checked with the TokenReview API and matched to
 //! the pod it was issued for.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
@@ -23,6 +23,10 @@ pub struct Identity {
     pub pod: String,
     /// Pod labels (for policy selection).
     pub labels: BTreeMap<String, String>,
+    /// What its subscription request announced it understands
+    /// ([`reprise_crds::protocol::CAPABILITIES_HEADER`]; none from an older
+    /// sidecar).
+    pub capabilities: BTreeSet<String>,
 }
 
 /// Why a sidecar was refused.
@@ -151,6 +155,7 @@ impl TokenReviewer {
             namespace: namespace.to_string(),
             pod: pod.to_string(),
             labels: found.labels().clone(),
+            capabilities: Default::default(),
         };
         self.cache
             .lock()

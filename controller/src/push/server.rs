@@ -58,8 +58,9 @@ pub struct PushServer {
     pending: Mutex<HashMap<(String, String), PushSpan>>,
 }
 
-/// Namespace and sorted labels: what a snapshot depends on.
-type CacheKey = (String, Vec<(String, String)>);
+/// Namespace, sorted labels and announced capabilities: what a snapshot
+/// depends on.
+type CacheKey = (String, Vec<(String, String)>, Vec<String>);
 
 #[derive(Default)]
 struct SnapshotCache {
@@ -166,7 +167,10 @@ impl PushServer {
             ));
         };
         match self.auth.authenticate(&token, &ns, &pod).await {
-            Ok(id) => Ok(id),
+            Ok(mut id) => {
+                id.capabilities = reprise_crds::protocol::capabilities(req.headers());
+                Ok(id)
+            }
             Err(AuthError::Api(e)) => {
                 tracing::warn!(namespace = %ns, pod = %pod, error = %e, "cannot check a sidecar token");
                 Err(text(
@@ -270,6 +274,7 @@ impl PushServer {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect::<Vec<_>>(),
+            id.capabilities.iter().cloned().collect::<Vec<_>>(),
         );
         {
             let mut cache = self.lock_cache();
@@ -281,7 +286,13 @@ impl PushServer {
                 return Arc::clone(e);
             }
         }
-        let snapshot = self.source.snapshot_for(id);
+        let (snapshot, withheld) = self
+            .source
+            .snapshot_for(id)
+            .for_capabilities(&id.capabilities);
+        if !withheld.is_empty() {
+            tracing::debug!(namespace = %id.namespace, pod = %id.pod, ?withheld, "upstreams withheld from a sidecar that does not announce what they need (TLS, DNS names): upgrade it");
+        }
         let mut line = serde_json::to_vec(&snapshot).unwrap_or_default();
         line.push(b'\n');
         let encoded = Arc::new(Encoded {

@@ -94,6 +94,7 @@ mod tests {
             namespace: "shop".into(),
             pod: "batch-1".into(),
             labels: BTreeMap::from([("app".to_string(), "batch".to_string())]),
+            capabilities: Default::default(),
         };
         let snapshot = CacheSource(cache.clone()).snapshot_for(&id);
         let names: Vec<&str> = snapshot.policies.iter().map(|p| p.name.as_str()).collect();

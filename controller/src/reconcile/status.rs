@@ -256,6 +256,7 @@ mod tests {
                     zone: None,
                 })
                 .collect(),
+            ..Default::default()
         })
     }
 

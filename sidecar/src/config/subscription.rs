@@ -304,6 +304,7 @@ impl Subscription {
             .header("authorization", format!("Bearer {token}"))
             .header(POD_HEADER, &self.pod)
             .header(NAMESPACE_HEADER, &self.namespace)
+            .header(protocol::CAPABILITIES_HEADER, protocol::CAPABILITIES)
             .header("content-type", "application/json")
             .body(Full::new(body))
             .map_err(|e| connection_failed("building the request", e))
