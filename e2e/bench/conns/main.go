@@ -4,6 +4,10 @@
 // memory with many idle client connections.
 //
 //	conns -addr 127.0.0.1:17001 -host bench -n 1000 -hold 30s
+//
+// -parallel sets how many connections dial and make their request at once
+// (64 by default); -parallel 1000 with a slow answer keeps 1,000 requests in
+// flight together, so a proxy opens as many upstream connections.
 package main
 
 import (
@@ -24,12 +28,13 @@ func main() {
 	host := flag.String("host", "bench", "Host header")
 	n := flag.Int("n", 1000, "connections")
 	hold := flag.Duration("hold", 30*time.Second, "maximum time to hold them")
+	parallel := flag.Int("parallel", 64, "connections dialling and making their request at once")
 	flag.Parse()
 	conns := make([]net.Conn, *n)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	failed := 0
-	sem := make(chan struct{}, 64)
+	sem := make(chan struct{}, *parallel)
 	for i := range conns {
 		wg.Add(1)
 		sem <- struct{}{}
