@@ -1,10 +1,11 @@
 //! From a policy's target Service and its EndpointSlices to the upstream a
 //! sidecar calls: the port clients use, the host names that reach it, and the
-//! ready pod endpoints (README: "In Kubernetes: RetryPolicy and the controller").
+//! ready pod endpoints (README: "In Kubernetes: RetryPolicy and the controller");
+//! for an `ExternalName` Service, the external name each sidecar resolves.
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use reprise_crds::snapshot::{SnapshotEndpoint, SnapshotUpstream};
+use reprise_crds::snapshot::{SnapshotDnsEndpoint, SnapshotEndpoint, SnapshotUpstream};
 use reprise_crds::Protocol;
 
 /// The label that ties an EndpointSlice to its Service.
@@ -54,6 +55,85 @@ fn virtual_addresses(service: &Service, port: i32) -> Vec<String> {
         .collect()
 }
 
+/// The external name of a Service of type `ExternalName`.
+fn external_name(service: &Service) -> Option<&str> {
+    let spec = service.spec.as_ref()?;
+    if spec.type_.as_deref() != Some("ExternalName") {
+        return None;
+    }
+    spec.external_name.as_deref().filter(|n| !n.is_empty())
+}
+
+/// An `ExternalName` Service: its external name is a DNS-named endpoint
+/// each sidecar resolves (on the port clients call: such a Service has no
+/// target port), and the `Host` every attempt carries, as Envoy's auto host
+/// rewrite gives a DNS cluster, so `http://payments/` reaches the API with
+/// the name it answers to. It has no cluster IP and no EndpointSlices.
+fn resolve_external(
+    service: &Service,
+    external: &str,
+    port: Option<i32>,
+    client_namespace: &str,
+) -> Result<SnapshotUpstream, TargetProblem> {
+    let name = service.metadata.name.clone().unwrap_or_default();
+    let namespace = service.metadata.namespace.clone().unwrap_or_default();
+    let ports = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .unwrap_or_default();
+    // A port the Service lists, or any port when it lists none (the
+    // Service API does not require ports for an ExternalName).
+    let (number, app_protocol) = match (port, ports.as_slice()) {
+        (Some(p), []) => (p, None),
+        (Some(p), listed) => match listed.iter().find(|sp| sp.port == p) {
+            Some(sp) => (p, sp.app_protocol.clone()),
+            None => {
+                return Err(TargetProblem::Port(format!(
+                    "Service {name} has no port {p} (ports: {})",
+                    listed
+                        .iter()
+                        .map(|sp| sp.port.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )))
+            }
+        },
+        (None, [one]) => (one.port, one.app_protocol.clone()),
+        (None, listed) => {
+            return Err(TargetProblem::Port(format!(
+                "ExternalName Service {name} has {} ports: set targetRef.port",
+                listed.len()
+            )))
+        }
+    };
+    let port = u16::try_from(number)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| TargetProblem::Port(format!("port {number} is not in 1..=65535")))?;
+    let host = external.trim_end_matches('.').to_ascii_lowercase();
+    Ok(SnapshotUpstream {
+        name: upstream_name(&name, &namespace),
+        hosts: hosts(&name, &namespace, client_namespace),
+        protocol: protocol_of(app_protocol.as_deref()),
+        dns: vec![SnapshotDnsEndpoint {
+            host: host.clone(),
+            port,
+        }],
+        host_rewrite: Some(host),
+        ..Default::default()
+    })
+}
+
+/// The protocol a Service port's `appProtocol` names (GEP-1911): h2c for
+/// `kubernetes.io/h2c`, else HTTP/1.1.
+fn protocol_of(app_protocol: Option<&str>) -> Protocol {
+    match app_protocol {
+        Some("kubernetes.io/h2c") | Some("h2c") => Protocol::H2c,
+        _ => Protocol::Http1,
+    }
+}
+
 /// Resolves the Service port clients call and the upstream it leads to;
 /// `slices` are the Service's EndpointSlices.
 pub(crate) fn resolve<'a>(
@@ -65,6 +145,9 @@ pub(crate) fn resolve<'a>(
     let service = service.ok_or(TargetProblem::NotFound)?;
     let name = service.metadata.name.clone().unwrap_or_default();
     let namespace = service.metadata.namespace.clone().unwrap_or_default();
+    if let Some(external) = external_name(service) {
+        return resolve_external(service, external, port, client_namespace);
+    }
     let ports = service
         .spec
         .as_ref()
@@ -86,10 +169,7 @@ pub(crate) fn resolve<'a>(
             )))
         }
     };
-    let protocol = match chosen.app_protocol.as_deref() {
-        Some("kubernetes.io/h2c") | Some("h2c") => Protocol::H2c,
-        _ => Protocol::Http1,
-    };
+    let protocol = protocol_of(chosen.app_protocol.as_deref());
     let mut endpoints = Vec::new();
     for slice in slices {
         // The slice port that serves this Service port, matched by name.
@@ -183,6 +263,59 @@ mod tests {
             ]
         );
         assert_eq!(up.endpoints[1].zone.as_deref(), Some("z1"));
+    }
+
+    #[test]
+    fn an_external_name_service_is_a_dns_named_endpoint_and_the_host_every_attempt_carries() {
+        let external = |ports: serde_json::Value| -> Service {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "payments", "namespace": "shop" },
+                "spec": { "type": "ExternalName", "externalName": "API.Payments.Example.", "ports": ports }
+            }))
+            .expect("service")
+        };
+        let up = resolve(
+            Some(&external(serde_json::json!([{ "port": 443 }]))),
+            [],
+            None,
+            "shop",
+        )
+        .expect("resolved");
+        assert_eq!(up.name, "payments.shop");
+        assert_eq!(up.hosts[0], "payments");
+        assert!(up.endpoints.is_empty() && up.addresses.is_empty());
+        assert_eq!(
+            up.dns,
+            vec![SnapshotDnsEndpoint {
+                host: "api.payments.example".into(),
+                port: 443
+            }]
+        );
+        assert_eq!(up.host_rewrite.as_deref(), Some("api.payments.example"));
+        assert_eq!(up.protocol, Protocol::Http1);
+        // No ports listed: targetRef.port is the port; h2c from appProtocol.
+        let up = resolve(
+            Some(&external(serde_json::json!(null))),
+            [],
+            Some(8443),
+            "shop",
+        )
+        .expect("resolved");
+        assert_eq!(up.dns[0].port, 8443);
+        let h2c = external(
+            serde_json::json!([{ "port": 80, "appProtocol": "kubernetes.io/h2c" }, { "port": 443 }]),
+        );
+        assert_eq!(
+            resolve(Some(&h2c), [], Some(80), "shop").map(|u| u.protocol),
+            Ok(Protocol::H2c)
+        );
+        assert!(
+            matches!(resolve(Some(&h2c), [], None, "shop"), Err(TargetProblem::Port(m)) if m.contains("set targetRef.port"))
+        );
+        assert!(matches!(
+            resolve(Some(&external(serde_json::json!(null))), [], None, "shop"),
+            Err(TargetProblem::Port(_))
+        ));
     }
 
     #[test]

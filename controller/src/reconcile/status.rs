@@ -71,8 +71,10 @@ pub(crate) fn evaluate(
             &now,
         ),
     ];
+    // An ExternalName target's endpoints are a DNS name each sidecar resolves.
+    let dns_named = target.as_ref().is_ok_and(|u| !u.dns.is_empty());
     let warnings = if accepted {
-        warnings(policy, endpoints)
+        warnings(policy, endpoints, dns_named)
     } else {
         Vec::new()
     };
@@ -170,7 +172,7 @@ fn in_sync(accepted: bool, sync: SyncCounts) -> Verdict {
 /// Warnings for the common mistakes: every method retried, duplicate risk
 /// acknowledged, no statuses listed, fewer than two endpoints, attempts 0
 /// (README: "In Kubernetes: RetryPolicy and the controller").
-fn warnings(policy: &RetryPolicy, endpoints: i32) -> Vec<String> {
+fn warnings(policy: &RetryPolicy, endpoints: i32, dns_named: bool) -> Vec<String> {
     let rule = &policy.spec.rule;
     let mut w = Vec::new();
     if rule.methods.contains(&HttpMethod::Any) {
@@ -208,6 +210,7 @@ fn warnings(policy: &RetryPolicy, endpoints: i32) -> Vec<String> {
         );
     }
     match endpoints {
+        _ if dns_named => {}
         0 => w.push("no ready endpoints".to_string()),
         1 => w.push("only one endpoint: a retry has no alternate".to_string()),
         _ => {}
