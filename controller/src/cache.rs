@@ -7,6 +7,12 @@
 //! | Service (all namespaces) | push source and reconciler (target resolution), `Controller` triggers, injection webhook (`default/kubernetes`: the API server's ClusterIPs, left uncaptured) |
 //! | EndpointSlice (all namespaces) | push source and reconciler (endpoints), `Controller` triggers |
 //! | ConfigMap `reprise.dev/sync-counts` (controller namespace, leader election only) | reconciler (peers' sync counts), `Controller` triggers |
+//! | BackendTLSPolicy (all namespaces; Gateway API's CRD, watched again with backoff while it is not installed) | push source and reconciler (the target's TLS), `Controller` triggers |
+//!
+//! The ConfigMaps BackendTLSPolicies reference (key `ca.crt`) are read one
+//! by one, never watched cluster-wide: every [`CA_REFRESH`] and whenever
+//! the set referenced changes; a change of their content reconciles every
+//! policy again and is pushed.
 //!
 //! Status and pushes are computed from the same objects by the same
 //! function ([`Cache::target`]), so they cannot disagree. Every change to a
@@ -16,8 +22,10 @@
 mod relay;
 mod watch;
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use futures_util::Stream;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -32,7 +40,19 @@ use tokio::sync::watch as change;
 pub(crate) use relay::Relay;
 pub(crate) use watch::Watched;
 
+use crate::policy::backend_tls::{self, BackendTLSPolicy, CA_KEY};
 use crate::policy::target::{self, TargetProblem, SERVICE_NAME_LABEL};
+
+/// How often the referenced CA ConfigMaps are read again (a rotated CA
+/// reaches the sidecars within this).
+pub(crate) const CA_REFRESH: Duration = Duration::from_secs(60);
+
+/// How often the set of referenced ConfigMaps is compared with the one read.
+const CA_REFS_CHECK: Duration = Duration::from_secs(2);
+
+/// The CA bundles of the ConfigMaps BackendTLSPolicies reference, by
+/// namespace and name: the PEM under `ca.crt`, or why there is none.
+type CaBundles = HashMap<(String, String), Result<String, String>>;
 
 /// The label on every replica's sync-count ConfigMap; its value is the
 /// replica's identity. The peers watch selects the ConfigMaps by it;
@@ -47,6 +67,10 @@ pub struct Cache {
     pub(crate) slices: Watched<EndpointSlice>,
     /// Other replicas' sync counts; `None` without leader election.
     pub(crate) peers: Option<Watched<ConfigMap>>,
+    /// Gateway API BackendTLSPolicies (empty while the CRD is not installed).
+    pub(crate) backend_tls: Watched<BackendTLSPolicy>,
+    /// The CA bundles they reference.
+    ca_bundles: Arc<RwLock<CaBundles>>,
     /// Bumped on every change to a policy, Service or EndpointSlice.
     changes: change::Receiver<u64>,
     /// Told when a store was replaced by a fresh list.
@@ -74,7 +98,17 @@ impl Cache {
             relisted: Arc::clone(&relisted),
         };
         let all = watcher::Config::default;
+        let backend_tls = Watched::start(Api::all(client.clone()), all(), signals.clone());
+        let ca_bundles = Arc::new(RwLock::new(CaBundles::new()));
+        tokio::spawn(keep_ca_bundles(
+            client.clone(),
+            backend_tls.clone(),
+            Arc::clone(&ca_bundles),
+            signals.clone(),
+        ));
         Cache {
+            backend_tls,
+            ca_bundles,
             policies: Watched::start(Api::all(client.clone()), all(), signals.clone()),
             services: Watched::start(Api::all(client.clone()), all(), signals.clone()),
             slices: Watched::start(Api::all(client.clone()), all(), signals.clone()),
@@ -106,9 +140,28 @@ impl Cache {
             services: Watched::fixed(services),
             slices: Watched::fixed(slices),
             peers: None,
+            backend_tls: Watched::fixed([]),
+            ca_bundles: Arc::default(),
             changes: change::channel(0).1,
             relisted: Arc::default(),
         }
+    }
+
+    /// This fixed cache with `policies` (BackendTLSPolicies) and the CA
+    /// bundles `(namespace, name, ca.crt)` of ConfigMaps (for tests).
+    pub fn with_backend_tls(
+        mut self,
+        policies: impl IntoIterator<Item = BackendTLSPolicy>,
+        config_maps: impl IntoIterator<Item = (String, String, String)>,
+    ) -> Self {
+        self.backend_tls = Watched::fixed(policies);
+        self.ca_bundles = Arc::new(RwLock::new(
+            config_maps
+                .into_iter()
+                .map(|(ns, name, pem)| ((ns, name), Ok(pem)))
+                .collect(),
+        ));
+        self
     }
 
     /// Waits until every store holds a complete list, so nothing is
@@ -177,12 +230,82 @@ impl Cache {
             s.namespace().as_deref() == Some(namespace.as_str())
                 && s.labels().get(SERVICE_NAME_LABEL) == Some(name)
         });
-        target::resolve(
+        let mut upstream = target::resolve(
             service.as_deref(),
             slices.iter().map(|s| &**s),
             policy.spec.target_ref.port,
             &namespace,
-        )
+        )?;
+        let port_name = target::port_name(service.as_deref(), policy.spec.target_ref.port);
+        self.with_tls(&mut upstream, &namespace, name, port_name.as_deref())?;
+        Ok(upstream)
+    }
+
+    /// Adds to `upstream` (Service `service` in `namespace`) the TLS of the
+    /// BackendTLSPolicy that applies to its port, if any; a policy that
+    /// applies but cannot be used leaves the target unresolved, never
+    /// pushed without its TLS.
+    fn with_tls(
+        &self,
+        upstream: &mut SnapshotUpstream,
+        namespace: &str,
+        service: &str,
+        port_name: Option<&str>,
+    ) -> Result<(), TargetProblem> {
+        let candidates = self
+            .backend_tls
+            .store
+            .state_filter(|p| p.namespace().as_deref() == Some(namespace));
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let Some(applying) =
+            backend_tls::applying(candidates.iter().map(|p| &**p), service, port_name)
+        else {
+            return Ok(());
+        };
+        let wanted = backend_tls::wanted(applying)
+            .map_err(|u| TargetProblem::Tls(u.message().to_string()))?;
+        let ca_certificates = if wanted.ca_config_maps.is_empty() {
+            None
+        } else {
+            let bundles = self.ca_bundles.read().unwrap_or_else(|e| e.into_inner());
+            let mut pem = String::new();
+            for name in &wanted.ca_config_maps {
+                match bundles.get(&(namespace.to_string(), name.clone())) {
+                    Some(Ok(one)) => {
+                        pem.push_str(one);
+                        pem.push('\n');
+                    }
+                    Some(Err(why)) => {
+                        return Err(TargetProblem::Tls(format!("{}: {why}", wanted.policy)))
+                    }
+                    None => {
+                        return Err(TargetProblem::Tls(format!(
+                            "{}: ConfigMap {namespace}/{name} not read yet",
+                            wanted.policy
+                        )))
+                    }
+                }
+            }
+            // Checked here as every sidecar will check it, so a bad bundle
+            // shows in the RetryPolicy's status rather than in NACKs.
+            reprise_crds::tls::parse_bundle(pem.as_bytes(), CA_KEY).map_err(|rule| {
+                TargetProblem::Tls(format!("{}: caCertificateRefs {rule}", wanted.policy))
+            })?;
+            Some(pem)
+        };
+        upstream.tls = Some(reprise_crds::snapshot::SnapshotTls {
+            server_name: wanted.hostname,
+            ca_certificates,
+        });
+        // TLS with ALPN: the endpoint picks HTTP/2 or HTTP/1.1, unless the
+        // port says HTTP/2 (kubernetes.io/h2c), which over TLS is h2.
+        upstream.protocol = match upstream.protocol {
+            reprise_crds::Protocol::H2c => reprise_crds::Protocol::H2,
+            _ => reprise_crds::Protocol::Auto,
+        };
+        Ok(())
     }
 
     /// The policies whose `targetRef` names the Service `service` in `namespace`.
@@ -201,5 +324,172 @@ impl Cache {
             })
             .map(|p| ObjectRef::from_obj(&**p))
             .collect()
+    }
+}
+
+/// Keeps the CA bundles of the ConfigMaps BackendTLSPolicies reference: read
+/// when the set referenced changes and every [`CA_REFRESH`]; a read that
+/// fails keeps what was read before. A change bumps the push streams and
+/// reconciles every policy again.
+async fn keep_ca_bundles(
+    client: Client,
+    policies: Watched<BackendTLSPolicy>,
+    bundles: Arc<RwLock<CaBundles>>,
+    signals: watch::Signals,
+) {
+    let mut read_at: Option<(BTreeSet<(String, String)>, tokio::time::Instant)> = None;
+    loop {
+        let wanted: BTreeSet<(String, String)> = policies
+            .store
+            .state()
+            .iter()
+            .flat_map(|p| {
+                let ns = p.namespace().unwrap_or_default();
+                p.spec
+                    .validation
+                    .ca_certificate_refs
+                    .iter()
+                    .filter(|r| r.group.is_empty() && r.kind == "ConfigMap")
+                    .map(move |r| (ns.clone(), r.name.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let due = read_at
+            .as_ref()
+            .is_none_or(|(set, at)| *set != wanted || at.elapsed() >= CA_REFRESH);
+        if due {
+            let previous = bundles.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut fresh = CaBundles::new();
+            for (ns, name) in &wanted {
+                let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+                let key = (ns.clone(), name.clone());
+                let got = match api.get_opt(name).await {
+                    Ok(Some(cm)) => cm
+                        .data
+                        .and_then(|mut d| d.remove(CA_KEY))
+                        .ok_or_else(|| format!("ConfigMap {ns}/{name} has no key {CA_KEY}")),
+                    Ok(None) => Err(format!("ConfigMap {ns}/{name} not found")),
+                    Err(e) => match previous.get(&key) {
+                        Some(kept) => kept.clone(),
+                        None => Err(format!("ConfigMap {ns}/{name} cannot be read: {e}")),
+                    },
+                };
+                fresh.insert(key, got);
+            }
+            if fresh != previous {
+                *bundles.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                signals.bump();
+                signals.relisted.send(());
+            }
+            read_at = Some((wanted, tokio::time::Instant::now()));
+        }
+        tokio::time::sleep(CA_REFS_CHECK).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{self, service, slice};
+    use reprise_crds::Protocol;
+
+    fn backend_tls(section: Option<&str>, validation: serde_json::Value) -> BackendTLSPolicy {
+        let mut target = serde_json::json!({ "group": "", "kind": "Service", "name": "api" });
+        if let Some(s) = section {
+            target["sectionName"] = serde_json::json!(s);
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "BackendTLSPolicy",
+            "metadata": { "name": "api-tls", "namespace": "shop", "creationTimestamp": "2026-12-01T00:00:00Z" },
+            "spec": { "targetRefs": [target], "validation": validation }
+        }))
+        .expect("policy")
+    }
+
+    /// `api` in `shop` with ports `http` 80 and `grpc` 9090 (h2c), and one
+    /// ready pod.
+    fn api_cache() -> Cache {
+        Cache::fixed(
+            [],
+            [service(serde_json::json!([
+                { "name": "http", "port": 80 },
+                { "name": "grpc", "port": 9090, "appProtocol": "kubernetes.io/h2c" }
+            ]))],
+            [slice(
+                "api-1",
+                serde_json::json!([{ "addresses": ["10.0.0.1"], "conditions": { "ready": true } }]),
+            )],
+        )
+    }
+
+    fn target(cache: &Cache, port: i32) -> Result<SnapshotUpstream, TargetProblem> {
+        let mut p = fixtures::policy().build();
+        p.spec.target_ref.port = Some(port);
+        cache.target(&p)
+    }
+
+    #[test]
+    fn a_backend_tls_policy_gives_the_target_tls_with_its_ca_and_alpn() {
+        let ca = crate::tls::generate(&["api.test".to_string()])
+            .expect("a CA")
+            .ca_pem;
+        let with_ca = serde_json::json!({ "hostname": "api.test", "caCertificateRefs": [{ "group": "", "kind": "ConfigMap", "name": "api-ca" }] });
+        let cache = api_cache().with_backend_tls(
+            [backend_tls(None, with_ca.clone())],
+            [("shop".into(), "api-ca".into(), ca.clone())],
+        );
+        let http = target(&cache, 80).expect("resolved");
+        let tls = http.tls.expect("tls");
+        assert_eq!(tls.server_name, "api.test");
+        assert!(tls.ca_certificates.is_some_and(|pem| pem.starts_with(&ca)));
+        assert_eq!(http.protocol, Protocol::Auto, "ALPN: the pod picks");
+        assert_eq!(
+            target(&cache, 9090).map(|u| u.protocol),
+            Ok(Protocol::H2),
+            "h2c over TLS is h2"
+        );
+
+        // A policy for another port leaves this one in plain text.
+        let cache = api_cache().with_backend_tls(
+            [backend_tls(Some("grpc"), with_ca.clone())],
+            [("shop".into(), "api-ca".into(), ca)],
+        );
+        assert_eq!(target(&cache, 80).map(|u| u.tls), Ok(None));
+        assert!(target(&cache, 9090).is_ok_and(|u| u.tls.is_some()));
+
+        // The public roots.
+        let system =
+            serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "System" });
+        let cache = api_cache().with_backend_tls([backend_tls(None, system)], []);
+        assert!(
+            target(&cache, 80).is_ok_and(|u| u.tls.is_some_and(|t| t.ca_certificates.is_none()))
+        );
+    }
+
+    #[test]
+    fn a_backend_tls_policy_that_cannot_be_used_leaves_the_target_unresolved() {
+        let with_ca = serde_json::json!({ "hostname": "api.test", "caCertificateRefs": [{ "group": "", "kind": "ConfigMap", "name": "api-ca" }] });
+        let unread = api_cache().with_backend_tls([backend_tls(None, with_ca.clone())], []);
+        assert_eq!(
+            target(&unread, 80),
+            Err(TargetProblem::Tls(
+                "BackendTLSPolicy shop/api-tls: ConfigMap shop/api-ca not read yet".into()
+            ))
+        );
+        let garbage = api_cache().with_backend_tls(
+            [backend_tls(None, with_ca)],
+            [("shop".into(), "api-ca".into(), "not a certificate".into())],
+        );
+        assert!(
+            matches!(target(&garbage, 80), Err(TargetProblem::Tls(m)) if m.contains("caCertificateRefs must hold at least one PEM certificate")),
+            "{:?}",
+            target(&garbage, 80)
+        );
+        let san = serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "System", "subjectAltNames": [{ "type": "Hostname", "hostname": "x" }] });
+        let unsupported = api_cache().with_backend_tls([backend_tls(None, san)], []);
+        assert!(
+            matches!(target(&unsupported, 80), Err(TargetProblem::Tls(m)) if m.contains("subjectAltNames is not supported yet"))
+        );
     }
 }

@@ -49,3 +49,5 @@ pub mod tls;
 mod fixtures;
 
 pub use error::Error;
+/// Gateway API's BackendTLSPolicy, as Reprise reads it.
+pub use policy::backend_tls;

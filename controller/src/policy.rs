@@ -5,6 +5,7 @@
 //! the push source (snapshots), the sidecar registry (sync counts) and
 //! `explain` all ask them, so each question has one answer.
 
+pub mod backend_tls;
 pub(crate) mod selection;
 pub(crate) mod target;
 

@@ -74,6 +74,11 @@ impl<K: Kind> Watched<K> {
                             signals.relisted.send(());
                         }
                         Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                        // A kind whose CRD is not installed (Gateway API's,
+                        // optional): watched again with backoff until it is.
+                        Err(e) if kind_missing(&e) => {
+                            tracing::debug!(kind = %K::kind(&()), "kind not served (CRD not installed); watching again later");
+                        }
                         Err(e) => {
                             tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying");
                         }
@@ -107,8 +112,18 @@ impl<K: Kind> Watched<K> {
     }
 }
 
+/// True when the API server does not serve the kind at all (404).
+fn kind_missing(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
+        _ => false,
+    }
+}
+
 impl Signals {
-    fn bump(&self) {
+    /// Tells the push streams that something snapshots are made of changed.
+    pub(crate) fn bump(&self) {
         if let Some(changes) = &self.changes {
             changes.send_modify(|n| *n = n.wrapping_add(1));
         }

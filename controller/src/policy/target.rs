@@ -18,6 +18,19 @@ pub(crate) enum TargetProblem {
     NotFound,
     /// The Service has no port matching `targetRef.port` (or several and none chosen).
     Port(String),
+    /// A BackendTLSPolicy applies to the port but cannot be used (why).
+    Tls(String),
+}
+
+/// The name of the Service port `port` (the only port when `None`), which a
+/// BackendTLSPolicy's `sectionName` names.
+pub(crate) fn port_name(service: Option<&Service>, port: Option<i32>) -> Option<String> {
+    let ports = service?.spec.as_ref()?.ports.as_ref()?;
+    match port {
+        Some(p) => ports.iter().find(|sp| sp.port == p)?.name.clone(),
+        None if ports.len() == 1 => ports[0].name.clone(),
+        None => None,
+    }
 }
 
 /// The upstream name used for a Service in snapshots.

@@ -24,6 +24,10 @@ pub(crate) enum Reason {
     TargetNotFound,
     /// `Accepted=False`: the Service has no such port (or several, none chosen).
     PortNotFound,
+    /// `Accepted=False`: a BackendTLSPolicy applies to the target's port but
+    /// cannot be used (an invalid or missing CA ConfigMap, a field not
+    /// supported): nothing is pushed without its TLS.
+    BackendTLSNotResolved,
     /// `InSync=True`: every selected sidecar ACKed this generation.
     AllSidecarsInSync,
     /// `InSync=False`: some selected sidecars have not ACKed it yet.
@@ -52,6 +56,7 @@ impl Reason {
             Reason::InvalidSpec => "InvalidSpec",
             Reason::TargetNotFound => "TargetNotFound",
             Reason::PortNotFound => "PortNotFound",
+            Reason::BackendTLSNotResolved => "BackendTLSNotResolved",
             Reason::AllSidecarsInSync => "AllSidecarsInSync",
             Reason::Pending => "Pending",
             Reason::NoSidecars => "NoSidecars",

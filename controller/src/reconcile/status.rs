@@ -128,6 +128,7 @@ fn acceptance(policy: &RetryPolicy, target: &Result<SnapshotUpstream, TargetProb
                 ),
             ),
             Err(TargetProblem::Port(m)) => (false, Reason::PortNotFound, m.clone()),
+            Err(TargetProblem::Tls(m)) => (false, Reason::BackendTLSNotResolved, m.clone()),
         }
     };
     Verdict {

@@ -29,7 +29,7 @@ pub(crate) async fn run(
     ctx: Arc<Context>,
     synced: impl Stream<Item = String> + Send + 'static,
 ) {
-    let (by_service, by_slice) = (cache.clone(), cache.clone());
+    let (by_service, by_slice, by_tls) = (cache.clone(), cache.clone(), cache.clone());
     let mut controller =
         Controller::for_stream(cache.policies.touched(), cache.policies.store.clone())
             .with_config(Config::default().debounce(DEBOUNCE))
@@ -39,6 +39,13 @@ pub(crate) async fn run(
             .watches_stream(cache.slices.touched(), move |slice| {
                 let service = slice.labels().get(SERVICE_NAME_LABEL);
                 by_slice.targeting(slice.namespace().as_deref(), service.map(String::as_str))
+            })
+            .watches_stream(cache.backend_tls.touched(), move |tls| {
+                tls.spec
+                    .target_refs
+                    .iter()
+                    .flat_map(|t| by_tls.targeting(tls.namespace().as_deref(), Some(&t.name)))
+                    .collect::<Vec<_>>()
             });
     if let Some(peers) = &cache.peers {
         controller = controller.watches_stream(peers.touched(), |cm| {
