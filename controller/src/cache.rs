@@ -34,7 +34,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use reprise_crds::resource::RetryPolicy;
-use reprise_crds::snapshot::SnapshotUpstream;
+use reprise_crds::snapshot::{SnapshotTls, SnapshotUpstream};
 use tokio::sync::watch as change;
 
 pub(crate) use relay::Relay;
@@ -53,6 +53,30 @@ const CA_REFS_CHECK: Duration = Duration::from_secs(2);
 /// The CA bundles of the ConfigMaps BackendTLSPolicies reference, by
 /// namespace and name: the PEM under `ca.crt`, or why there is none.
 type CaBundles = HashMap<(String, String), Result<String, String>>;
+
+/// Why a BackendTLSPolicy cannot be used, in the terms of its status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TlsProblem {
+    /// Which condition says it, and with which reason.
+    pub(crate) kind: TlsProblemKind,
+    /// For people, naming the policy.
+    pub(crate) message: String,
+}
+
+/// The specification's reasons for a BackendTLSPolicy that cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TlsProblemKind {
+    /// A CA reference of a kind other than ConfigMap: `ResolvedRefs=False`,
+    /// `InvalidKind`.
+    InvalidKind,
+    /// A CA ConfigMap missing, without `ca.crt`, or not a bundle:
+    /// `ResolvedRefs=False`, `InvalidCACertificateRef`, and `Accepted=False`,
+    /// `NoValidCACertificate`.
+    InvalidCaCertificateRef,
+    /// Something Reprise does not support or the spec forbids:
+    /// `Accepted=False`, `Invalid`.
+    Invalid,
+}
 
 /// The label on every replica's sync-count ConfigMap; its value is the
 /// replica's identity. The peers watch selects the ConfigMaps by it;
@@ -252,20 +276,76 @@ impl Cache {
         service: &str,
         port_name: Option<&str>,
     ) -> Result<(), TargetProblem> {
+        let tls = match self.backend_tls_of(namespace, service, port_name) {
+            None => return Ok(()),
+            Some((_, Err(problem))) => return Err(TargetProblem::Tls(problem.message)),
+            Some((_, Ok(tls))) => tls,
+        };
+        upstream.tls = Some(tls);
+        // TLS with ALPN: the endpoint picks HTTP/2 or HTTP/1.1, unless the
+        // port says HTTP/2 (kubernetes.io/h2c), which over TLS is h2.
+        upstream.protocol = match upstream.protocol {
+            reprise_crds::Protocol::H2c => reprise_crds::Protocol::H2,
+            _ => reprise_crds::Protocol::Auto,
+        };
+        Ok(())
+    }
+
+    /// The BackendTLSPolicy that applies to `policy`'s target, if any, with
+    /// the TLS it gives or why it cannot be used.
+    pub(crate) fn backend_tls_for(
+        &self,
+        policy: &RetryPolicy,
+    ) -> Option<(Arc<BackendTLSPolicy>, Result<SnapshotTls, TlsProblem>)> {
+        let namespace = policy.namespace().unwrap_or_default();
+        let name = &policy.spec.target_ref.name;
+        let service = self
+            .services
+            .store
+            .get(&ObjectRef::new(name).within(&namespace));
+        let port_name = target::port_name(service.as_deref(), policy.spec.target_ref.port);
+        self.backend_tls_of(&namespace, name, port_name.as_deref())
+    }
+
+    /// The BackendTLSPolicy that applies to the port `port_name` of
+    /// Service `service` in `namespace`, if any, with the TLS it gives or
+    /// why it cannot be used.
+    pub(crate) fn backend_tls_of(
+        &self,
+        namespace: &str,
+        service: &str,
+        port_name: Option<&str>,
+    ) -> Option<(Arc<BackendTLSPolicy>, Result<SnapshotTls, TlsProblem>)> {
         let candidates = self
             .backend_tls
             .store
             .state_filter(|p| p.namespace().as_deref() == Some(namespace));
-        if candidates.is_empty() {
-            return Ok(());
-        }
-        let Some(applying) =
-            backend_tls::applying(candidates.iter().map(|p| &**p), service, port_name)
-        else {
-            return Ok(());
+        let applying = backend_tls::applying(candidates.iter().map(|p| &**p), service, port_name)?;
+        let applying = candidates
+            .iter()
+            .find(|p| std::ptr::eq(&***p, applying))
+            .map(Arc::clone)?;
+        let verdict = self.tls_given(&applying, namespace);
+        Some((applying, verdict))
+    }
+
+    /// The TLS `policy` gives, with the CA bundles read so far.
+    fn tls_given(
+        &self,
+        policy: &BackendTLSPolicy,
+        namespace: &str,
+    ) -> Result<SnapshotTls, TlsProblem> {
+        let wanted = backend_tls::wanted(policy).map_err(|u| TlsProblem {
+            kind: match u {
+                backend_tls::Unusable::InvalidKind(_) => TlsProblemKind::InvalidKind,
+                backend_tls::Unusable::Invalid(_) => TlsProblemKind::Invalid,
+            },
+            message: u.message().to_string(),
+        })?;
+        let ca_ref = |message: String| TlsProblem {
+            kind: TlsProblemKind::InvalidCaCertificateRef,
+            message,
         };
-        let wanted = backend_tls::wanted(applying)
-            .map_err(|u| TargetProblem::Tls(u.message().to_string()))?;
         let ca_certificates = if wanted.ca_config_maps.is_empty() {
             None
         } else {
@@ -277,11 +357,9 @@ impl Cache {
                         pem.push_str(one);
                         pem.push('\n');
                     }
-                    Some(Err(why)) => {
-                        return Err(TargetProblem::Tls(format!("{}: {why}", wanted.policy)))
-                    }
+                    Some(Err(why)) => return Err(ca_ref(format!("{}: {why}", wanted.policy))),
                     None => {
-                        return Err(TargetProblem::Tls(format!(
+                        return Err(ca_ref(format!(
                             "{}: ConfigMap {namespace}/{name} not read yet",
                             wanted.policy
                         )))
@@ -290,22 +368,14 @@ impl Cache {
             }
             // Checked here as every sidecar will check it, so a bad bundle
             // shows in the RetryPolicy's status rather than in NACKs.
-            reprise_crds::tls::parse_bundle(pem.as_bytes(), CA_KEY).map_err(|rule| {
-                TargetProblem::Tls(format!("{}: caCertificateRefs {rule}", wanted.policy))
-            })?;
+            reprise_crds::tls::parse_bundle(pem.as_bytes(), CA_KEY)
+                .map_err(|rule| ca_ref(format!("{}: caCertificateRefs {rule}", wanted.policy)))?;
             Some(pem)
         };
-        upstream.tls = Some(reprise_crds::snapshot::SnapshotTls {
+        Ok(SnapshotTls {
             server_name: wanted.hostname,
             ca_certificates,
-        });
-        // TLS with ALPN: the endpoint picks HTTP/2 or HTTP/1.1, unless the
-        // port says HTTP/2 (kubernetes.io/h2c), which over TLS is h2.
-        upstream.protocol = match upstream.protocol {
-            reprise_crds::Protocol::H2c => reprise_crds::Protocol::H2,
-            _ => reprise_crds::Protocol::Auto,
-        };
-        Ok(())
+        })
     }
 
     /// The policies whose `targetRef` names the Service `service` in `namespace`.

@@ -11,6 +11,7 @@
 //! - [`peers`]: sync counts across replicas.
 //! - [`triggers`]: the kube `Controller` and what re-triggers a policy.
 
+pub(crate) mod backend_tls;
 pub(crate) mod conditions;
 mod events;
 pub(crate) mod peers;
@@ -115,12 +116,8 @@ async fn reconcile_policy(
     if let Some(peers) = &ctx.peers {
         counts = peers.add(counts, policy);
     }
-    let eval = status::evaluate(
-        policy,
-        &target,
-        counts,
-        Time(k8s_openapi::jiff::Timestamp::now()),
-    );
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let eval = status::evaluate(policy, &target, counts, now.clone());
     span.evaluated(eval.accepted, eval.status.endpoints, counts);
     if policy.status.as_ref() != Some(&eval.status) {
         write_status(ctx, &namespace, &policy.name_any(), &eval.status).await?;
@@ -128,6 +125,8 @@ async fn reconcile_policy(
         span.status_written();
         events::status_changed(ctx, policy, &eval, span).await;
     }
+    // The BackendTLSPolicy its target uses says whether Reprise uses it.
+    backend_tls::report(ctx, policy, &now).await?;
     ctx.failures
         .lock()
         .unwrap_or_else(|e| e.into_inner())
