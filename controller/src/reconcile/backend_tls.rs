@@ -157,8 +157,15 @@ mod tests {
             "controllerName": "example.com/gateway",
             "conditions": []
         });
-        let first =
-            updated(&[gateway.clone()], "shop", "api", Some(2), None, &at(100)).expect("added");
+        let first = updated(
+            std::slice::from_ref(&gateway),
+            "shop",
+            "api",
+            Some(2),
+            None,
+            &at(100),
+        )
+        .expect("added");
         assert_eq!(first.len(), 2);
         assert_eq!(
             first[0], gateway,
