@@ -95,6 +95,8 @@ pub struct Cache {
     pub(crate) backend_tls: Watched<BackendTLSPolicy>,
     /// The CA bundles they reference.
     ca_bundles: Arc<RwLock<CaBundles>>,
+    /// Set once the CA bundles referenced at start have been read.
+    ca_read: Arc<std::sync::atomic::AtomicBool>,
     /// Bumped on every change to a policy, Service or EndpointSlice.
     changes: change::Receiver<u64>,
     /// Told when a store was replaced by a fresh list.
@@ -124,15 +126,18 @@ impl Cache {
         let all = watcher::Config::default;
         let backend_tls = Watched::start(Api::all(client.clone()), all(), signals.clone());
         let ca_bundles = Arc::new(RwLock::new(CaBundles::new()));
+        let ca_read = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(keep_ca_bundles(
             client.clone(),
             backend_tls.clone(),
             Arc::clone(&ca_bundles),
+            Arc::clone(&ca_read),
             signals.clone(),
         ));
         Cache {
             backend_tls,
             ca_bundles,
+            ca_read,
             policies: Watched::start(Api::all(client.clone()), all(), signals.clone()),
             services: Watched::start(Api::all(client.clone()), all(), signals.clone()),
             slices: Watched::start(Api::all(client.clone()), all(), signals.clone()),
@@ -166,6 +171,7 @@ impl Cache {
             peers: None,
             backend_tls: Watched::fixed([]),
             ca_bundles: Arc::default(),
+            ca_read: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             changes: change::channel(0).1,
             relisted: Arc::default(),
         }
@@ -197,13 +203,23 @@ impl Cache {
                 None => true,
             }
         };
-        let (policies, services, slices, peers) = tokio::join!(
+        // BackendTLSPolicies too, when their CRD is installed: a snapshot
+        // computed before they are listed would leave a TLS port in plain text.
+        let (policies, services, slices, peers, backend_tls) = tokio::join!(
             self.policies.store.wait_until_ready(),
             self.services.store.wait_until_ready(),
             self.slices.store.wait_until_ready(),
             peers,
+            async {
+                // And the CA bundles they reference, read once.
+                let ready = self.backend_tls.ready_or_missing().await;
+                while ready && !self.ca_read.load(std::sync::atomic::Ordering::Acquire) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                ready
+            },
         );
-        policies.is_ok() && services.is_ok() && slices.is_ok() && peers
+        policies.is_ok() && services.is_ok() && slices.is_ok() && peers && backend_tls
     }
 
     /// Bumped on every change to anything snapshots are made of.
@@ -405,8 +421,12 @@ async fn keep_ca_bundles(
     client: Client,
     policies: Watched<BackendTLSPolicy>,
     bundles: Arc<RwLock<CaBundles>>,
+    read: Arc<std::sync::atomic::AtomicBool>,
     signals: watch::Signals,
 ) {
+    if !policies.ready_or_missing().await {
+        return;
+    }
     let mut read_at: Option<(BTreeSet<(String, String)>, tokio::time::Instant)> = None;
     loop {
         let wanted: BTreeSet<(String, String)> = policies
@@ -452,6 +472,7 @@ async fn keep_ca_bundles(
                 signals.relisted.send(());
             }
             read_at = Some((wanted, tokio::time::Instant::now()));
+            read.store(true, std::sync::atomic::Ordering::Release);
         }
         tokio::time::sleep(CA_REFS_CHECK).await;
     }

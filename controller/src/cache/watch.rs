@@ -29,6 +29,9 @@ pub(crate) struct Watched<K: Kind> {
     /// Every object of the kind, as last seen.
     pub(crate) store: Store<K>,
     touched: Arc<Relay<K>>,
+    /// Set while the API server does not serve the kind (its CRD is not
+    /// installed): the store will not fill, and nothing is waited for.
+    missing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<K: Kind> Clone for Watched<K> {
@@ -36,6 +39,7 @@ impl<K: Kind> Clone for Watched<K> {
         Watched {
             store: self.store.clone(),
             touched: Arc::clone(&self.touched),
+            missing: Arc::clone(&self.missing),
         }
     }
 }
@@ -57,6 +61,8 @@ impl<K: Kind> Watched<K> {
         let (store, writer) = reflector::store();
         let touched = Arc::new(Relay::default());
         let relay = Arc::clone(&touched);
+        let missing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let absent = Arc::clone(&missing);
         tokio::spawn(async move {
             watcher(api, config)
                 .default_backoff()
@@ -70,6 +76,7 @@ impl<K: Kind> Watched<K> {
                         }
                         // A list is buffered until it is complete, then swapped in at once.
                         Ok(watcher::Event::InitDone) => {
+                            absent.store(false, std::sync::atomic::Ordering::Release);
                             signals.bump();
                             signals.relisted.send(());
                         }
@@ -77,7 +84,15 @@ impl<K: Kind> Watched<K> {
                         // A kind whose CRD is not installed (Gateway API's,
                         // optional): watched again with backoff until it is.
                         Err(e) if kind_missing(&e) => {
+                            absent.store(true, std::sync::atomic::Ordering::Release);
                             tracing::debug!(kind = %K::kind(&()), "kind not served (CRD not installed); watching again later");
+                        }
+                        // Not allowed to list it (RBAC from an older chart):
+                        // counted as absent so that the controller still
+                        // starts, and said at every retry.
+                        Err(e) if status_code(&e) == Some(403) => {
+                            absent.store(true, std::sync::atomic::Ordering::Release);
+                            tracing::warn!(kind = %K::kind(&()), error = %e, "not allowed to watch this kind (update the chart's RBAC); treated as absent");
                         }
                         Err(e) => {
                             tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying");
@@ -87,7 +102,11 @@ impl<K: Kind> Watched<K> {
                 })
                 .await;
         });
-        Watched { store, touched }
+        Watched {
+            store,
+            touched,
+            missing,
+        }
     }
 
     /// A complete store of `objects` that never changes.
@@ -101,6 +120,26 @@ impl<K: Kind> Watched<K> {
         Watched {
             store: writer.as_reader(),
             touched: Arc::default(),
+            missing: Arc::default(),
+        }
+    }
+
+    /// Waits until the store holds a complete list, or the API server says
+    /// it does not serve the kind. `false` when the watch is gone.
+    pub(crate) async fn ready_or_missing(&self) -> bool {
+        loop {
+            if self.missing.load(std::sync::atomic::Ordering::Acquire) {
+                return true;
+            }
+            match tokio::time::timeout(
+                std::time::Duration::from_millis(100),
+                self.store.wait_until_ready(),
+            )
+            .await
+            {
+                Ok(ready) => return ready.is_ok(),
+                Err(_) => continue,
+            }
         }
     }
 
@@ -114,10 +153,15 @@ impl<K: Kind> Watched<K> {
 
 /// True when the API server does not serve the kind at all (404).
 fn kind_missing(e: &watcher::Error) -> bool {
+    status_code(e) == Some(404)
+}
+
+/// The API server's status code of a failed list or watch start.
+fn status_code(e: &watcher::Error) -> Option<u16> {
     match e {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
-        _ => false,
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => Some(status.code),
+        _ => None,
     }
 }
 
