@@ -391,6 +391,7 @@ impl Cache {
         Ok(SnapshotTls {
             server_name: wanted.hostname,
             ca_certificates,
+            subject_alt_names: wanted.subject_alt_names,
         })
     }
 
@@ -577,10 +578,10 @@ mod tests {
             "{:?}",
             target(&garbage, 80)
         );
-        let san = serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "System", "subjectAltNames": [{ "type": "Hostname", "hostname": "x" }] });
+        let san = serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "System", "subjectAltNames": [{ "type": "URI", "uri": "spiffe://cluster/ns/shop/sa/api" }] });
         let unsupported = api_cache().with_backend_tls([backend_tls(None, san)], []);
         assert!(
-            matches!(target(&unsupported, 80), Err(TargetProblem::Tls(m)) if m.contains("subjectAltNames is not supported yet"))
+            matches!(target(&unsupported, 80), Err(TargetProblem::Tls(m)) if m.contains("URI names are not supported"))
         );
     }
 }

@@ -481,6 +481,7 @@ fn with_tls_upstream(ports: &[u16], ca_pem: &str, dns: bool) -> Snapshot {
         tls: Some(reprise_crds::snapshot::SnapshotTls {
             server_name: "api.payments.example".into(),
             ca_certificates: Some(ca_pem.to_string()),
+            subject_alt_names: Vec::new(),
         }),
         ..Default::default()
     };

@@ -72,6 +72,11 @@ pub struct UpstreamTls {
     /// Sent as SNI and the name the endpoint's certificate must carry (a
     /// DNS name, or an IP address in the certificate's IP names).
     pub server_name: String,
+    /// When not empty, the certificate must carry one of these names
+    /// instead of `server_name` (which is still sent as SNI): Gateway API's
+    /// `subjectAltNames`, Envoy's `match_typed_subject_alt_names`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub subject_alt_names: Vec<String>,
     /// The certificates a chain must end in.
     pub trust: TrustAnchors,
     /// The certificate and key to present when the endpoint asks for one.

@@ -118,6 +118,10 @@ pub struct TlsSpec {
     /// The PEM private key of `client_cert_file`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key_file: Option<String>,
+    /// Names (DNS names or IP addresses) the certificate may carry instead
+    /// of `server_name`, which is still sent as SNI; one must match.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subject_alt_names: Vec<String>,
 }
 
 /// `timeouts` as written.
@@ -520,8 +524,26 @@ impl UpstreamSpec {
                 None
             }
         };
+        let subject_alt_names = tls
+            .subject_alt_names
+            .iter()
+            .enumerate()
+            .filter_map(|(i, name)| {
+                let name = name.to_ascii_lowercase();
+                if rustls::pki_types::ServerName::try_from(name.as_str()).is_ok() {
+                    Some(name)
+                } else {
+                    errs.push(
+                        format!("{t}.subject_alt_names[{i}]"),
+                        format!("must be a DNS name or an IP address (got \"{name}\")"),
+                    );
+                    None
+                }
+            })
+            .collect();
         Some(UpstreamTls {
             server_name,
+            subject_alt_names,
             trust,
             client_identity,
         })

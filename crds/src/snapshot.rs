@@ -79,6 +79,10 @@ pub struct SnapshotTls {
     /// roots (`wellKnownCACertificates: System`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_certificates: Option<String>,
+    /// Names the certificate must carry one of instead of `serverName`
+    /// (`validation.subjectAltNames` of type Hostname).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subject_alt_names: Vec<String>,
 }
 
 impl SnapshotUpstream {
@@ -292,7 +296,16 @@ impl Snapshot {
                         ),
                     );
                 }
+                for (j, name) in t.subject_alt_names.iter().enumerate() {
+                    if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                        errs.push(
+                            format!("upstreams[{i}].tls.subjectAltNames[{j}]"),
+                            format!("must be a DNS name or an IP address (got \"{name}\")"),
+                        );
+                    }
+                }
                 UpstreamTls {
+                    subject_alt_names: t.subject_alt_names.clone(),
                     server_name: t.server_name.clone(),
                     trust,
                     client_identity: None,

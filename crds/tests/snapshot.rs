@@ -181,6 +181,7 @@ fn tls_and_dns_upstreams_resolve_and_broken_ones_are_refused_naming_the_field() 
     let tls = |ca: Option<&str>| SnapshotTls {
         server_name: "api.payments.example".into(),
         ca_certificates: ca.map(str::to_string),
+        subject_alt_names: Vec::new(),
     };
     let mut pay = upstream("pay.shop", &[443]);
     pay.protocol = Protocol::Auto;
@@ -230,6 +231,7 @@ fn a_sidecar_that_does_not_announce_a_capability_gets_the_snapshot_without_what_
     pay.tls = Some(SnapshotTls {
         server_name: "pay".into(),
         ca_certificates: None,
+        subject_alt_names: Vec::new(),
     });
     let full = Snapshot::new(
         vec![upstream("api.shop", &[80]), pay],

@@ -198,6 +198,14 @@ impl UpstreamConfig {
         self
     }
 
+    /// Accepts a certificate for any of `names` instead of the server name
+    /// (after [`Self::tls`]).
+    pub fn subject_alt_names(mut self, names: &[&str]) -> UpstreamConfig {
+        let tls = self.0.tls.get_or_insert_with(TlsSpec::default);
+        tls.subject_alt_names = names.iter().map(|n| n.to_string()).collect();
+        self
+    }
+
     /// Presents the client certificate in `cert_file` with `key_file`
     /// (after [`Self::tls`]).
     pub fn client_cert(mut self, cert_file: &Path, key_file: &Path) -> UpstreamConfig {

@@ -15,11 +15,14 @@
 //!   `validation.wellKnownCACertificates: System`: the sidecar's compiled-in
 //!   public roots.
 //!
-//! `subjectAltNames` (the certificate must carry one of them, not the
-//! hostname) are not supported yet: a policy that lists them does not resolve,
-//! so the RetryPolicy says so and nothing is pushed half-configured. The
-//! policy has no client certificates (v1 has none); those stay a file-format
-//! feature.
+//! - `validation.subjectAltNames` of type `Hostname`: the certificate must
+//!   carry one of them instead of the hostname (still sent as SNI). `URI`
+//!   names (SPIFFE IDs) are not supported: a policy listing one does not
+//!   resolve, so the RetryPolicy says so and nothing is pushed
+//!   half-configured.
+//!
+//! The policy has no client certificates (v1 has none); those stay a
+//! file-format feature.
 
 use std::collections::BTreeMap;
 
@@ -130,6 +133,8 @@ pub(crate) struct Wanted {
     pub(crate) hostname: String,
     /// The ConfigMaps to read; empty: the public roots.
     pub(crate) ca_config_maps: Vec<String>,
+    /// Names the certificate must carry one of instead of the hostname.
+    pub(crate) subject_alt_names: Vec<String>,
 }
 
 /// Why a policy's TLS cannot be used.
@@ -188,10 +193,23 @@ pub(crate) fn wanted(policy: &BackendTLSPolicy) -> Result<Wanted, Unusable> {
         policy.metadata.name.as_deref().unwrap_or_default()
     );
     let v = &policy.spec.validation;
-    if !v.subject_alt_names.is_empty() {
-        return Err(Unusable::Invalid(format!(
-            "{id}: validation.subjectAltNames is not supported yet (only validation.hostname is verified)"
-        )));
+    let mut subject_alt_names = Vec::with_capacity(v.subject_alt_names.len());
+    for (i, san) in v.subject_alt_names.iter().enumerate() {
+        match (san["type"].as_str(), san["hostname"].as_str()) {
+            (Some("Hostname"), Some(name)) if !name.is_empty() => {
+                subject_alt_names.push(name.to_ascii_lowercase());
+            }
+            (Some("URI"), _) => {
+                return Err(Unusable::Invalid(format!(
+                    "{id}: validation.subjectAltNames[{i}]: URI names are not supported (Hostname names are)"
+                )))
+            }
+            _ => {
+                return Err(Unusable::Invalid(format!(
+                    "{id}: validation.subjectAltNames[{i}]: must be a Hostname name with its hostname"
+                )))
+            }
+        }
     }
     if v.hostname.is_empty() {
         return Err(Unusable::Invalid(format!(
@@ -239,6 +257,7 @@ pub(crate) fn wanted(policy: &BackendTLSPolicy) -> Result<Wanted, Unusable> {
             .iter()
             .map(|r| r.name.clone())
             .collect(),
+        subject_alt_names,
     })
 }
 
@@ -314,6 +333,7 @@ mod tests {
                 policy: "BackendTLSPolicy shop/p".into(),
                 hostname: "api.test".into(),
                 ca_config_maps: vec!["api-ca".into()],
+                subject_alt_names: vec![],
             })
         );
         let system = policy(
@@ -326,11 +346,24 @@ mod tests {
             ),
         );
         assert_eq!(wanted(&system).map(|w| w.ca_config_maps), Ok(vec![]));
+        let sans = policy(
+            "p",
+            1,
+            to(
+                "api",
+                None,
+                serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "System", "subjectAltNames": [{ "type": "Hostname", "hostname": "API.internal" }, { "type": "Hostname", "hostname": "api.other" }] }),
+            ),
+        );
+        assert_eq!(
+            wanted(&sans).map(|w| w.subject_alt_names),
+            Ok(vec!["api.internal".to_string(), "api.other".to_string()])
+        );
         for (validation, want) in [
             (serde_json::json!({ "hostname": "api.test", "caCertificateRefs": [{ "group": "", "kind": "Secret", "name": "s" }] }), Unusable::InvalidKind("BackendTLSPolicy shop/p: validation.caCertificateRefs: core/Secret s is not a ConfigMap (the only kind supported)".into())),
             (serde_json::json!({ "hostname": "api.test" }), Unusable::Invalid("BackendTLSPolicy shop/p: validation needs caCertificateRefs or wellKnownCACertificates".into())),
             (serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "Corp" }), Unusable::Invalid("BackendTLSPolicy shop/p: validation.wellKnownCACertificates: Corp is not supported (System is)".into())),
-            (serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "System", "subjectAltNames": [{ "type": "URI", "uri": "spiffe://x" }] }), Unusable::Invalid("BackendTLSPolicy shop/p: validation.subjectAltNames is not supported yet (only validation.hostname is verified)".into())),
+            (serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "System", "subjectAltNames": [{ "type": "URI", "uri": "spiffe://x" }] }), Unusable::Invalid("BackendTLSPolicy shop/p: validation.subjectAltNames[0]: URI names are not supported (Hostname names are)".into())),
             (serde_json::json!({ "hostname": "api.test", "wellKnownCACertificates": "System", "caCertificateRefs": [{ "group": "", "kind": "ConfigMap", "name": "c" }] }), Unusable::Invalid("BackendTLSPolicy shop/p: validation.caCertificateRefs and wellKnownCACertificates are exclusive".into())),
         ] {
             assert_eq!(wanted(&policy("p", 1, to("api", None, validation))), Err(want));

@@ -190,6 +190,54 @@ async fn h2_speaks_http2_over_tls_and_needs_the_endpoint_to_select_it() {
 }
 
 #[tokio::test]
+async fn subject_alt_names_accept_a_certificate_for_one_of_them_and_only_for_them() {
+    let ca = TestCa::new("sans");
+    let up = Upstream::always(Action::Reply(200)).await;
+    // The endpoint's certificate names api.internal, not the SNI name.
+    let front = TlsFront::start(
+        up.addr,
+        FrontSettings::new(ca.issue("internal", &["api.internal"])),
+    )
+    .await;
+    let accepting =
+        Sidecar::start(over_tls(&[&front], &ca).subject_alt_names(&["api.other", "api.internal"]))
+            .await;
+    assert_eq!(accepting.send("GET", "api", "/", b"").await.status, 200);
+    let refusing = Sidecar::start(over_tls(&[&front], &ca).subject_alt_names(&["api.other"])).await;
+    let r = refusing.send("GET", "api", "/", b"").await;
+    assert_eq!(
+        (r.status, error_kind(&r)),
+        (502, "tls_certificate".to_string())
+    );
+    assert_eq!(
+        refusing
+            .stats("api")
+            .certificate_failures
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [("name_mismatch", 1)]
+    );
+    // Another issuer still fails on its chain, whatever the names.
+    let stranger = TestCa::new("sans-stranger");
+    let foreign = TlsFront::start(
+        up.addr,
+        FrontSettings::new(stranger.issue("internal", &["api.internal"])),
+    )
+    .await;
+    let chain =
+        Sidecar::start(over_tls(&[&foreign], &ca).subject_alt_names(&["api.internal"])).await;
+    chain.send("GET", "api", "/", b"").await;
+    assert_eq!(
+        chain
+            .stats("api")
+            .certificate_failures
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [("unknown_issuer", 1)]
+    );
+}
+
+#[tokio::test]
 async fn auto_speaks_what_each_endpoint_selects_on_the_connection_that_asked() {
     let ca = TestCa::new("auto");
     for (alpn, version) in [

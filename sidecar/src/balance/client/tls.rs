@@ -18,9 +18,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use reprise_crds::config::{TrustAnchors, UpstreamTls};
 use reprise_crds::Protocol;
-use rustls::client::ResolvesClientCert;
-use rustls::pki_types::ServerName;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
+use rustls::DigitallySignedStruct;
 use rustls::{ClientConfig, RootCertStore, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -102,10 +104,30 @@ impl TlsOrigin {
                 Arc::new(store)
             }
         };
-        let builder =
-            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()?
-                .with_root_certificates(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let versions = ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()?;
+        let builder = if tls.subject_alt_names.is_empty() {
+            versions.with_root_certificates(roots)
+        } else {
+            // rustls' API for any verifier but its own is `dangerous()`; this
+            // one runs rustls' own verification, once per accepted name.
+            let inner = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+            let names = tls
+                .subject_alt_names
+                .iter()
+                .map(|n| {
+                    ServerName::try_from(n.clone()).map_err(|e| {
+                        rustls::Error::General(format!("subject alt name \"{n}\": {e}"))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            versions
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyOfNames { inner, names }))
+        };
         let config = match &tls.client_identity {
             Some(identity) => {
                 builder.with_client_cert_resolver(Arc::new(Presents(Arc::clone(&identity.key))))
@@ -191,6 +213,68 @@ fn public_roots() -> &'static Arc<RootCertStore> {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         })
     })
+}
+
+/// Verifies the endpoint's certificate as rustls does, for any of `names`
+/// instead of the SNI name (Gateway API's `subjectAltNames`): the chain,
+/// validity and signatures once, the name against each until one matches.
+#[derive(Debug)]
+struct AnyOfNames {
+    inner: Arc<WebPkiServerVerifier>,
+    names: Vec<ServerName<'static>>,
+}
+
+impl ServerCertVerifier for AnyOfNames {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _sni: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let mut refused =
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
+        for name in &self.names {
+            match self
+                .inner
+                .verify_server_cert(end_entity, intermediates, name, ocsp_response, now)
+            {
+                Ok(verified) => return Ok(verified),
+                // Only the name failed: the next name may match.
+                Err(
+                    e @ rustls::Error::InvalidCertificate(
+                        rustls::CertificateError::NotValidForName
+                        | rustls::CertificateError::NotValidForNameContext { .. },
+                    ),
+                ) => refused = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(refused)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 /// Presents one certificate chain whenever the endpoint asks for one.
