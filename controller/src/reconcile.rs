@@ -116,6 +116,9 @@ async fn reconcile_policy(
     if let Some(peers) = &ctx.peers {
         counts = peers.add(counts, policy);
     }
+    if let Ok(upstream) = &target {
+        counts.outdated = ctx.sidecars.outdated(policy, &upstream.needs());
+    }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let eval = status::evaluate(policy, &target, counts, now.clone());
     span.evaluated(eval.accepted, eval.status.endpoints, counts);

@@ -7,7 +7,7 @@
 //! module, below all of them, so that the reconciler and the metrics reach
 //! it without depending on the push server.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use kube::ResourceExt;
@@ -22,6 +22,9 @@ pub(crate) struct SyncCounts {
     pub(crate) selected: i32,
     /// Of those, how many ACKed a snapshot with this generation.
     pub(crate) in_sync: i32,
+    /// Of those, how many (on this replica) did not announce a capability
+    /// the policy's target needs, so their snapshots leave it out.
+    pub(crate) outdated: i32,
 }
 
 /// One connected sidecar.
@@ -29,6 +32,8 @@ pub(crate) struct SyncCounts {
 pub struct SidecarState {
     /// Pod labels, for policy selection.
     pub labels: BTreeMap<String, String>,
+    /// What its subscription announced it understands (`tls`, `dns`).
+    pub capabilities: BTreeSet<String>,
     /// Version last sent.
     pub sent: Option<String>,
     /// Policies in the snapshot last sent (`namespace/name` → generation).
@@ -58,12 +63,14 @@ impl SidecarRegistry {
         namespace: &str,
         pod: &str,
         labels: BTreeMap<String, String>,
+        capabilities: BTreeSet<String>,
         connection: u64,
     ) {
         self.lock().insert(
             (namespace.to_string(), pod.to_string()),
             SidecarState {
                 labels,
+                capabilities,
                 connection,
                 ..Default::default()
             },
@@ -150,6 +157,25 @@ impl SidecarRegistry {
         self.lock().len()
     }
 
+    /// Of the sidecars `policy` selects, how many lack one of `needs` (the
+    /// capabilities its target needs).
+    pub(crate) fn outdated(&self, policy: &RetryPolicy, needs: &[&str]) -> i32 {
+        if needs.is_empty() {
+            return 0;
+        }
+        let ns = policy.namespace().unwrap_or_default();
+        let n = self
+            .lock()
+            .iter()
+            .filter(|((pod_ns, _), s)| {
+                *pod_ns == ns
+                    && selection::selects(policy, &s.labels)
+                    && needs.iter().any(|c| !s.capabilities.contains(*c))
+            })
+            .count();
+        i32::try_from(n).unwrap_or(i32::MAX)
+    }
+
     /// Sidecars `policy` selects, and how many ACKed its current generation.
     pub(crate) fn counts(&self, policy: &RetryPolicy) -> SyncCounts {
         let ns = policy.namespace().unwrap_or_default();
@@ -170,5 +196,32 @@ impl SidecarRegistry {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), SidecarState>> {
         self.sidecars.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod capability_tests {
+    use super::*;
+    use crate::fixtures;
+
+    #[test]
+    fn sidecars_that_did_not_announce_what_a_target_needs_are_counted_as_outdated() {
+        let registry = SidecarRegistry::default();
+        let labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
+        let tls: BTreeSet<String> = ["tls".to_string(), "dns".to_string()].into();
+        registry.connect("shop", "new", labels.clone(), tls, 1);
+        registry.connect("shop", "old", labels.clone(), BTreeSet::new(), 2);
+        registry.connect("other", "old", labels, BTreeSet::new(), 3);
+        let policy = fixtures::policy().build();
+        assert_eq!(
+            registry.outdated(&policy, &["tls"]),
+            1,
+            "only shop's old one"
+        );
+        assert_eq!(
+            registry.outdated(&policy, &[]),
+            0,
+            "a plain target needs nothing"
+        );
     }
 }

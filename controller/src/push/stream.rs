@@ -45,9 +45,13 @@ impl Registration {
     /// Registers `id` (replacing an older connection of the same pod).
     fn new(server: &Arc<PushServer>, id: &Identity) -> Self {
         let connection = server.next_connection();
-        server
-            .registry
-            .connect(&id.namespace, &id.pod, id.labels.clone(), connection);
+        server.registry.connect(
+            &id.namespace,
+            &id.pod,
+            id.labels.clone(),
+            id.capabilities.clone(),
+            connection,
+        );
         Registration {
             server: Arc::clone(server),
             namespace: id.namespace.clone(),

@@ -32,6 +32,9 @@ pub(crate) enum Reason {
     AllSidecarsInSync,
     /// `InSync=False`: some selected sidecars have not ACKed it yet.
     Pending,
+    /// `InSync=False`: some selected sidecars are too old for the target
+    /// (TLS, DNS-named endpoints) and are not sent the policy.
+    SidecarsOutdated,
     /// `InSync=True`: no connected sidecar is selected.
     NoSidecars,
     /// `InSync=False`: a policy that is not accepted is not pushed.
@@ -59,6 +62,7 @@ impl Reason {
             Reason::BackendTLSNotResolved => "BackendTLSNotResolved",
             Reason::AllSidecarsInSync => "AllSidecarsInSync",
             Reason::Pending => "Pending",
+            Reason::SidecarsOutdated => "SidecarsOutdated",
             Reason::NoSidecars => "NoSidecars",
             Reason::NotAccepted => "NotAccepted",
         }

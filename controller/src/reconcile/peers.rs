@@ -216,6 +216,7 @@ mod tests {
             SyncCounts {
                 selected: 1,
                 in_sync: 1,
+                ..Default::default()
             },
             &p,
             &peers,
@@ -226,7 +227,8 @@ mod tests {
             t,
             SyncCounts {
                 selected: 6,
-                in_sync: 4
+                in_sync: 4,
+                ..Default::default()
             }
         );
     }

@@ -160,6 +160,16 @@ fn in_sync(accepted: bool, sync: SyncCounts) -> Verdict {
         )
     } else if sync.in_sync >= sync.selected {
         (true, Reason::AllSidecarsInSync, counted())
+    } else if sync.outdated > 0 {
+        (
+            false,
+            Reason::SidecarsOutdated,
+            format!(
+                "{}; {} run a sidecar that does not support its target (TLS or DNS-named endpoints), whose snapshots leave the policy out: upgrade them",
+                counted(),
+                sync.outdated
+            ),
+        )
     } else {
         (false, Reason::Pending, counted())
     };
@@ -276,6 +286,7 @@ mod tests {
             SyncCounts {
                 selected: 3,
                 in_sync: 3,
+                ..Default::default()
             },
             t(100),
         );
@@ -338,6 +349,7 @@ mod tests {
             SyncCounts {
                 selected: 2,
                 in_sync: 1,
+                ..Default::default()
             },
             t(1),
         );
@@ -366,6 +378,24 @@ mod tests {
     }
 
     #[test]
+    fn sidecars_too_old_for_the_target_are_named_as_why_the_policy_is_not_in_sync() {
+        let e = evaluate(
+            &policy(RetryRule::default()),
+            &target(2),
+            SyncCounts {
+                selected: 3,
+                in_sync: 1,
+                outdated: 2,
+            },
+            t(1),
+        );
+        let c = cond(&e, ConditionType::InSync);
+        assert_eq!(c.reason, "SidecarsOutdated");
+        assert_eq!(c.status, "False");
+        assert!(c.message.starts_with("1/3 sidecars run this generation; 2 run a sidecar that does not support its target"), "{}", c.message);
+    }
+
+    #[test]
     fn transition_times_survive_an_unchanged_reconcile() {
         let mut p = policy(RetryRule::default());
         let first = evaluate(
@@ -374,6 +404,7 @@ mod tests {
             SyncCounts {
                 selected: 1,
                 in_sync: 1,
+                ..Default::default()
             },
             t(100),
         );
@@ -384,6 +415,7 @@ mod tests {
             SyncCounts {
                 selected: 1,
                 in_sync: 1,
+                ..Default::default()
             },
             t(200),
         );
@@ -394,6 +426,7 @@ mod tests {
             SyncCounts {
                 selected: 2,
                 in_sync: 1,
+                ..Default::default()
             },
             t(300),
         );
