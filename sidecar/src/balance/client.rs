@@ -26,7 +26,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::Either;
 use futures_util::FutureExt;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
@@ -78,6 +77,10 @@ impl EndpointClient {
     /// two protocols' futures side by side; now it is the larger of the two
     /// plus a tag (measured:
     /// `e2e/bench/results/2026-12-04-issue18-h2c-reference.md`).
+    // Always inlined: built in the attempt's own future, the protocol's
+    // future is not copied into it (measured:
+    // `e2e/bench/results/2026-12-06-issue43-instructions.md`).
+    #[inline(always)]
     pub(crate) fn request<'a, 't>(
         &'a self,
         request: AttemptRequest<'t>,
@@ -85,20 +88,53 @@ impl EndpointClient {
     ) -> impl Future<Output = Result<Response<EndpointBody>, (FailureKind, Stage)>> + use<'a, 't>
     {
         match self {
-            EndpointClient::Http1(pool) => Either::Left(
-                pool.send(request)
+            EndpointClient::Http1(pool) => Sending::Http1 {
+                f: pool
+                    .send(request)
                     .map(|sent| sent.map(|r| r.map(EndpointBody::Http1))),
-            ),
-            EndpointClient::H2c(endpoint) => Either::Right(Either::Left(
-                endpoint
+            },
+            EndpointClient::H2c(endpoint) => Sending::Http2 {
+                f: endpoint
                     .send(request.into_http2(endpoint.scheme()), now)
                     .map(|sent| sent.map(|r| r.map(EndpointBody::H2c))),
-            )),
+            },
             // Boxed, so that `auto`'s larger future (both protocols' and the
             // first dial's) does not enlarge every other request's.
-            EndpointClient::Auto(endpoint) => Either::Right(Either::Right(Box::pin(
-                Arc::clone(endpoint).send(request, now),
-            ))),
+            EndpointClient::Auto(endpoint) => Sending::Auto {
+                f: Box::pin(Arc::clone(endpoint).send(request, now)),
+            },
+        }
+    }
+}
+
+/// What one attempt waits on, for one protocol. One flat enum rather than
+/// nested `Either`s, whose extra level made every HTTP/1 request's future
+/// larger and copied with `memcpy` (measured:
+/// `e2e/bench/results/2026-12-06-issue43-instructions.md`).
+type Sent = Result<Response<EndpointBody>, (FailureKind, Stage)>;
+
+pin_project_lite::pin_project! {
+    #[project = SendingProj]
+    pub(crate) enum Sending<'t, A, B> {
+        Http1 { #[pin] f: A },
+        Http2 { #[pin] f: B },
+        Auto { f: Pin<Box<dyn Future<Output = Sent> + Send + 't>> },
+    }
+}
+
+impl<A, B> Future for Sending<'_, A, B>
+where
+    A: Future<Output = Sent>,
+    B: Future<Output = Sent>,
+{
+    type Output = Sent;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Sent> {
+        match self.project() {
+            SendingProj::Http1 { f } => f.poll(cx),
+            SendingProj::Http2 { f } => f.poll(cx),
+            SendingProj::Auto { f } => f.as_mut().poll(cx),
         }
     }
 }
