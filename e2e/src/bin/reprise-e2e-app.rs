@@ -8,10 +8,14 @@
 //!   (default 5000: endpoint removal reaches every sidecar within that even
 //!   on a loaded 2-core machine) and
 //!   exits, as a well-behaved server does while its endpoint is withdrawn.
+//!   With `$TLS_CERT_FILE` and `$TLS_KEY_FILE` (PEM) it serves HTTPS instead
+//!   of plain HTTP on the same port, offering ALPN `h2` and `http/1.1`; a pod
+//!   template picks its pod's own pair with `$(POD_NAME)` in those values.
 //! - **Client**: `GET /drive?url=http://api/&n=100[&interval_ms=10][&timeout_s=120]`
 //!   sends `n` GETs one after another, through `$HTTP_PROXY` when it is set
 //!   (the injected sidecar), and answers with JSON counts: `ok`, `failed`,
-//!   `statuses`, `errors` and the `bodies` seen. Bounded: `n` ≤ 100 000 and
+//!   `statuses`, `errors`, the `bodies` seen and the `x-reprise-error`
+//!   values of the failures (`reprise_errors`). Bounded: `n` ≤ 100 000 and
 //!   the whole run stops at `timeout_s` (≤ 600).
 //! - `GET /healthz`: `200`, for probes.
 //!
@@ -60,10 +64,13 @@ async fn main() -> anyhow::Result<()> {
         draining: AtomicBool::new(false),
     });
     let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(5000));
+    let tls = tls_acceptor()?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
     eprintln!(
-        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%)",
-        state.name, state.fail_percent
+        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%, {})",
+        state.name,
+        state.fail_percent,
+        if tls.is_some() { "https" } else { "http" }
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Its own task: the listener keeps accepting through the drain. (Dropped
@@ -77,11 +84,22 @@ async fn main() -> anyhow::Result<()> {
                 continue;
             };
             let state = Arc::clone(&state_for_accept);
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req| handle(Arc::clone(&state), req));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let server = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                match tls {
+                    // A failed handshake (a client that does not trust this
+                    // pod's certificate) just ends the connection.
+                    Some(tls) => {
+                        if let Ok(stream) = tls.accept(stream).await {
+                            let _ = server.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
+                    None => {
+                        let _ = server.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
             });
         }
     });
@@ -91,6 +109,33 @@ async fn main() -> anyhow::Result<()> {
     // Keep serving while the endpoint is withdrawn everywhere.
     tokio::time::sleep(drain).await;
     Ok(())
+}
+
+/// The TLS acceptor when `$TLS_CERT_FILE` and `$TLS_KEY_FILE` are set.
+fn tls_acceptor() -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (cert, key) = (env("TLS_CERT_FILE"), env("TLS_KEY_FILE"));
+    if cert.is_empty() && key.is_empty() {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        !cert.is_empty() && !key.is_empty(),
+        "TLS_CERT_FILE and TLS_KEY_FILE go together"
+    );
+    let chain = CertificateDer::pem_file_iter(&cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("{cert}: {e}"))?;
+    let key = PrivateKeyDer::from_pem_file(&key).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)?;
+    // Both, as a real server would: the sidecar's `protocol: auto` picks by ALPN.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
 async fn handle(
@@ -179,6 +224,7 @@ async fn drive(query: &str) -> anyhow::Result<String> {
     let mut statuses = BTreeMap::<String, u64>::new();
     let mut errors = BTreeMap::<String, u64>::new();
     let mut bodies = BTreeMap::<String, u64>::new();
+    let mut reprise_errors = BTreeMap::<String, u64>::new();
     let mut first_failures = Vec::new();
     while sent < n && Instant::now() < deadline {
         sent += 1;
@@ -189,7 +235,10 @@ async fn drive(query: &str) -> anyhow::Result<String> {
         .await
         .unwrap_or_else(|_| Err("timeout".to_string()));
         match one {
-            Ok((status, body)) => {
+            Ok((status, body, reprise_error)) => {
+                if let Some(kind) = reprise_error {
+                    *reprise_errors.entry(kind).or_default() += 1;
+                }
                 *statuses.entry(status.to_string()).or_default() += 1;
                 if status == 200 {
                     ok += 1;
@@ -231,14 +280,16 @@ async fn drive(query: &str) -> anyhow::Result<String> {
         "statuses": statuses,
         "errors": errors,
         "bodies": bodies,
+        "reprise_errors": reprise_errors,
         "first_failures": first_failures,
         "duration_ms": start.elapsed().as_millis() as u64,
     })
     .to_string())
 }
 
-/// One GET on a new connection; the status and body, or an error kind.
-async fn once(connect_to: &str, request: &[u8]) -> Result<(u16, String), String> {
+/// One GET on a new connection; the status, body and `x-reprise-error`
+/// header, or an error kind.
+async fn once(connect_to: &str, request: &[u8]) -> Result<(u16, String, Option<String>), String> {
     let mut s = tokio::net::TcpStream::connect(connect_to)
         .await
         .map_err(|e| format!("connect: {}", e.kind()))?;
@@ -254,11 +305,13 @@ async fn once(connect_to: &str, request: &[u8]) -> Result<(u16, String), String>
         .get(9..12)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| "no status line".to_string())?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let reprise_error = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("x-reprise-error")
+            .then(|| value.trim().to_string())
+    });
+    Ok((status, body.to_string(), reprise_error))
 }
 
 fn percent_decode(s: &str) -> String {
