@@ -14,12 +14,15 @@
 #   coredns (kubernetes, cache, ... only)    e2e/tools/coredns/      (github.com/coredns/coredns)
 #   prometheus (Kubernetes SD only)          e2e/tools/prometheus/   (github.com/prometheus/prometheus)
 #   crictl                                   e2e/tools/cri-tools/    (sigs.k8s.io/cri-tools)
+# and, not built but downloaded (its CRD manifests, for the node's TLS test):
+#   Gateway API                              e2e/tools/gateway-api/  (sigs.k8s.io/gateway-api)
 #
 # A binary already in the cache is not rebuilt, so running this again is cheap.
 # Progress goes to stderr. stdout gets one NAME=/abs/path line per tool
 # (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM, and KUBELET,
-# KUBE_PROXY, KUBE_SCHEDULER, COREDNS, PROMETHEUS, CRICTL unless --api-only) and a
-# last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file that exports
+# KUBE_PROXY, KUBE_SCHEDULER, COREDNS, PROMETHEUS, CRICTL unless --api-only;
+# GATEWAY_API_CRDS, the path of the pinned module's BackendTLSPolicy CRD,
+# always) and a last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file that exports
 # them.
 #
 # Usage:
@@ -228,9 +231,23 @@ if ((API_ONLY == 0)); then
     "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" --version
 fi
 
+# --- Gateway API CRDs (downloaded, not built) ---------------------------------
+# The tests apply the CRDs Gateway API publishes rather than copies written by
+# hand: the module's own files, from the module cache, at the pinned version
+# (go.sum checks the download).
+GATEWAY_API_VERSION="$(module_version "$TOOLS_DIR/gateway-api" sigs.k8s.io/gateway-api)"
+gateway_api_dir="$(cd "$TOOLS_DIR/gateway-api" &&
+  go mod download -json sigs.k8s.io/gateway-api | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')" ||
+  die "gateway-api $GATEWAY_API_VERSION: go mod download failed"
+PATHS[GATEWAY_API_CRDS]="$gateway_api_dir/config/crd/standard/gateway.networking.k8s.io_backendtlspolicies.yaml"
+[[ -f "${PATHS[GATEWAY_API_CRDS]}" ]] ||
+  die "gateway-api $GATEWAY_API_VERSION: no ${PATHS[GATEWAY_API_CRDS]}"
+log "gateway-api $GATEWAY_API_VERSION: BackendTLSPolicy CRD at ${PATHS[GATEWAY_API_CRDS]}"
+
 # --- Output -------------------------------------------------------------------
 VARS=(KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD JAEGER HELM)
 ((API_ONLY)) || VARS+=(KUBELET KUBE_PROXY KUBE_SCHEDULER COREDNS PROMETHEUS CRICTL)
+VARS+=(GATEWAY_API_CRDS)
 lines=""
 for v in "${VARS[@]}"; do
   lines+="$v=${PATHS[$v]}"$'\n'

@@ -8,11 +8,24 @@
 //!   (default 5000: endpoint removal reaches every sidecar within that even
 //!   on a loaded 2-core machine) and
 //!   exits, as a well-behaved server does while its endpoint is withdrawn.
+//!   With `$TLS_CERT_FILE` and `$TLS_KEY_FILE` (PEM) it serves HTTPS instead
+//!   of plain HTTP on the same port, offering ALPN `h2` and `http/1.1`; a pod
+//!   template picks its pod's own pair with `$(POD_NAME)` in those values.
+//!   With TLS and `$GRPC_PORT` it also serves gRPC over TLS there: the test
+//!   kit's tonic server (`reprise.test.Echo/Say`, answering `TEXT from
+//!   $POD_NAME`) on loopback behind the same certificate; on `$FLAKY_POD`
+//!   every other call gets `UNAVAILABLE`.
 //! - **Client**: `GET /drive?url=http://api/&n=100[&interval_ms=10][&timeout_s=120]`
 //!   sends `n` GETs one after another, through `$HTTP_PROXY` when it is set
 //!   (the injected sidecar), and answers with JSON counts: `ok`, `failed`,
-//!   `statuses`, `errors` and the `bodies` seen. Bounded: `n` ≤ 100 000 and
+//!   `statuses`, `errors`, the `bodies` seen and the `x-reprise-error`
+//!   values of the failures (`reprise_errors`). Bounded: `n` ≤ 100 000 and
 //!   the whole run stops at `timeout_s` (≤ 600).
+//! - **gRPC client**: `GET /drive-grpc?target=api-grpc:443&n=100[&timeout_s=120]`
+//!   makes `n` `Say` calls over h2c to `$HTTP_PROXY` (the sidecar) with that
+//!   `:authority`, and answers with JSON counts: `ok`, `failed`, `codes`, the
+//!   `bodies` (which pod answered) and `tls_certificate` (failures whose
+//!   `grpc-message` names that kind). Bounded like `/drive`.
 //! - `GET /healthz`: `200`, for probes.
 //!
 //! `PORT` (default 8080) is the listening port, on every address.
@@ -60,10 +73,13 @@ async fn main() -> anyhow::Result<()> {
         draining: AtomicBool::new(false),
     });
     let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(5000));
+    let tls = tls_acceptor()?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
     eprintln!(
-        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%)",
-        state.name, state.fail_percent
+        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%, {})",
+        state.name,
+        state.fail_percent,
+        if tls.is_some() { "https" } else { "http" }
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Its own task: the listener keeps accepting through the drain. (Dropped
@@ -71,26 +87,189 @@ async fn main() -> anyhow::Result<()> {
     // keep-alive connection got `Connection: close` had nowhere to go until
     // its proxy heard that the endpoint was gone.)
     let state_for_accept = Arc::clone(&state);
+    let tls_for_accept = tls.clone();
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
             let state = Arc::clone(&state_for_accept);
+            let tls = tls_for_accept.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req| handle(Arc::clone(&state), req));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let server = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                match tls {
+                    // A failed handshake (a client that does not trust this
+                    // pod's certificate) just ends the connection.
+                    Some(tls) => {
+                        if let Ok(stream) = tls.accept(stream).await {
+                            let _ = server.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
+                    None => {
+                        let _ = server.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
             });
         }
     });
+    if let Ok(grpc_port) = env("GRPC_PORT").parse::<u16>() {
+        let tls = tls
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("GRPC_PORT needs TLS_CERT_FILE and TLS_KEY_FILE"))?;
+        grpc_over_tls(grpc_port, tls, &state.name, state.fail_percent > 0).await?;
+    }
     term.recv().await;
     eprintln!("SIGTERM: draining for {drain:?}");
     state.draining.store(true, Ordering::Relaxed);
     // Keep serving while the endpoint is withdrawn everywhere.
     tokio::time::sleep(drain).await;
     Ok(())
+}
+
+/// gRPC over TLS on `port`: the test kit's tonic server on loopback, and
+/// in front of it the pod's TLS, each connection's bytes relayed to it.
+async fn grpc_over_tls(
+    port: u16,
+    tls: tokio_rustls::TlsAcceptor,
+    name: &str,
+    flaky: bool,
+) -> anyhow::Result<()> {
+    use reprise_testkit::grpc::{GrpcAction, GrpcServer};
+    let server = GrpcServer::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), name, move |n| {
+        if flaky && n % 2 == 0 {
+            GrpcAction::TrailersOnly(tonic::Code::Unavailable, None)
+        } else {
+            GrpcAction::Ok
+        }
+    })
+    .await;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
+    eprintln!("reprise-e2e-app: gRPC over TLS on :{port}");
+    tokio::spawn(async move {
+        let backend = server.addr;
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let Ok(mut stream) = tls.accept(stream).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut stream, &mut plain).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// `/drive-grpc`: makes the calls and returns the JSON summary.
+async fn drive_grpc(query: &str) -> anyhow::Result<String> {
+    let mut target = String::new();
+    let (mut n, mut timeout_s) = (1u64, 120u64);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "target" => target = percent_decode(v),
+            "n" => n = v.parse()?,
+            "timeout_s" => timeout_s = v.parse()?,
+            _ => anyhow::bail!("unknown parameter {k}"),
+        }
+    }
+    anyhow::ensure!(n <= 100_000, "n must be at most 100000");
+    anyhow::ensure!(timeout_s <= 600, "timeout_s must be at most 600");
+    let proxy = std::env::var("HTTP_PROXY")
+        .or_else(|_| std::env::var("http_proxy"))
+        .map_err(|_| anyhow::anyhow!("no HTTP_PROXY: /drive-grpc calls through the sidecar"))?;
+    let sidecar: SocketAddr = proxy
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()?;
+    let channel = tokio::time::timeout(
+        Duration::from_secs(10),
+        reprise_testkit::grpc::channel(sidecar, &target),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("no h2c connection to {sidecar} in 10 s"))?;
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(timeout_s);
+    let (mut ok, mut failed, mut sent, mut tls_certificate) = (0u64, 0u64, 0u64, 0u64);
+    let mut codes = BTreeMap::<String, u64>::new();
+    let mut bodies = BTreeMap::<String, u64>::new();
+    let mut first_failures = Vec::new();
+    while sent < n && Instant::now() < deadline {
+        sent += 1;
+        let one = tokio::time::timeout(
+            Duration::from_secs(10),
+            reprise_testkit::grpc::say(&channel, "hi", &[]),
+        )
+        .await
+        .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer in 10 s")));
+        match one {
+            Ok(echo) => {
+                ok += 1;
+                *codes.entry("OK".into()).or_default() += 1;
+                // "hi from api-0" -> "api-0"
+                let who = echo.text.rsplit(' ').next().unwrap_or("?").to_string();
+                *bodies.entry(who).or_default() += 1;
+            }
+            Err(status) => {
+                failed += 1;
+                *codes.entry(format!("{:?}", status.code())).or_default() += 1;
+                if status.message().contains("tls_certificate") {
+                    tls_certificate += 1;
+                }
+                if first_failures.len() < 5 {
+                    first_failures.push(format!("{:?}: {}", status.code(), status.message()));
+                }
+            }
+        }
+    }
+    Ok(serde_json::json!({
+        "target": target,
+        "sidecar": sidecar.to_string(),
+        "requested": n,
+        "sent": sent,
+        "ok": ok,
+        "failed": failed,
+        "codes": codes,
+        "bodies": bodies,
+        "tls_certificate": tls_certificate,
+        "first_failures": first_failures,
+        "duration_ms": start.elapsed().as_millis() as u64,
+    })
+    .to_string())
+}
+
+/// The TLS acceptor when `$TLS_CERT_FILE` and `$TLS_KEY_FILE` are set.
+fn tls_acceptor() -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (cert, key) = (env("TLS_CERT_FILE"), env("TLS_KEY_FILE"));
+    if cert.is_empty() && key.is_empty() {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        !cert.is_empty() && !key.is_empty(),
+        "TLS_CERT_FILE and TLS_KEY_FILE go together"
+    );
+    let chain = CertificateDer::pem_file_iter(&cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("{cert}: {e}"))?;
+    let key = PrivateKeyDer::from_pem_file(&key).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)?;
+    // Both, as a real server would: the sidecar's `protocol: auto` picks by ALPN.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
 async fn handle(
@@ -100,6 +279,10 @@ async fn handle(
     let (status, body, content_type) = match req.uri().path() {
         "/healthz" => (200, "ok\n".to_string(), "text/plain"),
         "/drive" => match drive(req.uri().query().unwrap_or("")).await {
+            Ok(json) => (200, json, "application/json"),
+            Err(e) => (400, format!("{e}\n"), "text/plain"),
+        },
+        "/drive-grpc" => match drive_grpc(req.uri().query().unwrap_or("")).await {
             Ok(json) => (200, json, "application/json"),
             Err(e) => (400, format!("{e}\n"), "text/plain"),
         },
@@ -179,6 +362,7 @@ async fn drive(query: &str) -> anyhow::Result<String> {
     let mut statuses = BTreeMap::<String, u64>::new();
     let mut errors = BTreeMap::<String, u64>::new();
     let mut bodies = BTreeMap::<String, u64>::new();
+    let mut reprise_errors = BTreeMap::<String, u64>::new();
     let mut first_failures = Vec::new();
     while sent < n && Instant::now() < deadline {
         sent += 1;
@@ -189,7 +373,10 @@ async fn drive(query: &str) -> anyhow::Result<String> {
         .await
         .unwrap_or_else(|_| Err("timeout".to_string()));
         match one {
-            Ok((status, body)) => {
+            Ok((status, body, reprise_error)) => {
+                if let Some(kind) = reprise_error {
+                    *reprise_errors.entry(kind).or_default() += 1;
+                }
                 *statuses.entry(status.to_string()).or_default() += 1;
                 if status == 200 {
                     ok += 1;
@@ -231,14 +418,16 @@ async fn drive(query: &str) -> anyhow::Result<String> {
         "statuses": statuses,
         "errors": errors,
         "bodies": bodies,
+        "reprise_errors": reprise_errors,
         "first_failures": first_failures,
         "duration_ms": start.elapsed().as_millis() as u64,
     })
     .to_string())
 }
 
-/// One GET on a new connection; the status and body, or an error kind.
-async fn once(connect_to: &str, request: &[u8]) -> Result<(u16, String), String> {
+/// One GET on a new connection; the status, body and `x-reprise-error`
+/// header, or an error kind.
+async fn once(connect_to: &str, request: &[u8]) -> Result<(u16, String, Option<String>), String> {
     let mut s = tokio::net::TcpStream::connect(connect_to)
         .await
         .map_err(|e| format!("connect: {}", e.kind()))?;
@@ -254,11 +443,13 @@ async fn once(connect_to: &str, request: &[u8]) -> Result<(u16, String), String>
         .get(9..12)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| "no status line".to_string())?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let reprise_error = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("x-reprise-error")
+            .then(|| value.trim().to_string())
+    });
+    Ok((status, body.to_string(), reprise_error))
 }
 
 fn percent_decode(s: &str) -> String {

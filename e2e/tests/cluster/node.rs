@@ -18,6 +18,8 @@
 //! 4. The controller scaled to 0 and the sidecar process killed: the kubelet
 //!    restarts it and it serves the retry policy from its saved snapshot.
 
+mod tls;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
