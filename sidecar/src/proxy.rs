@@ -69,6 +69,10 @@ pub struct Proxy {
     pub(crate) dns: Arc<Dns>,
     /// This proxy, for the DNS task, which must not keep it alive.
     me: Weak<Self>,
+    /// Held while routes are built and swapped in: a reload and a DNS
+    /// rebuild each start from the routes in force, so neither may swap in
+    /// routes built from what the other replaced.
+    rebuilding: std::sync::Mutex<()>,
 }
 
 impl Proxy {
@@ -105,6 +109,7 @@ impl Proxy {
             access_log,
             tunnels: Tunnels::default(),
             dns,
+            rebuilding: std::sync::Mutex::new(()),
         });
         proxy.dns.configured(Arc::downgrade(&proxy), &config);
         proxy
@@ -121,20 +126,24 @@ impl Proxy {
         self.reservation
             .set_limit(config.proxy.replay_reservation_bytes);
         let config = Arc::new(config);
-        let previous = self.routes.load_full();
-        self.routes.store(Arc::new(Routes::new(
-            Arc::clone(&config),
-            Some(&previous),
-            &self.dns,
-        )));
+        {
+            let _one_at_a_time = self.rebuilding.lock().unwrap_or_else(|e| e.into_inner());
+            let previous = self.routes.load_full();
+            self.routes.store(Arc::new(Routes::new(
+                Arc::clone(&config),
+                Some(&previous),
+                &self.dns,
+            )));
+        }
         self.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
         self.dns.configured(self.me.clone(), &config);
     }
 
     /// Builds the routes again from the configuration in force, for host
     /// names whose addresses changed; like a reload, what stays keeps its
-    /// state.
+    /// state. Blocking: run it off the runtime's threads, as reloads are.
     pub(crate) fn rebuild_routes(&self) {
+        let _one_at_a_time = self.rebuilding.lock().unwrap_or_else(|e| e.into_inner());
         let previous = self.routes.load_full();
         let config = Arc::clone(&previous.config);
         self.routes

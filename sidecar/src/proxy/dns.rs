@@ -167,7 +167,9 @@ async fn refresh(proxy: Weak<Proxy>, dns: Arc<Dns>) {
             let Some(proxy) = proxy.upgrade() else {
                 return;
             };
-            proxy.rebuild_routes();
+            // On the blocking pool, as a reload builds its routes: a large
+            // configuration takes milliseconds to build.
+            let _ = tokio::task::spawn_blocking(move || proxy.rebuild_routes()).await;
         }
         let next = due.values().min().copied().unwrap_or(now + MAX_REFRESH);
         tokio::select! {
