@@ -24,11 +24,10 @@ use std::task::{Context, Poll};
 use http::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
-use rustls::client::ResolvesClientCert;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::sign::CertifiedKey;
-use rustls::{ClientConfig, RootCertStore, SignatureScheme};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
+use rustls::{ClientConfig, RootCertStore};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -93,7 +92,7 @@ pub(crate) fn client_config(tls: &TlsSettings, alpn: &[u8]) -> Result<Arc<Client
                     Some(other.into()),
                 ),
             })?;
-            builder.with_client_cert_resolver(Arc::new(Presents(Arc::new(key))))
+            builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(key)))
         }
         None => builder.with_no_client_auth(),
     };
@@ -150,24 +149,6 @@ fn refuse(
         path: file.path.clone(),
         reason,
         source,
-    }
-}
-
-/// Presents the one client certificate chain whenever the collector asks.
-#[derive(Debug)]
-struct Presents(Arc<CertifiedKey>);
-
-impl ResolvesClientCert for Presents {
-    fn resolve(
-        &self,
-        _root_hint_subjects: &[&[u8]],
-        _sigschemes: &[SignatureScheme],
-    ) -> Option<Arc<CertifiedKey>> {
-        Some(Arc::clone(&self.0))
-    }
-
-    fn has_certs(&self) -> bool {
-        true
     }
 }
 

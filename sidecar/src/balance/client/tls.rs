@@ -19,9 +19,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use reprise_crds::config::{TrustAnchors, UpstreamTls};
 use reprise_crds::Protocol;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::sign::CertifiedKey;
+use rustls::sign::SingleCertAndKey;
 use rustls::DigitallySignedStruct;
 use rustls::{ClientConfig, RootCertStore, SignatureScheme};
 use tokio::net::TcpStream;
@@ -129,9 +129,9 @@ impl TlsOrigin {
                 .with_custom_certificate_verifier(Arc::new(AnyOfNames { inner, names }))
         };
         let config = match &tls.client_identity {
-            Some(identity) => {
-                builder.with_client_cert_resolver(Arc::new(Presents(Arc::clone(&identity.key))))
-            }
+            Some(identity) => builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(
+                Arc::clone(&identity.key),
+            ))),
             None => builder.with_no_client_auth(),
         };
         let server_name = ServerName::try_from(tls.server_name.clone()).map_err(|e| {
@@ -274,23 +274,5 @@ impl ServerCertVerifier for AnyOfNames {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
-    }
-}
-
-/// Presents one certificate chain whenever the endpoint asks for one.
-#[derive(Debug)]
-struct Presents(Arc<CertifiedKey>);
-
-impl ResolvesClientCert for Presents {
-    fn resolve(
-        &self,
-        _root_hint_subjects: &[&[u8]],
-        _sigschemes: &[SignatureScheme],
-    ) -> Option<Arc<CertifiedKey>> {
-        Some(Arc::clone(&self.0))
-    }
-
-    fn has_certs(&self) -> bool {
-        true
     }
 }
