@@ -15,7 +15,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{HandshakeKind, RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
@@ -164,6 +164,7 @@ pub struct TlsFront {
     /// Where it listens.
     pub addr: SocketAddr,
     handshakes: Arc<AtomicUsize>,
+    resumed: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -174,16 +175,21 @@ impl TlsFront {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let handshakes = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&handshakes);
+        let resumed = Arc::new(AtomicUsize::new(0));
+        let (counted, counted_resumed) = (Arc::clone(&handshakes), Arc::clone(&resumed));
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();
                 let counted = Arc::clone(&counted);
+                let counted_resumed = Arc::clone(&counted_resumed);
                 tokio::spawn(async move {
                     let Ok(mut tls) = acceptor.accept(client).await else {
                         return;
                     };
                     counted.fetch_add(1, Ordering::Relaxed);
+                    if tls.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed) {
+                        counted_resumed.fetch_add(1, Ordering::Relaxed);
+                    }
                     let Ok(mut plain) = TcpStream::connect(backend).await else {
                         return;
                     };
@@ -194,6 +200,7 @@ impl TlsFront {
         TlsFront {
             addr,
             handshakes,
+            resumed,
             task,
         }
     }
@@ -201,6 +208,11 @@ impl TlsFront {
     /// Handshakes completed so far.
     pub fn handshakes(&self) -> usize {
         self.handshakes.load(Ordering::Relaxed)
+    }
+
+    /// Of those, the ones that resumed a session (the rest were full).
+    pub fn resumed(&self) -> usize {
+        self.resumed.load(Ordering::Relaxed)
     }
 }
 

@@ -63,6 +63,66 @@ async fn host_rewrite_replaces_the_host_on_every_attempt() {
     assert_eq!(up.received()[0].header("host"), Some("api.test"));
 }
 
+/// An upstream answering 200 with `Connection: close`, so every request
+/// opens a new connection and shakes hands again.
+async fn closing_upstream() -> Upstream {
+    Upstream::always(Action::ReplyWith(
+        200,
+        vec![("connection", "close".into())],
+        Default::default(),
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn sessions_are_resumed_per_endpoint_so_pods_with_their_own_keys_resume_too() {
+    let ca = TestCa::new("resume");
+    let up = closing_upstream().await;
+    // Two fronts, each with its own session cache: two pods.
+    let (a, b) = (front(&ca, "a", &up).await, front(&ca, "b", &up).await);
+    let sidecar = Sidecar::start(over_tls(&[&a, &b], &ca)).await;
+    for _ in 0..20 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    let (full_a, full_b) = (a.handshakes() - a.resumed(), b.handshakes() - b.resumed());
+    assert_eq!(
+        a.handshakes() + b.handshakes(),
+        20,
+        "a connection per request"
+    );
+    // With one store for the upstream's name, a ticket from one front was
+    // offered to the other, refused, and the handshake was a full one.
+    assert_eq!(
+        (full_a, full_b),
+        (1, 1),
+        "one full handshake per endpoint, the rest resumed"
+    );
+}
+
+#[tokio::test]
+async fn a_burst_of_new_connections_resumes_with_the_tickets_kept() {
+    let ca = TestCa::new("burst");
+    let up = closing_upstream().await;
+    let tls = front(&ca, "api", &up).await;
+    let sidecar = Sidecar::start(over_tls(&[&tls], &ca)).await;
+    // One at a time: each connection takes a ticket and gets two.
+    for _ in 0..40 {
+        assert_eq!(sidecar.send("GET", "api", "/", b"").await.status, 200);
+    }
+    let before = tls.handshakes() - tls.resumed();
+    let burst = (0..40).map(|_| sidecar.send("GET", "api", "/", b""));
+    for r in futures_util::future::join_all(burst).await {
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(tls.handshakes(), 80);
+    // rustls' own cache keeps eight tickets per server: 32 of these 40 were full.
+    assert_eq!(
+        tls.handshakes() - tls.resumed() - before,
+        0,
+        "40 connections opened at once all resumed"
+    );
+}
+
 #[tokio::test]
 async fn a_failed_handshake_is_retried_on_another_endpoint() {
     let ca = TestCa::new("handshake");

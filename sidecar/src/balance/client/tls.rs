@@ -2,7 +2,7 @@
 //! configuration per upstream (its trust, its client certificate, the ALPN
 //! its protocol asks for), shared by every endpoint and every attempt, so
 //! each attempt of a request presents the same policy and only the address
-//! changes. Sessions are resumed from the configuration's in-memory cache.
+//! changes. Sessions are resumed from a store per endpoint (`sessions`).
 //!
 //! The contract with the retry engine: a certificate that fails validation
 //! is `tls_certificate`, never retried; any other end of the handshake
@@ -11,6 +11,7 @@
 //! nothing was written, so it is retried like a refused connection.
 
 mod expiry;
+mod sessions;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use reprise_crds::config::{TrustAnchors, UpstreamTls};
 use reprise_crds::Protocol;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
+use rustls::client::{Resumption, WebPkiServerVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::SingleCertAndKey;
 use rustls::DigitallySignedStruct;
@@ -49,8 +50,32 @@ pub(crate) struct TlsOrigin {
 
 #[derive(Clone)]
 struct Ready {
-    connector: TlsConnector,
+    /// The upstream's configuration; each endpoint's connector is this with
+    /// the ALPN offered and the endpoint's own session store.
+    config: Arc<ClientConfig>,
     server_name: ServerName<'static>,
+    /// Connectors made so far, by endpoint and protocol offered.
+    connectors: Arc<Mutex<HashMap<(SocketAddr, Protocol), TlsConnector>>>,
+    sessions: Arc<sessions::Sessions>,
+}
+
+impl Ready {
+    /// The connector for `endpoint` offering `protocol`, made on first use.
+    fn connector(&self, endpoint: SocketAddr, protocol: Protocol) -> TlsConnector {
+        let mut connectors = lock(&self.connectors);
+        if let Some(c) = connectors.get(&(endpoint, protocol)) {
+            return c.clone();
+        }
+        let mut config = ClientConfig::clone(&self.config);
+        config.alpn_protocols = alpn(protocol);
+        config.resumption = Resumption::store(self.sessions.of(endpoint));
+        let connector = TlsConnector::from(Arc::new(config));
+        if connectors.len() >= sessions::ENDPOINTS {
+            connectors.clear();
+        }
+        connectors.insert((endpoint, protocol), connector.clone());
+        connector
+    }
 }
 
 impl std::fmt::Debug for TlsOrigin {
@@ -138,8 +163,10 @@ impl TlsOrigin {
             rustls::Error::General(format!("server name \"{}\": {e}", tls.server_name))
         })?;
         Ok(Ready {
-            connector: TlsConnector::from(Arc::new(config)),
+            config: Arc::new(config),
             server_name,
+            connectors: Arc::default(),
+            sessions: Arc::default(),
         })
     }
 
@@ -154,9 +181,12 @@ impl TlsOrigin {
             .ready
             .as_ref()
             .map_err(|_| (FailureKind::TlsHandshake, Stage::Connect))?;
+        // A peer gone between the connect and here: as if the connect had failed.
+        let peer = tcp
+            .peer_addr()
+            .map_err(|_| (FailureKind::ConnectError, Stage::Connect))?;
         let connecting = ready
-            .connector
-            .with_alpn(alpn(self.protocol))
+            .connector(peer, self.protocol)
             .connect(ready.server_name.clone(), tcp);
         let stream = match tokio::time::timeout_at(deadline, connecting).await {
             Ok(Ok(stream)) => stream,
@@ -166,12 +196,13 @@ impl TlsOrigin {
         if self.require_h2 && !selected_h2(&stream) {
             return Err((FailureKind::TlsHandshake, Stage::Connect));
         }
-        let (tcp, session) = stream.get_ref();
-        let expires = session
+        let expires = stream
+            .get_ref()
+            .1
             .peer_certificates()
             .and_then(|chain| chain.first())
             .and_then(|leaf| expiry::not_after(leaf));
-        if let (Some(expires), Ok(peer)) = (expires, tcp.peer_addr()) {
+        if let Some(expires) = expires {
             lock(&self.expiries).insert(peer, expires);
         }
         Ok(stream)
