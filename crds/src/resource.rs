@@ -44,9 +44,31 @@ use crate::retry_rule::RetryRule;
     printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
     printcolumn(name = "In-Sync", type_ = "string", json_path = ".status.inSync"),
     printcolumn(
+        name = "Effective",
+        type_ = "string",
+        json_path = ".status.traffic.effectiveSuccess"
+    ),
+    printcolumn(
+        name = "First-Try",
+        type_ = "string",
+        json_path = ".status.traffic.firstTrySuccess"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Recovered",
+        type_ = "integer",
+        json_path = ".status.traffic.recovered",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Exhausted",
+        type_ = "integer",
+        json_path = ".status.traffic.exhaustedTotal",
+        priority = 1
     ),
     printcolumn(
         name = "Statuses",
@@ -123,4 +145,55 @@ pub struct RetryPolicyStatus {
     /// Warnings joined, for `kubectl get -o wide`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning_summary: Option<String>,
+    /// What the policy did to the traffic it saw over the last window, as
+    /// the sidecars it applies to report it: written at most once a minute
+    /// and only when it changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<TrafficStatus>,
+}
+
+/// Requests the policy's sidecars finished over `window`, and how. Counts are
+/// integers and ratios are strings (`"99.95%"`): Kubernetes APIs avoid floats.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficStatus {
+    /// The window the counts cover, e.g. `5m`.
+    pub window: String,
+    /// When the counts were taken (RFC 3339).
+    pub observed_at: String,
+    /// Requests the policy's rule matched.
+    pub requests: i64,
+    /// Of them, the share whose first attempt succeeded (a final HTTP status
+    /// under 500 other than 429, gRPC `OK`), two decimals and `%`.
+    pub first_try_success: String,
+    /// The share whose final answer succeeded, retries included.
+    pub effective_success: String,
+    /// Retries sent (hedges included).
+    pub retries: i64,
+    /// Requests that failed first and succeeded on a retry.
+    pub recovered: i64,
+    /// Requests whose retries ran out, by reason (`attempts`, `budget`, ...).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub exhausted: std::collections::BTreeMap<String, i64>,
+    /// The sum of `exhausted`, for `kubectl get -o wide`.
+    #[serde(default)]
+    pub exhausted_total: i64,
+    /// Requests that failed and were not retried, by reason (`method`, ...).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub skipped: std::collections::BTreeMap<String, i64>,
+    /// Retries the budget refused.
+    #[serde(default)]
+    pub budget_refusals: i64,
+    /// The failure kind seen most often on failed attempts (`upstream_status_503`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_failure: Option<String>,
+    /// Median latency of final responses, e.g. `12ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_p50: Option<String>,
+    /// 99th percentile latency of final responses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_p99: Option<String>,
+    /// Sidecars whose reports are in the window.
+    #[serde(default)]
+    pub sidecars: i64,
 }

@@ -183,10 +183,12 @@ pub struct Retries {
     #[serde(default = "budget_percent")]
     #[cfg_attr(feature = "resource", schemars(range(min = 0.001, max = 100)))]
     pub budget_percent: f64,
-    /// Retries per second allowed on top of the percentage (0 keeps the formula exact).
-    #[serde(default)]
+    /// Retries per second allowed on top of the percentage, so a fresh or quiet
+    /// client still retries its first failures (default 10, Gateway API's
+    /// `minRetryRate`; 0 keeps the percentage exact).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "resource", schemars(range(min = 0, max = 100000)))]
-    pub budget_min_retries_per_second: i32,
+    pub budget_min_retries_per_second: Option<i32>,
     /// Cap from the first attempt to the last, backoff included (1-600000 ms). Omit for unbounded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "resource", schemars(range(min = 1, max = 600000)))]
@@ -261,6 +263,10 @@ impl Default for RetryRule {
     }
 }
 
+/// Retries per second a RetryPolicy's budget allows on top of its percentage
+/// when it does not say (GEP-3388's `minRetryRate` default; Linkerd's 10/s).
+pub const DEFAULT_MIN_RETRIES_PER_SECOND: i32 = 10;
+
 impl Default for Retries {
     fn default() -> Self {
         Self {
@@ -268,7 +274,7 @@ impl Default for Retries {
             backoff_base_ms: backoff_base(),
             backoff_cap_ms: backoff_cap(),
             budget_percent: budget_percent(),
-            budget_min_retries_per_second: 0,
+            budget_min_retries_per_second: None,
             total_deadline_ms: None,
             attempt_timeout_ms: None,
             retry_transport: true,

@@ -103,6 +103,7 @@ pub(crate) fn evaluate(
         }),
         warning_summary: (!warnings.is_empty()).then(|| warnings.join("; ")),
         warnings,
+        traffic: None,
     };
     Evaluation { status, accepted }
 }

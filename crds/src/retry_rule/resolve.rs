@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Boundary, RetryRule};
+use super::{Boundary, RetryRule, DEFAULT_MIN_RETRIES_PER_SECOND};
 use crate::config::{BudgetSettings, Rule};
 use crate::file::{common, HedgeSpec, StatusEntry};
 use crate::grpc::GrpcStatusSet;
@@ -185,7 +185,10 @@ impl RetryRule {
         let min_retries_per_second = non_negative(
             errs,
             &min_per_second_field,
-            i64::from(r.budget_min_retries_per_second),
+            i64::from(
+                r.budget_min_retries_per_second
+                    .unwrap_or(DEFAULT_MIN_RETRIES_PER_SECOND),
+            ),
         )
         .map(|v| common::ranged(errs, &min_per_second_field, Some(v), 0, 0, 100_000))
         .and_then(|v| u32::try_from(v).ok())
@@ -328,7 +331,7 @@ mod tests {
         );
         let floor = |v: i32| RetryRule {
             retries: Retries {
-                budget_min_retries_per_second: v,
+                budget_min_retries_per_second: Some(v),
                 ..Retries::default()
             },
             ..RetryRule::default()
@@ -342,6 +345,23 @@ mod tests {
             "spec.retries.budgetMinRetriesPerSecond: must be at most 100000 (got 100001)"
         );
         assert_eq!(resolve_errors(&floor(20)), "");
+    }
+
+    #[test]
+    fn a_policy_without_a_budget_floor_gets_ten_and_an_explicit_zero_keeps_zero() {
+        let floor_of = |json: &str| {
+            let rule: RetryRule = serde_json::from_str(json).expect("a rule");
+            let mut errs = ValidationErrors::default();
+            let (_, budget) = rule.resolve("ns/p", "api.ns", "spec", &mut errs);
+            assert!(errs.is_empty(), "{errs}");
+            budget.min_retries_per_second
+        };
+        assert_eq!(floor_of(r#"{"targetRef":{"name":"api"}}"#), 10);
+        assert_eq!(floor_of(r#"{"retries":{"attempts":2}}"#), 10);
+        assert_eq!(
+            floor_of(r#"{"retries":{"budgetMinRetriesPerSecond":0}}"#),
+            0
+        );
     }
 
     #[test]
@@ -402,7 +422,7 @@ mod tests {
                 backoff_base_ms: -1,
                 backoff_cap_ms: 700_000,
                 budget_percent: 0.0,
-                budget_min_retries_per_second: -1,
+                budget_min_retries_per_second: Some(-1),
                 total_deadline_ms: Some(0),
                 attempt_timeout_ms: Some(0),
                 hedge: Some(crate::retry_rule::Hedge { delay_ms: 0 }),

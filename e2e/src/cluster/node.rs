@@ -218,7 +218,7 @@ spec:
   failureBoundary: BeforeHeaders
   statusPresets: [Gateway]
   acknowledgeDuplicateRisk: true
-  retries: { attempts: 2, backoffBaseMs: 5, backoffCapMs: 50, budgetPercent: 50, budgetMinRetriesPerSecond: 20, totalDeadlineMs: 5000 }
+  retries: { attempts: 2, backoffBaseMs: 5, backoffCapMs: 50, budgetPercent: 50, totalDeadlineMs: 5000 }
 ";
 
 /// Asks the app at `app` (`IP:8080`, an e2e-app pod) to send `n` GETs to

@@ -187,7 +187,7 @@ spec:
   {retry_on}
   failureBoundary: BeforeHeaders
   acknowledgeDuplicateRisk: true
-  retries: {{ attempts: 2, backoffBaseMs: 5, backoffCapMs: 50, budgetPercent: 50, budgetMinRetriesPerSecond: 20, totalDeadlineMs: 5000 }}
+  retries: {{ attempts: 2, backoffBaseMs: 5, backoffCapMs: 50, budgetPercent: 50, totalDeadlineMs: 5000 }}
 "#
     )
 }
