@@ -27,3 +27,5 @@ mod bypass;
 mod proxying;
 #[path = "transparent/rules.rs"]
 mod rules;
+#[path = "transparent/tls.rs"]
+mod tls;

@@ -1,10 +1,10 @@
 //! TLS for tests: a certificate authority made on the spot ([`TestCa`]) and
-//! a TLS front ([`TlsFront`]) that terminates TLS on loopback and relays the
-//! bytes to a plain-text server behind it, so every fault the test kit's
-//! upstream can act out also happens behind TLS. Its faults of its own are
-//! the handshake's: a certificate for another name, expired, from another
-//! authority; plain text where TLS is expected; a reset mid-handshake; a
-//! required client certificate.
+//! a TLS front ([`TlsFront`]) that terminates TLS (on loopback unless told
+//! otherwise) and relays the bytes to a plain-text server behind it, so
+//! every fault the test kit's upstream can act out also happens behind TLS.
+//! Its faults of its own are the handshake's: a certificate for another
+//! name, expired, from another authority; plain text where TLS is expected;
+//! a reset mid-handshake; a required client certificate.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -157,8 +157,8 @@ impl FrontSettings {
     }
 }
 
-/// TLS on loopback in front of a plain-text server: each connection's
-/// handshake, then its bytes relayed both ways. Stops when dropped.
+/// TLS in front of a plain-text server: each connection's handshake, then
+/// its bytes relayed both ways. Stops when dropped.
 #[derive(Debug)]
 pub struct TlsFront {
     /// Where it listens.
@@ -169,10 +169,22 @@ pub struct TlsFront {
 }
 
 impl TlsFront {
-    /// TLS with `settings` in front of `backend`.
+    /// TLS with `settings` in front of `backend`, on a free loopback port.
     pub async fn start(backend: SocketAddr, settings: FrontSettings) -> TlsFront {
+        TlsFront::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), backend, settings).await
+    }
+
+    /// [`TlsFront::start`] listening on `bind` (an address of a network
+    /// namespace's own, say).
+    pub async fn start_on(
+        bind: SocketAddr,
+        backend: SocketAddr,
+        settings: FrontSettings,
+    ) -> TlsFront {
         let acceptor = TlsAcceptor::from(Arc::new(server_config(&settings)));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = TcpListener::bind(bind)
+            .await
+            .unwrap_or_else(|e| panic!("listen on {bind}: {e}"));
         let addr = listener.local_addr().expect("addr");
         let handshakes = Arc::new(AtomicUsize::new(0));
         let resumed = Arc::new(AtomicUsize::new(0));

@@ -17,11 +17,13 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use reprise_testkit::grpc::{GrpcAction, GrpcServer};
+use reprise_testkit::tls::{FrontSettings, Issued, TlsFront};
 use reprise_testkit::upstream::{Action, Upstream};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -38,6 +40,8 @@ const READY_WITHIN: Duration = Duration::from_secs(20);
 /// An echo connection reads at most this much, for at most [`ECHO_READ`].
 const ECHO_MAX: u64 = 1 << 20;
 const ECHO_READ: Duration = Duration::from_secs(10);
+/// How often a TLS server looks at its handshake count.
+const HANDSHAKE_POLL: Duration = Duration::from_millis(20);
 
 /// One server of a serving helper.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -52,6 +56,23 @@ pub enum Server {
         name: String,
         /// The status of every answer.
         status: u16,
+    },
+    /// HTTPS: a [`Server::Http`] named `name` answering `status` on a
+    /// loopback port, behind the test kit's TLS front on `bind` presenting
+    /// `cert_pem` (PEM, with its key `key_pem`). Besides the HTTP server's
+    /// hits it reports `{"endpoint": NAME, "handshakes": N}` each time its
+    /// count of completed handshakes changes.
+    Tls {
+        /// Where the front listens.
+        bind: SocketAddr,
+        /// What it calls itself.
+        name: String,
+        /// The status of every answer.
+        status: u16,
+        /// The certificate it presents.
+        cert_pem: String,
+        /// That certificate's key.
+        key_pem: String,
     },
     /// Raw TCP: reads until the client's FIN, then answers `NAME got N
     /// bytes: DATA` and closes.
@@ -179,6 +200,16 @@ impl Helper {
             .collect()
     }
 
+    /// The handshakes TLS server `name` has reported completing so far.
+    pub fn handshakes(&self, name: &str) -> u64 {
+        self.hits()
+            .iter()
+            .filter(|h| h["endpoint"] == name)
+            .filter_map(|h| h["handshakes"].as_u64())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The process id (that of the program, for an exec helper).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -207,25 +238,37 @@ fn hit(value: &Value) {
 async fn start(server: Server) -> Option<Upstream> {
     match server {
         Server::Http { bind, name, status } => {
-            let upstream = Upstream::builder()
-                .bind(bind)
-                .start(move |r| {
-                    let host = r
-                        .header("host")
-                        .map(str::to_string)
-                        .or_else(|| r.authority.clone())
-                        .unwrap_or_default();
-                    let body = json!({"endpoint": name, "host": host, "path": r.path});
-                    hit(&body);
-                    Action::ReplyWith(
-                        status,
-                        vec![("content-type", "application/json".to_string())],
-                        body.to_string().into(),
-                    )
-                })
-                .await
-                .unwrap_or_else(|e| panic!("listen on {bind}: {e}"));
-            return Some(upstream);
+            return Some(http(bind, name, status).await);
+        }
+        Server::Tls {
+            bind,
+            name,
+            status,
+            cert_pem,
+            key_pem,
+        } => {
+            let backend = http(SocketAddr::from(([127, 0, 0, 1], 0)), name.clone(), status).await;
+            let identity = Issued {
+                cert_pem,
+                key_pem,
+                // Only the PEM is read.
+                cert_file: PathBuf::new(),
+                key_file: PathBuf::new(),
+            };
+            let front = TlsFront::start_on(bind, backend.addr, FrontSettings::new(identity)).await;
+            // The front counts in this process; the test reads hits.
+            tokio::spawn(async move {
+                let _backend = backend;
+                let mut seen = 0;
+                loop {
+                    let n = front.handshakes();
+                    if n != seen {
+                        seen = n;
+                        hit(&json!({"endpoint": name, "handshakes": n}));
+                    }
+                    tokio::time::sleep(HANDSHAKE_POLL).await;
+                }
+            });
         }
         Server::Echo { bind, name } => {
             raw(bind, move |mut conn, peer| {
@@ -271,6 +314,29 @@ async fn start(server: Server) -> Option<Upstream> {
         }
     }
     None
+}
+
+/// The test kit's upstream on `bind`, answering `status` with a body that
+/// names it and what it saw.
+async fn http(bind: SocketAddr, name: String, status: u16) -> Upstream {
+    Upstream::builder()
+        .bind(bind)
+        .start(move |r| {
+            let host = r
+                .header("host")
+                .map(str::to_string)
+                .or_else(|| r.authority.clone())
+                .unwrap_or_default();
+            let body = json!({"endpoint": name, "host": host, "path": r.path});
+            hit(&body);
+            Action::ReplyWith(
+                status,
+                vec![("content-type", "application/json".to_string())],
+                body.to_string().into(),
+            )
+        })
+        .await
+        .unwrap_or_else(|e| panic!("listen on {bind}: {e}"))
 }
 
 /// Accepts on `bind` and runs `serve` for each connection.

@@ -4,6 +4,10 @@ JSON line.
     probe.py http HOST PORT PATH HOSTHEADER COUNT
         COUNT GETs, each on a new http.client connection, with Host:
         HOSTHEADER: {"responses": [{"status", "body"}, ...]}
+    probe.py https HOST PORT PATH HOSTHEADER COUNT CAFILE SNI
+        As http, but the app starts TLS itself on each connection, trusting
+        CAFILE and verifying SNI: each response also has "tls", the
+        protocol version negotiated.
     probe.py tcp HOST PORT DATA
         Connects, sends DATA, shuts down its write side and reads until the
         peer closes: {"reply", "connect_ms"}; an empty DATA sends nothing and
@@ -17,6 +21,7 @@ A failure is {"error": NAME, "errno": N, "ms": time until it}.
 import http.client
 import json
 import socket
+import ssl
 import sys
 import time
 import urllib.request
@@ -33,10 +38,16 @@ def fail(e, start):
     }
 
 
-def http_get(host, port, path, host_header, count):
+def http_get(host, port, path, host_header, count, tls=None):
     responses = []
     for _ in range(count):
         conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+        version = None
+        if tls is not None:
+            context, sni = tls
+            raw = socket.create_connection((host, port), timeout=TIMEOUT)
+            conn.sock = context.wrap_socket(raw, server_hostname=sni)
+            version = conn.sock.version()
         conn.request("GET", path, headers={"Host": host_header})
         r = conn.getresponse()
         body = r.read().decode(errors="replace")
@@ -44,7 +55,10 @@ def http_get(host, port, path, host_header, count):
             body = json.loads(body)
         except ValueError:
             pass
-        responses.append({"status": r.status, "body": body})
+        response = {"status": r.status, "body": body}
+        if version is not None:
+            response["tls"] = version
+        responses.append(response)
         conn.close()
     return {"responses": responses}
 
@@ -83,6 +97,10 @@ def main(argv):
     try:
         if argv[0] == "http":
             return http_get(argv[1], int(argv[2]), argv[3], argv[4], int(argv[5]))
+        if argv[0] == "https":
+            context = ssl.create_default_context(cafile=argv[6])
+            tls = (context, argv[7])
+            return http_get(argv[1], int(argv[2]), argv[3], argv[4], int(argv[5]), tls)
         if argv[0] == "tcp":
             return tcp(argv[1], int(argv[2]), argv[3])
         if argv[0] == "get":

@@ -25,7 +25,7 @@ const ADMIN: &str = "http://127.0.0.1:15000";
 const READY_WITHIN: Duration = Duration::from_secs(20);
 
 /// The sidecar in the app namespace as uid 65532, once it is ready.
-fn start_sidecar(lab: &Lab, label: &str, config: Config) -> Helper {
+pub fn start_sidecar(lab: &Lab, label: &str, config: Config) -> Helper {
     let path: PathBuf = write_temp(&format!("transparent-{label}"), &config.to_yaml());
     let path = path.to_str().expect("a UTF-8 path").to_string();
     let sidecar = Helper::exec(
@@ -56,14 +56,15 @@ fn start_sidecar(lab: &Lab, label: &str, config: Config) -> Helper {
     sidecar
 }
 
-fn metrics(lab: &Lab) -> Metrics {
+/// The sidecar's metrics, parsed.
+pub fn metrics(lab: &Lab) -> Metrics {
     let (status, body) = get(lab, &format!("{ADMIN}/metrics"));
     assert_eq!(status, 200);
     Metrics::parse(&body).expect("the metrics parse")
 }
 
 /// The sidecar's access log lines.
-fn access_log(sidecar: &Helper) -> Vec<Value> {
+pub fn access_log(sidecar: &Helper) -> Vec<Value> {
     sidecar
         .lines()
         .iter()
@@ -74,7 +75,7 @@ fn access_log(sidecar: &Helper) -> Vec<Value> {
 
 /// Asserts the sidecar never refused a captured connection: no loop (its
 /// own connections were not captured) and none without a destination.
-fn assert_no_refusals(m: &Metrics) {
+pub fn assert_no_refusals(m: &Metrics) {
     for reason in ["loop", "no_original_destination"] {
         assert_eq!(
             m.sum("reprise_captured_refused_total", &[("reason", reason)]),
@@ -94,7 +95,7 @@ fn http(bind: SocketAddr, name: &str, status: u16) -> Server {
 
 /// Upstream `name` at `virtual_addr` over a failing and a healthy endpoint,
 /// one retry allowed.
-fn flaky_upstream(
+pub fn flaky_upstream(
     name: &str,
     virtual_addr: SocketAddr,
     bad: SocketAddr,
@@ -112,7 +113,7 @@ fn flaky_upstream(
 }
 
 /// Each response of a client run: (status, endpoint, host seen upstream).
-fn answers(v: &Value) -> Vec<(u64, String, String)> {
+pub fn answers(v: &Value) -> Vec<(u64, String, String)> {
     v["responses"]
         .as_array()
         .unwrap_or_else(|| panic!("responses: {v}"))
