@@ -44,6 +44,7 @@ pub mod run;
 pub mod sidecars;
 pub mod telemetry;
 pub mod tls;
+pub mod traffic;
 
 #[cfg(test)]
 mod fixtures;

@@ -9,6 +9,7 @@
 //! - [`conditions`]: its condition types and reasons.
 //! - [`events`]: the Events a status change records.
 //! - [`peers`]: sync counts across replicas.
+//! - [`traffic`]: `status.traffic`, published at most once a minute.
 //! - [`triggers`]: the kube `Controller` and what re-triggers a policy.
 
 pub(crate) mod backend_tls;
@@ -16,6 +17,7 @@ pub(crate) mod conditions;
 mod events;
 pub(crate) mod peers;
 pub(crate) mod status;
+pub(crate) mod traffic;
 pub(crate) mod triggers;
 
 use std::collections::HashMap;
@@ -60,6 +62,8 @@ pub struct Context {
     pub(crate) failures: Mutex<HashMap<String, u32>>,
     /// Spans of each reconcile (off: records nothing).
     pub(crate) tracing: Tracing,
+    /// The traffic each policy's status reports.
+    pub(crate) traffic: traffic::Published,
 }
 
 impl std::fmt::Debug for Context {
@@ -81,6 +85,7 @@ impl Context {
             peers: None,
             failures: Mutex::default(),
             tracing,
+            traffic: traffic::Published::default(),
         }
     }
 
@@ -120,7 +125,8 @@ async fn reconcile_policy(
         counts.outdated = ctx.sidecars.outdated(policy, &upstream.needs());
     }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let eval = status::evaluate(policy, &target, counts, now.clone());
+    let mut eval = status::evaluate(policy, &target, counts, now.clone());
+    eval.status.traffic = ctx.traffic.get(&policy::id(policy));
     span.evaluated(eval.accepted, eval.status.endpoints, counts);
     if policy.status.as_ref() != Some(&eval.status) {
         write_status(ctx, &namespace, &policy.name_any(), &eval.status).await?;

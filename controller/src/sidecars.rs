@@ -14,6 +14,7 @@ use kube::ResourceExt;
 use reprise_crds::resource::RetryPolicy;
 
 use crate::policy::{self, selection};
+use crate::traffic::TrafficBook;
 
 /// Sidecars selected by a policy and how many run its current generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,9 +55,16 @@ pub struct SidecarState {
 #[derive(Debug, Default)]
 pub struct SidecarRegistry {
     sidecars: Mutex<HashMap<(String, String), SidecarState>>,
+    /// What they report of their policies' traffic.
+    traffic: TrafficBook,
 }
 
 impl SidecarRegistry {
+    /// The traffic the sidecars connected here reported, by policy.
+    pub fn traffic(&self) -> &TrafficBook {
+        &self.traffic
+    }
+
     /// Registers connection `connection` for a pod, replacing an older one.
     pub(crate) fn connect(
         &self,

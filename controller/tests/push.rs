@@ -136,6 +136,7 @@ async fn harness(name: &str) -> Harness {
         ca: TrustedCa::File(dir.join("ca.crt")),
         snapshot_path: dir.join("snapshot.json"),
         address_map: None,
+        report_every: Duration::from_millis(100),
     };
     Harness {
         source,
@@ -260,6 +261,69 @@ async fn snapshots_are_pushed_acked_nacked_and_resumed() {
         "nothing re-sent on resume"
     );
     task.abort();
+}
+
+/// `snapshot`'s policy retrying 503s once, over `ports`.
+fn retrying_503(ports: &[u16]) -> Snapshot {
+    let mut s = snapshot(ports, 1);
+    let rule = &mut s.policies[0].rule;
+    rule.statuses = vec![503];
+    rule.acknowledge_duplicate_risk = true;
+    Snapshot::new(s.upstreams, s.policies)
+}
+
+#[tokio::test]
+async fn a_sidecar_reports_its_policies_traffic_and_the_controller_adds_it_up() {
+    use reprise_testkit::upstream::{Action, Upstream};
+    let h = harness("traffic").await;
+    let bad = Upstream::always(Action::Reply(503)).await;
+    let good = Upstream::always(Action::Reply(200)).await;
+    h.source
+        .set(retrying_503(&[bad.addr.port(), good.addr.port()]));
+    let proxy = empty_proxy();
+    let task = tokio::spawn(h.subscription.clone().run(Arc::clone(&proxy), None));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let serving = tokio::spawn(reprise_sidecar::serve_proxy(
+        listener,
+        Arc::clone(&proxy),
+        std::future::pending(),
+    ));
+    eventually("snapshot applied", || endpoint_ports(&proxy).len() == 2).await;
+    for _ in 0..20 {
+        let r = reprise_testkit::client::send(addr, "GET", "api", "/", b"", &[]).await;
+        assert_eq!(r.status, 200);
+    }
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs() as i64
+    };
+    eventually("the 20 requests reported", || {
+        h.registry
+            .traffic()
+            .window("shop/reads", now())
+            .is_some_and(|t| t.counts.requests == 20)
+    })
+    .await;
+    let t = h
+        .registry
+        .traffic()
+        .window("shop/reads", now())
+        .expect("reported");
+    // Every request that met the 503 endpoint first was recovered on the other.
+    assert_eq!(t.counts.recovered, bad.count() as u64);
+    assert_eq!(t.counts.retries, bad.count() as u64);
+    assert_eq!(t.counts.success, 20);
+    assert_eq!(t.counts.first_try_success, 20 - bad.count() as u64);
+    assert_eq!(t.sidecars, 1);
+    let status = reprise_controller::traffic::status(&t, "now".into());
+    assert_eq!(status.effective_success, "100.00%");
+    task.abort();
+    serving.abort();
 }
 
 #[tokio::test]

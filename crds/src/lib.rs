@@ -25,6 +25,7 @@ pub mod retry_rule;
 pub mod sidecar_env;
 pub mod snapshot;
 pub mod tls;
+pub mod traffic;
 pub mod validation;
 
 pub use config::{BudgetSettings, Config, Endpoint, PassiveHealth, ProxySettings, Rule, Upstream};

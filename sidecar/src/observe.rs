@@ -8,6 +8,7 @@ pub(crate) mod access_log;
 pub(crate) mod log_output;
 pub(crate) mod metrics;
 pub(crate) mod spans;
+pub(crate) mod traffic;
 
 pub use reprise_telemetry::{Service, Tracing};
 

@@ -48,6 +48,7 @@ use crate::exchange::report::Report;
 use crate::observe::access_log::AccessLog;
 use crate::observe::metrics::{ProxyMetrics, UpstreamStats};
 use crate::observe::spans::RequestSpan;
+use crate::observe::traffic::Finished;
 use crate::observe::Tracing;
 use crate::random::ThreadRandom;
 use crate::retry::upstream::UpstreamState;
@@ -311,7 +312,6 @@ impl Proxy {
                 &mut ThreadRandom,
             )
             .await;
-            upstream.metrics.record_outcome(report.outcome);
             span.record_outcome(
                 &report,
                 admitted.chosen.map(|c| c.source),
@@ -321,6 +321,9 @@ impl Proxy {
             // 5. Respond.
             let response =
                 respond::respond(fin, &report, client_upgrade, &upstream, &self.tunnels, grpc);
+            let rule = admitted.chosen.and_then(|c| c.traffic);
+            let finished = Finished::of(&report, false, report.elapsed);
+            let response = body::tally(response, &upstream, rule, finished, grpc);
             if let (Some((method, path)), Some(arrived)) = (logged, arrived) {
                 let logged = Logged {
                     method: &method,

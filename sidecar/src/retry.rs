@@ -225,6 +225,7 @@ impl<'a> RetryState<'a> {
                 error_detail: None,
                 backoffs: Vec::new(),
                 hedged: false,
+                elapsed: Duration::ZERO,
             },
         }
     }
@@ -281,6 +282,7 @@ impl<'a> RetryState<'a> {
         self.retries += 1;
         self.up.metrics.record_retry(&kind.name());
         self.report.backoffs.push(delay);
+        self.report.elapsed += delay;
         trace.backoff(delay);
     }
 

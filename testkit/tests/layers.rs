@@ -57,8 +57,9 @@ const CONTROLLER: &[&[&str]] = &[
     // What every reader shares: the watched cluster, the connected
     // sidecars and what each ACKed.
     &["cache", "sidecars"],
-    // Leaves: what a policy means (pure), the error type, TLS, the Lease.
-    &["policy", "error", "tls", "leader"],
+    // Leaves: what a policy means (pure), the error type, TLS, the Lease,
+    // the sidecars' traffic reports over a window.
+    &["policy", "error", "tls", "leader", "traffic"],
 ];
 
 /// The model both processes share: the snapshot on top, plain values below.
@@ -69,6 +70,8 @@ const CRDS: &[&[&str]] = &[
     &["file"],
     &["config"],
     &["policy", "cel_match", "matching"],
+    // What a sidecar reports of its traffic (an ACK is one of its lines).
+    &["traffic"],
     &["grpc", "protocol", "sidecar_env", "tls"],
     &["validation"],
 ];

@@ -17,6 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use reprise_crds::protocol::{Ack, ACKS_PATH, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH};
 use reprise_crds::snapshot::Snapshot;
+use reprise_crds::traffic::TrafficReport;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
@@ -208,6 +209,13 @@ impl PushServer {
     }
 
     /// Counts an ACK or NACK from the sidecar `id` and updates its sync state.
+    pub(super) fn record_traffic(&self, id: &Identity, report: &TrafficReport) {
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        self.registry
+            .traffic()
+            .record(&format!("{}/{}", id.namespace, id.pod), report, now);
+    }
+
     pub(super) fn record_ack(&self, id: &Identity, ack: &Ack) {
         match &ack.error {
             Some(error) => {

@@ -16,7 +16,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use reprise_crds::protocol::{self, Ack, HEARTBEAT_SECS, VERSION_PARAM};
+use reprise_crds::protocol::{self, HEARTBEAT_SECS, VERSION_PARAM};
+use reprise_crds::traffic::{SidecarLine, CAPABILITY_TRAFFIC};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -128,6 +129,11 @@ pub(super) fn open(
         let mut response = Response::new(BodyExt::boxed(Full::new(Bytes::new())));
         *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         protocol::insert_upgrade_headers(response.headers_mut());
+        // This replica reads traffic reports on the upgraded stream.
+        response.headers_mut().insert(
+            protocol::CAPABILITIES_HEADER,
+            http::HeaderValue::from_static(CAPABILITY_TRAFFIC),
+        );
         return response;
     }
     let frames = futures_util::stream::unfold(state, next_frame);
@@ -228,10 +234,11 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            match serde_json::from_slice::<Ack>(&line) {
-                Ok(ack) => server.record_ack(&id, &ack),
+            match serde_json::from_slice::<SidecarLine>(&line) {
+                Ok(SidecarLine::Ack(ack)) => server.record_ack(&id, &ack),
+                Ok(SidecarLine::Traffic(report)) => server.record_traffic(&id, &report),
                 Err(e) => {
-                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, error = %e, "invalid ACK line; closing");
+                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, error = %e, "invalid ACK or traffic line; closing");
                     break;
                 }
             }

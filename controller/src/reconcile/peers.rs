@@ -19,6 +19,7 @@ use super::MANAGER;
 use crate::cache::{Cache, SYNC_COUNTS_LABEL};
 use crate::policy;
 use crate::sidecars::{SidecarRegistry, SyncCounts};
+use crate::traffic::WindowTotal;
 
 /// Counts older than this are from a replica that is gone.
 const STALE_AFTER_SECS: i64 = 30;
@@ -47,6 +48,12 @@ impl std::fmt::Debug for Peers {
 }
 
 impl Peers {
+    /// The traffic the other replicas' fresh reports carry for `policy`.
+    pub(crate) fn traffic(&self, policy: &str) -> Option<WindowTotal> {
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        peer_traffic(&reports(&self.reports, &self.me), policy, now)
+    }
+
     /// `local` plus the fresh counts of the other replicas for `policy`.
     pub(crate) fn add(&self, local: SyncCounts, policy: &RetryPolicy) -> SyncCounts {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
@@ -74,6 +81,11 @@ pub(crate) struct PeerReport {
     heartbeat: i64,
     /// Counts by policy (`namespace/name`).
     counts: BTreeMap<String, PeerCount>,
+    /// The traffic its sidecars reported over the window, by policy,
+    /// refreshed with the heartbeat (not on every change: the traffic
+    /// changes with every request).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    traffic: BTreeMap<String, WindowTotal>,
 }
 
 impl PeerReport {
@@ -102,6 +114,19 @@ fn total(local: SyncCounts, policy: &RetryPolicy, peers: &[PeerReport], now: i64
                 acc.in_sync += c.in_sync;
             }
             acc
+        })
+}
+
+/// What fresh `peers` reported of `policy`'s traffic, added up.
+fn peer_traffic(peers: &[PeerReport], policy: &str, now: i64) -> Option<WindowTotal> {
+    peers
+        .iter()
+        .filter(|r| now - r.heartbeat <= STALE_AFTER_SECS)
+        .filter_map(|r| r.traffic.get(policy))
+        .fold(None, |acc: Option<WindowTotal>, t| {
+            let mut acc = acc.unwrap_or_default();
+            acc.add(t);
+            Some(acc)
         })
 }
 
@@ -153,6 +178,7 @@ pub(crate) async fn publish(
             let report = PeerReport {
                 heartbeat: now,
                 counts: counts.clone(),
+                traffic: registry.traffic().all(now),
             };
             let cm = serde_json::json!({
                 "apiVersion": "v1",
@@ -206,6 +232,7 @@ mod tests {
                     in_sync,
                 },
             )]),
+            traffic: BTreeMap::new(),
         };
         let peers = [
             report(100, 4, 3, 3),
@@ -231,5 +258,28 @@ mod tests {
                 ..Default::default()
             }
         );
+    }
+
+    #[test]
+    fn fresh_peers_traffic_adds_up_and_stale_traffic_does_not() {
+        let report = |heartbeat, requests| PeerReport {
+            heartbeat,
+            counts: BTreeMap::new(),
+            traffic: BTreeMap::from([(
+                "shop/reads".to_string(),
+                WindowTotal {
+                    counts: reprise_crds::traffic::TrafficCounts {
+                        requests,
+                        ..Default::default()
+                    },
+                    sidecars: 2,
+                },
+            )]),
+        };
+        let peers = [report(100, 10), report(95, 5), report(10, 1000)];
+        let t = peer_traffic(&peers, "shop/reads", 100).expect("fresh traffic");
+        assert_eq!((t.counts.requests, t.sidecars), (15, 4));
+        assert!(peer_traffic(&peers, "shop/other", 100).is_none());
+        assert!(peer_traffic(&peers[2..], "shop/reads", 100).is_none());
     }
 }

@@ -2,7 +2,8 @@
 //! fed from the shared [`Cache`] (no watch of its own). A policy is
 //! reconciled when it changes; when its target Service or one of that
 //! Service's EndpointSlices changes; when a peer replica's sync counts for it
-//! change; when an ACK or a disconnect changes its sync counts here; once at
+//! change; when an ACK or a disconnect changes its sync counts here; when
+//! its traffic changed, at most once a minute; once at
 //! start; and again whenever a store was replaced by a fresh list.
 
 use std::sync::Arc;
@@ -54,7 +55,8 @@ pub(crate) async fn run(
                 .unwrap_or_default()
         });
     }
-    let synced = synced.filter_map(|id| std::future::ready(policy_ref(&id)));
+    let synced = futures_util::stream::select(synced, super::traffic::changes(Arc::clone(&ctx)))
+        .filter_map(|id| std::future::ready(policy_ref(&id)));
     let everything = futures_util::stream::once(std::future::ready(())).chain(cache.relisted());
     controller
         .reconcile_on(synced)

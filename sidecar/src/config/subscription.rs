@@ -18,6 +18,7 @@ use reprise_crds::protocol::{
 };
 use reprise_crds::sidecar_env as env;
 use reprise_crds::snapshot::Snapshot;
+use reprise_crds::traffic::{CAPABILITY_TRAFFIC, REPORT_SECS};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -45,6 +46,9 @@ pub struct Subscription {
     pub snapshot_path: PathBuf,
     /// Endpoint address rewrite for local test clusters (see [`AddressMap`]).
     pub address_map: Option<AddressMap>,
+    /// How often the traffic of each policy is reported to a controller that
+    /// reads reports ([`REPORT_SECS`] outside tests).
+    pub report_every: Duration,
 }
 
 /// Where the controller's CA comes from.
@@ -98,6 +102,7 @@ impl Subscription {
                     rule,
                     source: None,
                 })?,
+            report_every: Duration::from_secs(REPORT_SECS),
         }))
     }
 
@@ -184,11 +189,65 @@ impl Subscription {
                 message: String::from_utf8_lossy(&body).trim().to_string(),
             });
         }
+        // Traffic reports go only to a controller that reads them: an older
+        // one closes the stream on a line it does not know.
+        let reports = protocol::capabilities(response.headers()).contains(CAPABILITY_TRAFFIC);
         let io = hyper::upgrade::on(response)
             .await
             .map_err(|e| connection_failed("upgrading to the push stream", e))?;
-        tracing::info!(controller = %self.controller, resume = ?version, "subscribed to the controller");
-        let (read, mut write) = tokio::io::split(TokioIo::new(io));
+        tracing::info!(controller = %self.controller, resume = ?version, traffic_reports = reports, "subscribed to the controller");
+        let (read, write) = tokio::io::split(TokioIo::new(io));
+        // One writer for ACKs and traffic reports, so lines never interleave.
+        let (lines, mut to_send) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+        let writer = async move {
+            let mut write = write;
+            while let Some(line) = to_send.recv().await {
+                write.write_all(&line).await?;
+                write.flush().await?;
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        let reporter = {
+            let (lines, proxy, report_every) =
+                (lines.clone(), Arc::clone(proxy), self.report_every);
+            async move {
+                if !reports {
+                    return std::future::pending().await;
+                }
+                let mut every = tokio::time::interval(report_every);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                every.tick().await;
+                loop {
+                    every.tick().await;
+                    let report = proxy.routes().traffic_report();
+                    if report.traffic.is_empty() {
+                        continue;
+                    }
+                    let mut line = serde_json::to_vec(&report).unwrap_or_default();
+                    line.push(b'\n');
+                    if lines.send(line).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        };
+        let reader = self.read_snapshots(proxy, read, version, lines);
+        tokio::select! {
+            r = reader => r,
+            r = writer => r.map_err(|e| connection_failed("sending on the push stream", e)),
+            () = reporter => Ok(()),
+        }
+    }
+
+    /// Reads snapshot lines from `read` and queues an ACK or NACK line for
+    /// each on `acks`, until the stream ends.
+    async fn read_snapshots(
+        &self,
+        proxy: &Arc<Proxy>,
+        read: tokio::io::ReadHalf<TokioIo<hyper::upgrade::Upgraded>>,
+        version: &mut Option<String>,
+        acks: tokio::sync::mpsc::Sender<Vec<u8>>,
+    ) -> Result<(), Error> {
         let mut reader = tokio::io::BufReader::new(read);
         let mut line = Vec::new();
         // The controller sends a heartbeat every HEARTBEAT_SECS: silence for
@@ -224,14 +283,9 @@ impl Subscription {
             let ack = self.apply(proxy, text, version);
             let mut out = serde_json::to_vec(&ack).unwrap_or_default();
             out.push(b'\n');
-            write
-                .write_all(&out)
-                .await
-                .map_err(|e| connection_failed("sending the ACK", e))?;
-            write
-                .flush()
-                .await
-                .map_err(|e| connection_failed("sending the ACK", e))?;
+            if acks.send(out).await.is_err() {
+                return Ok(()); // the writer ended: its error is the session's
+            }
         }
     }
 

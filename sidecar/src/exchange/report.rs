@@ -26,6 +26,10 @@ pub(crate) struct Report {
     pub(crate) backoffs: Vec<Duration>,
     /// True when a hedge was sent.
     pub(crate) hedged: bool,
+    /// The attempts' time to their answers (or failures) and the backoffs
+    /// between them: the time to the final answer, from clock readings the
+    /// attempts make anyway (a hedge's overlap counted twice).
+    pub(crate) elapsed: Duration,
 }
 
 /// Most attempts one request can make: 10 retries, the first attempt and a hedge.

@@ -28,9 +28,12 @@ const LATENCY_BUCKETS: [f64; 14] = [
 /// Metrics of one upstream; kept across reloads while the upstream exists.
 #[derive(Debug)]
 pub(crate) struct UpstreamMetrics {
+    /// `ok` and `recovered` requests that succeeded (the rest are in the maps).
     ok: AtomicU64,
     recovered: AtomicU64,
     outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Of `outcomes`, those whose final answer was not a success.
+    failed: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     retries: Mutex<BTreeMap<String, u64>>,
     budget_refusals: AtomicU64,
     hedges: AtomicU64,
@@ -203,6 +206,9 @@ impl ProxyMetrics {
 pub struct UpstreamStats {
     /// Finished requests by outcome and reason (`ok` and `recovered` have no reason).
     pub outcomes: BTreeMap<(&'static str, &'static str), u64>,
+    /// Of them, those whose final answer was not a success (a status of
+    /// 500 or more, 429, a gRPC status other than `OK`, a local failure).
+    pub failed: BTreeMap<(&'static str, &'static str), u64>,
     /// Retries issued, by the failure kind that caused them.
     pub retries: BTreeMap<String, u64>,
     /// Requests the retry budget counts in its window.
@@ -252,6 +258,7 @@ impl Default for UpstreamMetrics {
             ok: AtomicU64::new(0),
             recovered: AtomicU64::new(0),
             outcomes: Mutex::default(),
+            failed: Mutex::default(),
             retries: Mutex::default(),
             budget_refusals: AtomicU64::new(0),
             hedges: AtomicU64::new(0),
@@ -264,18 +271,25 @@ impl Default for UpstreamMetrics {
 }
 
 impl UpstreamMetrics {
-    /// Counts a finished logical request.
-    pub(crate) fn record_outcome(&self, outcome: Outcome) {
-        match outcome {
-            Outcome::Ok => {
+    /// Counts a finished logical request, whose final answer was a
+    /// `success` or not.
+    pub(crate) fn record_outcome(&self, outcome: Outcome, success: bool) {
+        match (outcome, success) {
+            (Outcome::Ok, true) => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
             }
-            Outcome::Recovered => {
+            (Outcome::Recovered, true) => {
                 self.recovered.fetch_add(1, Ordering::Relaxed);
             }
-            other => {
+            (other, success) => {
+                let key = (other.name(), other.reason());
                 let mut map = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
-                *map.entry((other.name(), other.reason())).or_default() += 1;
+                *map.entry(key).or_default() += 1;
+                drop(map);
+                if !success {
+                    let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+                    *failed.entry(key).or_default() += 1;
+                }
             }
         }
     }
@@ -335,10 +349,11 @@ impl UpstreamStats {
     pub(crate) fn counted(m: &UpstreamMetrics, endpoints: Vec<EndpointStats>) -> Self {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut outcomes = m.outcomes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        outcomes.insert(("ok", ""), load(&m.ok));
-        outcomes.insert(("recovered", ""), load(&m.recovered));
+        *outcomes.entry(("ok", "")).or_default() += load(&m.ok);
+        *outcomes.entry(("recovered", "")).or_default() += load(&m.recovered);
         Self {
             outcomes,
+            failed: m.failed.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             retries: m.retries.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             budget_requests: 0,
             budget_retries: 0,

@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 
 use crate::exchange::body::{chunk_frame, chunk_hint, impl_body, BoxError, Frames};
 use crate::exchange::grpc::grpc_code;
+use crate::observe::traffic::{is_success, Finished, RuleTraffic};
 use crate::retry::attempt::UpstreamBody;
 use crate::retry::upstream::UpstreamState;
 
@@ -29,6 +30,8 @@ pub(crate) enum ProxyBody {
         endpoint: usize,
         /// A gRPC response: its trailers' `grpc-status` is counted.
         grpc: bool,
+        /// The request, counted when its trailers tell whether it succeeded.
+        tally: Option<Box<Tally>>,
     },
     /// A body the sidecar wrote itself.
     Local(Option<Bytes>),
@@ -58,13 +61,20 @@ impl Frames for ProxyBody {
                 upstream,
                 endpoint,
                 grpc,
+                tally,
             } => {
                 let polled = Pin::new(inner).poll_frame(cx);
                 if let Poll::Ready(Some(Ok(frame))) = &polled {
                     if let Some(code) = frame.trailers_ref().and_then(grpc_code).filter(|_| *grpc) {
                         upstream.metrics.record_grpc_status(code);
+                        if let Some(t) = tally.take() {
+                            t.count(code == 0);
+                        }
                     }
                 } else if let Poll::Ready(Some(Err(e))) = &polled {
+                    if let Some(t) = tally.take() {
+                        t.count(false);
+                    }
                     upstream.metrics.record_response_body_error();
                     let state = &upstream.endpoints[*endpoint];
                     state.record_outcome(true);
@@ -94,3 +104,83 @@ impl Frames for ProxyBody {
 }
 
 impl_body!(ProxyBody);
+
+/// Counts a finished request in its upstream's outcome metrics and its
+/// rule's traffic.
+fn count(
+    upstream: &UpstreamState,
+    rule: Option<&RuleTraffic>,
+    mut finished: Finished,
+    success: bool,
+) {
+    finished.success = success;
+    upstream.metrics.record_outcome(finished.outcome, success);
+    if let Some(rule) = rule {
+        rule.record(&finished);
+    }
+}
+
+/// One request's count, kept by a gRPC response whose status comes in its
+/// trailers: whether it succeeded is known only then. A body that ends
+/// without them, fails, or is dropped unfinished (the client went away)
+/// counts as a failure.
+#[derive(Debug)]
+pub(crate) struct Tally {
+    upstream: Arc<UpstreamState>,
+    rule: Option<Arc<RuleTraffic>>,
+    finished: Finished,
+    counted: bool,
+}
+
+impl Tally {
+    /// Counts the request, a success or not.
+    fn count(mut self, success: bool) {
+        self.counted = true;
+        count(&self.upstream, self.rule.as_deref(), self.finished, success);
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        if !self.counted {
+            count(&self.upstream, self.rule.as_deref(), self.finished, false);
+        }
+    }
+}
+
+/// Counts the request `finished` describes, to `upstream` under `rule`, now
+/// from `response`'s status (and its `grpc-status`, for gRPC), or hands it
+/// to the body when a gRPC status is still to come in the trailers.
+pub(crate) fn tally(
+    mut response: http::Response<ProxyBody>,
+    upstream: &Arc<UpstreamState>,
+    rule: Option<&Arc<RuleTraffic>>,
+    finished: Finished,
+    grpc: bool,
+) -> http::Response<ProxyBody> {
+    let status = response.status();
+    if grpc && status == http::StatusCode::OK {
+        match grpc_code(response.headers()) {
+            Some(code) => count(upstream, rule.map(Arc::as_ref), finished, code == 0),
+            None => match response.body_mut() {
+                ProxyBody::Upstream { tally, .. } => {
+                    *tally = Some(Box::new(Tally {
+                        upstream: Arc::clone(upstream),
+                        rule: rule.cloned(),
+                        finished,
+                        counted: false,
+                    }));
+                }
+                _ => count(upstream, rule.map(Arc::as_ref), finished, false),
+            },
+        }
+    } else {
+        count(
+            upstream,
+            rule.map(Arc::as_ref),
+            finished,
+            is_success(status, None),
+        );
+    }
+    response
+}

@@ -86,6 +86,7 @@ fn forward(
             upstream: Arc::clone(upstream),
             endpoint,
             grpc,
+            tally: None,
         },
     )
 }

@@ -17,7 +17,9 @@ use reprise_crds::{Config, Endpoint, RetryPolicy, Upstream};
 use super::dns::Dns;
 
 use crate::exchange::report::PolicySource;
+use crate::observe::traffic::RuleTraffic;
 use crate::retry::upstream::UpstreamState;
+use reprise_crds::traffic::TrafficReport;
 
 /// A configuration ready to serve.
 #[derive(Debug)]
@@ -30,6 +32,9 @@ pub(crate) struct Routes {
     /// each endpoint address (a pod's `IP:port`, which is how a client of a
     /// headless Service dials it).
     pub by_address: HashMap<SocketAddr, Arc<UpstreamState>, ConfigKeys>,
+    /// Each rule's traffic, in the order of `config.rules`; a rule's counts
+    /// carry over a reload while its id stays.
+    pub traffic: Vec<Arc<RuleTraffic>>,
 }
 
 /// The routing maps' hasher: FNV-1a, not std's SipHash. Every key comes from
@@ -106,6 +111,8 @@ pub(crate) struct ChosenPolicy<'a> {
     pub source: PolicySource<'a>,
     /// The policy.
     pub policy: &'a RetryPolicy,
+    /// The rule's traffic counts, when a rule was chosen.
+    pub traffic: Option<&'a Arc<RuleTraffic>>,
 }
 
 impl Routes {
@@ -140,10 +147,37 @@ impl Routes {
                 }
             }
         }
+        let traffic = config
+            .rules
+            .iter()
+            .map(|r| {
+                previous
+                    .and_then(|p| {
+                        let i = p.config.rules.iter().position(|old| old.id == r.id)?;
+                        p.traffic.get(i).cloned()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
         Self {
             config,
             upstreams,
             by_address,
+            traffic,
+        }
+    }
+
+    /// Each rule's traffic since the last report, for rules that saw any.
+    pub(crate) fn traffic_report(&self) -> TrafficReport {
+        TrafficReport {
+            traffic: self
+                .config
+                .rules
+                .iter()
+                .zip(&self.traffic)
+                .map(|(r, t)| (r.id.clone(), t.take_since_report()))
+                .filter(|(_, c)| !c.is_empty())
+                .collect(),
         }
     }
 
@@ -197,7 +231,7 @@ impl Routes {
     ) -> Option<ChosenPolicy<'a>> {
         let header = |name: &str| request.headers.get(name).map(|v| v.as_bytes());
         let mut cel_headers: Option<Vec<(&str, &str)>> = None;
-        let found = self.config.rules.iter().find(|r| {
+        let found = self.config.rules.iter().position(|r| {
             if !r.matches(&upstream.config.name, request.method, request.path, header) {
                 return false;
             }
@@ -226,15 +260,18 @@ impl Routes {
                 }
             }
         });
-        if let Some(rule) = found {
+        if let Some(i) = found {
+            let rule = &self.config.rules[i];
             return Some(ChosenPolicy {
                 source: PolicySource::Rule(&rule.id),
                 policy: &rule.policy,
+                traffic: self.traffic.get(i),
             });
         }
         upstream.config.retries.enabled().then_some(ChosenPolicy {
             source: PolicySource::Upstream,
             policy: &upstream.config.retries,
+            traffic: None,
         })
     }
 }

@@ -152,6 +152,7 @@ pub(crate) fn observe(
 pub(crate) fn settle(state: &mut RetryState<'_>, attempted: Attempted) -> Verdict {
     let up = state.up;
     up.metrics.record_attempt(attempted.elapsed);
+    state.report.elapsed += attempted.elapsed;
     let verdict = classify(attempted.result, state.plan.policy, state.grpc);
     observe(
         up,

@@ -92,9 +92,9 @@ where
     let Ok(mut stream) = relay::connect_upstream(upstream).await else {
         upstream
             .metrics
-            .record_outcome(Outcome::Skipped(SkipReason::Tunnel));
+            .record_outcome(Outcome::Skipped(SkipReason::Tunnel), false);
         return;
     };
-    upstream.metrics.record_outcome(Outcome::Ok);
+    upstream.metrics.record_outcome(Outcome::Ok, true);
     relay::copy(&mut io, &mut stream).await;
 }

@@ -181,6 +181,7 @@ async fn admin_endpoints_and_one_log_event_per_request() {
         ("upstream", "api"),
         ("outcome", "recovered"),
         ("reason", ""),
+        ("success", "true"),
     ];
     let mut sent = 0;
     while sent < 6
@@ -219,7 +220,12 @@ async fn admin_endpoints_and_one_log_event_per_request() {
     let ok = metrics
         .get(
             "reprise_requests_total",
-            &[("upstream", "api"), ("outcome", "ok"), ("reason", "")],
+            &[
+                ("upstream", "api"),
+                ("outcome", "ok"),
+                ("reason", ""),
+                ("success", "true"),
+            ],
         )
         .expect("ok");
     assert_eq!(recovered + ok, f64::from(sent));

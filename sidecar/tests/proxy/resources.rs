@@ -133,7 +133,8 @@ async fn running_out_of_descriptors_is_the_sidecars_failure_not_the_endpoints() 
                 &[
                     ("upstream", "api"),
                     ("outcome", "skipped"),
-                    ("reason", "not_retryable")
+                    ("reason", "not_retryable"),
+                    ("success", "false")
                 ]
             )
             .await,

@@ -13,7 +13,12 @@ pub(crate) const FAMILIES: &[Family] = &[
     family(
         "reprise_requests_total",
         Kind::Counter,
-        "Logical requests by upstream, outcome (ok, recovered, exhausted, skipped) and reason.",
+        "Logical requests by upstream, outcome (ok, recovered, exhausted, skipped), reason and success of the final answer.",
+    ),
+    family(
+        "reprise_rule_requests_total",
+        Kind::Counter,
+        "Logical requests by the retry rule (RetryPolicy) that applied, outcome, reason and success of the final answer.",
     ),
     family(
         "reprise_retries_total",

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use reprise_telemetry::prometheus::Exposition;
 
 use crate::observe::metrics::{Listener, UpstreamStats, FAMILIES};
+use crate::proxy::route::Routes;
 use crate::proxy::Proxy;
 use crate::retry::upstream::UpstreamState;
 
@@ -23,6 +24,7 @@ pub fn metrics_text(proxy: &Proxy) -> String {
             upstream_samples(&mut out, name, up);
         }
     }
+    rule_samples(&mut out, &routes);
     proxy_samples(
         &mut out,
         proxy,
@@ -40,16 +42,24 @@ fn upstream_samples(out: &mut Exposition, name: &str, up: &UpstreamState) {
     let stats: UpstreamStats = up.stats();
     let upstream = [("upstream", name)];
     // `ok` and `recovered` first, then the rest in order, as before.
-    for key in [("ok", ""), ("recovered", "")] {
-        let n = stats.outcomes.get(&key).copied().unwrap_or(0);
-        outcome_sample(out, name, key, n);
-    }
-    for (key, n) in stats
-        .outcomes
-        .iter()
-        .filter(|((o, _), _)| !matches!(*o, "ok" | "recovered"))
-    {
-        outcome_sample(out, name, *key, *n);
+    let ordered = [("ok", ""), ("recovered", "")].into_iter().chain(
+        stats
+            .outcomes
+            .keys()
+            .copied()
+            .filter(|(o, _)| !matches!(*o, "ok" | "recovered")),
+    );
+    for key in ordered {
+        let all = stats.outcomes.get(&key).copied().unwrap_or(0);
+        let failed = stats.failed.get(&key).copied().unwrap_or(0);
+        // The successful series always, as `ok` and `recovered` always were;
+        // the failed one once it has counted something.
+        if all - failed > 0 || matches!(key.0, "ok" | "recovered") {
+            outcome_sample(out, name, key, "true", all - failed);
+        }
+        if failed > 0 {
+            outcome_sample(out, name, key, "false", failed);
+        }
     }
     for (kind, n) in &stats.retries {
         out.sample(
@@ -237,14 +247,33 @@ fn trace_samples(out: &mut Exposition, proxy: &Proxy) {
     );
 }
 
-fn outcome_sample(out: &mut Exposition, upstream: &str, key: (&str, &str), n: u64) {
+fn outcome_sample(out: &mut Exposition, upstream: &str, key: (&str, &str), success: &str, n: u64) {
     out.sample(
         "reprise_requests_total",
         &[
             ("upstream", upstream),
             ("outcome", key.0),
             ("reason", key.1),
+            ("success", success),
         ],
         n,
     );
+}
+
+/// Each retry rule's requests, by outcome, reason and success.
+fn rule_samples(out: &mut Exposition, routes: &Routes) {
+    for (rule, traffic) in routes.config.rules.iter().zip(&routes.traffic) {
+        for ((outcome, reason, success), n) in traffic.outcomes() {
+            out.sample(
+                "reprise_rule_requests_total",
+                &[
+                    ("rule", rule.id.as_str()),
+                    ("outcome", outcome),
+                    ("reason", reason),
+                    ("success", if success { "true" } else { "false" }),
+                ],
+                n,
+            );
+        }
+    }
 }
