@@ -281,6 +281,8 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
     let web_health = addr(&ip(&web), 15021);
     let r = drive(web_app, "http://api/", 300, 0).await.expect("drive");
     step(&format!("   300 GETs through the sidecar: {r}"));
+    // A fresh sidecar, and the policy sets no budget floor: the default of
+    // 10 retries a second lets its first failures be retried too.
     assert_all_ok("the flaky pool", &r, 300);
     assert_eq!(
         r["proxy"], "http://127.0.0.1:15001",
@@ -321,6 +323,43 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         "   {recovered} recovered, {retries} retries; {} recovered lines in the sidecar's log",
         recovered_lines.len()
     ));
+
+    // The policy's status says what it did: the sidecar's reports (every
+    // 10 s) added up and written at most once a minute.
+    c.until(
+        "status.traffic with the sidecar's 300 requests",
+        Duration::from_secs(150),
+        || c.policy_field("reads", "{.status.traffic.requests}") == "300",
+    );
+    let traffic = json(&c, &c.ns, &["get", "rp", "reads"])["status"]["traffic"].clone();
+    step(&format!("   status.traffic: {traffic}"));
+    assert_eq!(
+        traffic["recovered"].as_f64(),
+        Some(recovered),
+        "the recovered count the sidecar's metrics show: {traffic}"
+    );
+    assert_eq!(
+        traffic["recovered"].as_u64(),
+        Some(recovered_lines.len() as u64)
+    );
+    let pct = |f: &str| {
+        traffic[f]
+            .as_str()
+            .and_then(|s| s.trim_end_matches('%').parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{f} in {traffic}"))
+    };
+    assert_eq!(pct("effectiveSuccess"), 100.0, "{traffic}");
+    assert!(
+        pct("firstTrySuccess") < 100.0,
+        "the flaky pod failed first tries: {traffic}"
+    );
+    let columns = c
+        .kubectl(&["-n", &c.ns, "get", "rp", "reads"])
+        .expect("kubectl get rp");
+    assert!(
+        columns.contains("EFFECTIVE") && columns.contains("100.00%"),
+        "the printer columns: {columns}"
+    );
 
     // Jaeger (the chart's, in a pod): the attempts, with the pod's name.
     let jaeger_pod = pods(&c, &release.ns, "app.kubernetes.io/component=jaeger")
