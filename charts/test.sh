@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # Static checks of the Helm chart in charts/reprise; no cluster needed.
 #
-#   charts/test.sh            (HELM=/path/to/helm to pick the binary)
+#   charts/test.sh            (HELM=, PROMTOOL= to pick the binaries)
 #
 # Lints the chart (--strict), renders it with `helm template` for every
 # documented combination of values and asserts what must hold for each
 # (structurally with python3 + PyYAML when importable, else with grep), checks
 # that bad values are refused by values.schema.json with the field named, and
-# that the chart's CRD is byte-identical to crds/retrypolicy.yaml.
+# that the chart's CRD is byte-identical to crds/retrypolicy.yaml. The
+# PrometheusRule's groups go through `promtool check rules` and the unit tests
+# of charts/alerts.test.yaml (`promtool test rules`).
 # One line per check; exits non-zero when any check fails.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CHART="$ROOT/charts/reprise"
 HELM="${HELM:-$HOME/.cache/reprise-tools/helm-v3.22.0/helm}"
+PROMTOOL="${PROMTOOL:-$HOME/.cache/reprise-tools/promtool-v3.16.0/promtool}"
 RELEASE=reprise
 NS=reprise-system
 
 [[ -x "$HELM" ]] || {
   echo "helm not found at $HELM (set HELM, or build it with e2e/build-tools.sh)" >&2
+  exit 2
+}
+[[ -x "$PROMTOOL" ]] || {
+  echo "promtool not found at $PROMTOOL (set PROMTOOL, or build it with e2e/build-tools.sh)" >&2
   exit 2
 }
 
@@ -46,7 +53,7 @@ fi
 echo "chart: checking $CHART with $("$HELM" version --short) (assertions: $MODE)"
 
 cat >"$TMP/q.py" <<'PY'
-import sys, yaml
+import json, sys, yaml
 
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 
@@ -112,6 +119,12 @@ def hardened(d, c):
             and s["readOnlyRootFilesystem"] and s["allowPrivilegeEscalation"] is False
             and s["capabilities"]["drop"] == ["ALL"]
             and s["seccompProfile"]["type"] == "RuntimeDefault")
+
+def dashboard(name="reprise-dashboard"):
+    return json.loads(one("ConfigMap", name)["data"]["reprise.json"])
+
+def alerts():
+    return {r["alert"]: r for g in one("PrometheusRule")["spec"]["groups"] for r in g["rules"]}
 
 def valid():
     # Every document is a Kubernetes object; no duplicate kind/namespace/name.
@@ -222,6 +235,11 @@ if "$HELM" lint "$CHART" --strict >"$TMP/lint.out" 2>&1; then
 else
   fail "lint: $(grep -E 'ERROR|WARNING' "$TMP/lint.out" | head -3 | tr '\n' ' ')"
 fi
+if "$HELM" lint "$CHART" --strict --set grafanaDashboard.enabled=true --set prometheusRule.enabled=true >"$TMP/lint.out" 2>&1; then
+  pass "lint: helm lint --strict with the dashboard and the PrometheusRule"
+else
+  fail "lint (dashboard, PrometheusRule): $(grep -E 'ERROR|WARNING' "$TMP/lint.out" | head -3 | tr '\n' ' ')"
+fi
 if cmp -s "$CHART/crds/retrypolicy.yaml" "$ROOT/crds/retrypolicy.yaml"; then
   pass "crd: charts/reprise/crds/retrypolicy.yaml == crds/retrypolicy.yaml"
 else
@@ -281,9 +299,9 @@ check "RBAC: leases/webhook restricted by resourceNames" \
 check "helm test Pod runs selftest as reprise-test" \
   'one("Pod","reprise-test")["metadata"]["annotations"]["helm.sh/hook"] == "test" and one("Pod","reprise-test")["spec"]["containers"][0]["command"] == ["/usr/local/bin/reprise-controller","selftest","--namespace","'"$NS"'","--webhook-configuration","reprise-sidecar-injector"] and one("Pod","reprise-test")["spec"]["serviceAccountName"] == "reprise-test" and one("Pod","reprise-test")["spec"]["restartPolicy"] == "Never"' \
   '+helm.sh/hook: test' '+- selftest' '+serviceAccountName: reprise-test'
-check "no ServiceMonitor, Jaeger or cert-manager objects" \
-  'not find("ServiceMonitor") and not find("Certificate") and not find("Issuer") and not find("Deployment","reprise-jaeger")' \
-  '-kind: ServiceMonitor' '-kind: Certificate' '-reprise-jaeger'
+check "no ServiceMonitor, PrometheusRule, dashboard, Jaeger or cert-manager objects" \
+  'not find("ServiceMonitor") and not find("PrometheusRule") and not find("ConfigMap","reprise-dashboard") and not find("Certificate") and not find("Issuer") and not find("Deployment","reprise-jaeger")' \
+  '-kind: ServiceMonitor' '-kind: PrometheusRule' '-grafana_dashboard' '-kind: Certificate' '-reprise-jaeger'
 
 # --- replicas=1 ----------------------------------------------------------------------
 render replicas1 --set controller.replicas=1
@@ -318,6 +336,33 @@ render servicemonitor --set serviceMonitor.enabled=true --set serviceMonitor.int
 check "ServiceMonitor scrapes the metrics port every 15s" \
   'one("ServiceMonitor","reprise-controller")["spec"]["endpoints"] == [{"port":"metrics","path":"/metrics","scheme":"http","interval":"15s"}] and one("ServiceMonitor")["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "controller"' \
   '+kind: ServiceMonitor' '+port: metrics' '+interval: 15s'
+
+# --- Grafana dashboard and PrometheusRule ---------------------------------------------
+ALERTS='{"RepriseRetryBudgetRefusing","RepriseEffectiveSuccessLow","RepriseSnapshotNacked","RepriseSidecarsOutOfSync","RepriseTraceSpansDropped","RepriseUpstreamCertificateExpiring"}'
+render monitoring --set grafanaDashboard.enabled=true --set prometheusRule.enabled=true
+check "dashboard ConfigMap labelled grafana_dashboard: \"1\", carrying dashboards/reprise.json as it is" \
+  'one("ConfigMap","reprise-dashboard")["metadata"]["labels"]["grafana_dashboard"] == "1" and one("ConfigMap","reprise-dashboard")["metadata"]["namespace"] == "'"$NS"'" and dashboard() == json.load(open("'"$CHART"'/dashboards/reprise.json"))' \
+  '+"grafana_dashboard": "1"' '+^  reprise.json: \|-$' '+"uid": "reprise-overview"'
+check "dashboard: six panels, every query on the \${datasource} variable" \
+  'len(dashboard()["panels"]) == 6 and all(t["datasource"]["uid"] == "${datasource}" and t["expr"] for p in dashboard()["panels"] for t in p["targets"])' \
+  '+"title": "Sidecars in sync"' '+"uid": "\$\{datasource\}"'
+check "PrometheusRule reprise-alerts: the six alerts, each with a severity, a summary and a description" \
+  'set(alerts()) == '"$ALERTS"' and all(r["labels"]["severity"] in ("warning","critical") and r["annotations"]["summary"] and r["annotations"]["description"] for r in alerts().values())' \
+  '+^kind: PrometheusRule$' '+- alert: RepriseSnapshotNacked$' '+- alert: RepriseUpstreamCertificateExpiring$'
+check "alerts: effective success under 0.95, certificates expiring within 7 days" \
+  'alerts()["RepriseEffectiveSuccessLow"]["expr"].endswith("< 0.95") and alerts()["RepriseUpstreamCertificateExpiring"]["expr"].endswith("< 7 * 86400")' \
+  '+^ +< 0.95$' '+< 7 \* 86400$'
+render monitoring-values --set grafanaDashboard.enabled=true --set grafanaDashboard.label=example.com/dashboard \
+  --set grafanaDashboard.labelValue=7 --set grafanaDashboard.namespace=monitoring \
+  --set grafanaDashboard.annotations.grafana_folder=Reprise --set prometheusRule.enabled=true \
+  --set prometheusRule.labels.release=kube-prometheus-stack --set prometheusRule.effectiveSuccessThreshold=0.99 \
+  --set prometheusRule.certificateExpiryDays=21
+check "dashboard label key and value (a number quoted), namespace and folder annotation from values" \
+  'one("ConfigMap","reprise-dashboard")["metadata"]["labels"]["example.com/dashboard"] == "7" and "grafana_dashboard" not in one("ConfigMap","reprise-dashboard")["metadata"]["labels"] and one("ConfigMap","reprise-dashboard")["metadata"]["namespace"] == "monitoring" and one("ConfigMap","reprise-dashboard")["metadata"]["annotations"] == {"grafana_folder":"Reprise"}' \
+  '+"example.com/dashboard": "7"' '+namespace: monitoring' '+grafana_folder: Reprise' '-grafana_dashboard'
+check "rule labels for the Prometheus's selector; threshold 0.99 and 21 days in expressions and descriptions" \
+  'one("PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack" and alerts()["RepriseEffectiveSuccessLow"]["expr"].endswith("< 0.99") and "under 0.99 " in alerts()["RepriseEffectiveSuccessLow"]["annotations"]["description"] and alerts()["RepriseUpstreamCertificateExpiring"]["expr"].endswith("< 21 * 86400") and "under 21 days" in alerts()["RepriseUpstreamCertificateExpiring"]["annotations"]["description"]' \
+  '+release: kube-prometheus-stack' '+^ +< 0.99$' '+< 21 \* 86400$' '+under 21 days'
 
 # --- Jaeger --------------------------------------------------------------------------
 JAEGER="http://reprise-jaeger.$NS.svc:4317"
@@ -415,6 +460,47 @@ refuse "sidecar.redirectPort=70000" redirectPort --set sidecar.redirectPort=7000
 refuse "transparent.excludeOutboundPorts={0}" excludeOutboundPorts --set 'transparent.excludeOutboundPorts={0}'
 refuse "transparent.excludeOutboundCidrs={db.internal}" excludeOutboundCidrs --set 'transparent.excludeOutboundCidrs={db.internal}'
 refuse "injection.transparentLabel with a space" transparentLabel --set 'injection.transparentLabel=a b'
+refuse "prometheusRule.effectiveSuccessThreshold=0" effectiveSuccessThreshold --set prometheusRule.effectiveSuccessThreshold=0
+refuse "prometheusRule.effectiveSuccessThreshold=95 (a percentage)" effectiveSuccessThreshold --set prometheusRule.effectiveSuccessThreshold=95
+refuse "prometheusRule.effectiveSuccessThreshold=1.5" effectiveSuccessThreshold --set prometheusRule.effectiveSuccessThreshold=1.5
+refuse "prometheusRule.certificateExpiryDays=0" certificateExpiryDays --set prometheusRule.certificateExpiryDays=0
+refuse "grafanaDashboard.label with a space" label --set 'grafanaDashboard.label=grafana dashboard'
+refuse "unknown key prometheusRule.threshold" threshold --set prometheusRule.threshold=0.9
+
+# --- the alerts under promtool -------------------------------------------------------
+# No cluster here has the PrometheusRule CRD, so the rules file promtool reads
+# is the document's spec (the template keeps it last), taken out with awk:
+# the lines after "spec:", two spaces less indented. promtool then checks and
+# unit-tests what the chart renders, not a copy of it.
+mkdir -p "$TMP/promtool"
+"$HELM" template "$RELEASE" "$CHART" -n "$NS" --set prometheusRule.enabled=true \
+  --show-only templates/prometheusrule.yaml 2>"$TMP/promtool/err" |
+  awk 'f { sub(/^  /, ""); print } /^spec:$/ { f = 1 }' >"$TMP/promtool/rules.yaml" || true
+mapfile -t RULE_ALERTS < <(sed -n 's/^ *- alert: *\([A-Za-z0-9_]*\)$/\1/p' "$TMP/promtool/rules.yaml")
+if ((${#RULE_ALERTS[@]} == 0)); then
+  fail "promtool: no alert in the rendered groups: $(head -3 "$TMP/promtool/err" | tr '\n' ' ')"
+elif "$PROMTOOL" check rules "$TMP/promtool/rules.yaml" >"$TMP/promtool/check.out" 2>&1 &&
+  grep -q "SUCCESS: ${#RULE_ALERTS[@]} rules found" "$TMP/promtool/check.out"; then
+  pass "promtool: check rules (${#RULE_ALERTS[@]} alerts)"
+else
+  fail "promtool: check rules: $(tail -5 "$TMP/promtool/check.out" | tr '\n' ' ')"
+fi
+untested=()
+for a in "${RULE_ALERTS[@]}"; do
+  grep -Eq "^ +alertname: $a\$" "$ROOT/charts/alerts.test.yaml" || untested+=("$a")
+done
+if ((${#untested[@]})); then
+  fail "promtool: alerts without a test in charts/alerts.test.yaml: ${untested[*]}"
+else
+  pass "promtool: every alert has a test in charts/alerts.test.yaml"
+fi
+cp "$ROOT/charts/alerts.test.yaml" "$TMP/promtool/"
+if "$PROMTOOL" test rules "$TMP/promtool/alerts.test.yaml" >"$TMP/promtool/test.out" 2>&1; then
+  pass "promtool: test rules charts/alerts.test.yaml ($(grep -c 'alertname:' "$TMP/promtool/alerts.test.yaml") evaluations)"
+else
+  fail "promtool: test rules charts/alerts.test.yaml:"
+  sed 's/^/     /' "$TMP/promtool/test.out"
+fi
 
 if ((FAILED)); then
   echo "chart: $FAILED of $((PASSED + FAILED)) checks failed"

@@ -9,6 +9,7 @@
 #   etcd                                     e2e/tools/etcd/go.mod   (go.etcd.io/etcd/server/v3)
 #   jaeger (v2, cmd/jaeger)                  e2e/tools/jaeger/go.mod (github.com/jaegertracing/jaeger)
 #   helm                                     e2e/tools/helm/go.mod   (helm.sh/helm/v3)
+#   promtool (charts/test.sh's rule tests)   e2e/tools/prometheus/   (github.com/prometheus/prometheus)
 # and, for the node (skipped with --api-only):
 #   kubelet, kube-proxy, kube-scheduler      e2e/tools/go.mod        (k8s.io/kubernetes)
 #   coredns (kubernetes, cache, ... only)    e2e/tools/coredns/      (github.com/coredns/coredns)
@@ -19,7 +20,7 @@
 #
 # A binary already in the cache is not rebuilt, so running this again is cheap.
 # Progress goes to stderr. stdout gets one NAME=/abs/path line per tool
-# (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM, and KUBELET,
+# (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM, PROMTOOL, and KUBELET,
 # KUBE_PROXY, KUBE_SCHEDULER, COREDNS, PROMETHEUS, CRICTL unless --api-only;
 # GATEWAY_API_CRDS, the path of the pinned module's BackendTLSPolicy CRD,
 # always) and a last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file that exports
@@ -30,7 +31,8 @@
 #   source "$(e2e/build-tools.sh --env-file [--api-only])"   # build, then export the variables
 #
 # Cold builds on 2 cores (empty Go caches) take about 20 minutes for the
-# control plane and helm, plus the node's tools (figures in e2e/tools/README.md).
+# control plane and helm, plus the node's tools, plus promtool (seconds after
+# Prometheus, several minutes without it; figures in e2e/tools/README.md).
 #
 # To bump Kubernetes: e2e/tools/gen-kube-gomod.sh v1.32.N (rewrites go.mod/go.sum).
 # To bump the others: cd e2e/tools/<tool> && go get <module>@<version> && go mod tidy
@@ -208,28 +210,35 @@ build_tool HELM helm "$HELM_VERSION" "$TOOLS_DIR/helm" helm.sh/helm/v3/cmd/helm 
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
   version --short
 
+# --- Prometheus: the server for the node, promtool always ---------------------
+PROMETHEUS_VERSION="$(module_version "$TOOLS_DIR/prometheus" github.com/prometheus/prometheus)"
+# Module v0.X.Y is Prometheus 3.X.Y (its own version scheme for Go).
+PROMETHEUS_RELEASE="$PROMETHEUS_VERSION"
+if [[ "$PROMETHEUS_VERSION" =~ ^v0\.([0-9]+)\.([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 300)); then
+  PROMETHEUS_RELEASE="v3.$((BASH_REMATCH[1] - 300)).${BASH_REMATCH[2]}"
+fi
+PROMETHEUS_LDFLAGS="-X github.com/prometheus/common/version.Version=${PROMETHEUS_RELEASE#v} -X github.com/prometheus/common/version.Branch=release"
+
 if ((API_ONLY == 0)); then
   # --- CoreDNS: a main of our own with only the plugins the node uses ---------
   COREDNS_VERSION="$(module_version "$TOOLS_DIR/coredns" github.com/coredns/coredns)"
   build_tool COREDNS coredns "$COREDNS_VERSION" "$TOOLS_DIR/coredns" . "" -version
 
   # --- Prometheus, Kubernetes service discovery only ---------------------------
-  PROMETHEUS_VERSION="$(module_version "$TOOLS_DIR/prometheus" github.com/prometheus/prometheus)"
-  # Module v0.X.Y is Prometheus 3.X.Y (its own version scheme for Go).
-  PROMETHEUS_RELEASE="$PROMETHEUS_VERSION"
-  if [[ "$PROMETHEUS_VERSION" =~ ^v0\.([0-9]+)\.([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 300)); then
-    PROMETHEUS_RELEASE="v3.$((BASH_REMATCH[1] - 300)).${BASH_REMATCH[2]}"
-  fi
   BUILD_TAGS=remove_all_sd,enable_kubernetes_sd build_tool PROMETHEUS prometheus "$PROMETHEUS_RELEASE" \
-    "$TOOLS_DIR/prometheus" github.com/prometheus/prometheus/cmd/prometheus \
-    "-X github.com/prometheus/common/version.Version=${PROMETHEUS_RELEASE#v} -X github.com/prometheus/common/version.Branch=release" \
-    --version
+    "$TOOLS_DIR/prometheus" github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_LDFLAGS" --version
 
   # --- crictl: the node's CRI client (sandbox teardown on `down`) -------------
   CRICTL_VERSION="$(module_version "$TOOLS_DIR/cri-tools" sigs.k8s.io/cri-tools)"
   build_tool CRICTL crictl "$CRICTL_VERSION" "$TOOLS_DIR/cri-tools" sigs.k8s.io/cri-tools/cmd/crictl \
     "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" --version
 fi
+
+# --- promtool: charts/test.sh checks and unit-tests the chart's alerts ---------
+# Built after the server, with its tags, so that on a node build it reuses
+# the server's compiled packages and adds little more than its own.
+BUILD_TAGS=remove_all_sd,enable_kubernetes_sd build_tool PROMTOOL promtool "$PROMETHEUS_RELEASE" \
+  "$TOOLS_DIR/prometheus" github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_LDFLAGS" --version
 
 # --- Gateway API CRDs (downloaded, not built) ---------------------------------
 # The tests apply the CRDs Gateway API publishes rather than copies written by
@@ -245,7 +254,7 @@ PATHS[GATEWAY_API_CRDS]="$gateway_api_dir/config/crd/standard/gateway.networking
 log "gateway-api $GATEWAY_API_VERSION: BackendTLSPolicy CRD at ${PATHS[GATEWAY_API_CRDS]}"
 
 # --- Output -------------------------------------------------------------------
-VARS=(KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD JAEGER HELM)
+VARS=(KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD JAEGER HELM PROMTOOL)
 ((API_ONLY)) || VARS+=(KUBELET KUBE_PROXY KUBE_SCHEDULER COREDNS PROMETHEUS CRICTL)
 VARS+=(GATEWAY_API_CRDS)
 lines=""

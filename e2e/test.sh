@@ -129,7 +129,7 @@ if [ "${REPRISE_E2E_API_ONLY:-0}" != 1 ]; then
 fi
 echo "== e2e: tests"
 cargo build --workspace --bins --locked
-# HELM and the other tool paths (already built by `cluster.sh up`).
+# HELM, PROMTOOL and the other tool paths (already built by `cluster.sh up`).
 # shellcheck disable=SC1090
 source "$(bash e2e/build-tools.sh --env-file ${REPRISE_E2E_API_ONLY:+--api-only})"
 export HELM
@@ -137,7 +137,7 @@ export HELM
 # binary fails them): ignored by the workspace run above.
 echo "== OTLP over TLS to Jaeger (telemetry/tests/otlp_tls.rs)"
 cargo test -p reprise-telemetry --test otlp_tls --locked -- --ignored 2>&1 | tee -a "$log"
-echo "== chart: lint, render every documented combination, schema refusals"
+echo "== chart: lint, render every documented combination, schema refusals, promtool on the alerts"
 bash charts/test.sh
 REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test -p reprise-e2e --test cluster --locked -- --ignored --test-threads=1 "${skip[@]}" 2>&1 | tee -a "$log"
 

@@ -40,6 +40,7 @@ const COUNTERS: usize = 8;
 
 const RECONCILE_ERRORS: &str = "reprise_controller_reconcile_errors_total";
 const CONNECTED_SIDECARS: &str = "reprise_controller_connected_sidecars";
+const SIDECARS_OUT_OF_SYNC: &str = "reprise_controller_sidecars_out_of_sync";
 const SPANS_EXPORTED: &str = "reprise_controller_trace_spans_exported_total";
 const SPANS_DROPPED: &str = "reprise_controller_trace_spans_dropped_total";
 const PUSH_LATENCY: &str = "reprise_controller_push_latency_seconds";
@@ -82,6 +83,11 @@ const FAMILIES: &[Family] = &[
         kind: Kind::Gauge,
         help: "Sidecars connected to this replica.",
     },
+    Family {
+        name: SIDECARS_OUT_OF_SYNC,
+        kind: Kind::Gauge,
+        help: "Sidecars connected to this replica that have not ACKed the snapshot last sent to them (NACKed, or the answer awaited).",
+    },
     counter(
         SPANS_EXPORTED,
         "Spans the OTLP collector accepted (0 while tracing is off).",
@@ -110,9 +116,9 @@ const PUSH_LATENCY_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// What the controller counts. The connected sidecars are not counted here:
-/// the [`SidecarRegistry`] holds them, each for as long as its stream's
-/// registration guard lives.
+/// What the controller counts. The connected sidecars and their sync are not
+/// counted here: the [`SidecarRegistry`] holds them, each for as long as its
+/// stream's registration guard lives.
 #[derive(Debug)]
 pub struct Metrics {
     counters: [AtomicU64; COUNTERS],
@@ -158,9 +164,9 @@ impl Metrics {
         self.push_latency.observe(latency);
     }
 
-    /// Prometheus text; `connected` is the number of connected sidecars,
-    /// `traces` the trace pipeline's counters (`None` while tracing is off).
-    pub fn render(&self, connected: usize, traces: Option<&SpanCounters>) -> String {
+    /// Prometheus text; `sidecars` are the connected sidecars, `traces` the
+    /// trace pipeline's counters (`None` while tracing is off).
+    pub fn render(&self, sidecars: &SidecarRegistry, traces: Option<&SpanCounters>) -> String {
         let mut out = Exposition::new(FAMILIES);
         for (family, value) in FAMILIES.iter().zip(&self.counters) {
             out.sample(family.name, &[], value.load(Ordering::Relaxed));
@@ -168,7 +174,8 @@ impl Metrics {
         for (label, n) in self.lock_errors().iter() {
             out.sample(RECONCILE_ERRORS, &[("error", label)], n);
         }
-        out.sample(CONNECTED_SIDECARS, &[], connected);
+        out.sample(CONNECTED_SIDECARS, &[], sidecars.connected());
+        out.sample(SIDECARS_OUT_OF_SYNC, &[], sidecars.out_of_sync());
         out.sample(
             SPANS_EXPORTED,
             &[],
@@ -217,7 +224,7 @@ pub(crate) async fn serve(
                 // Prometheus 3 refuses a scrape without a Content-Type.
                 let (body, content_type) = match req.uri().path() {
                     "/metrics" => (
-                        metrics.render(registry.connected(), traces.counters()),
+                        metrics.render(&registry, traces.counters()),
                         "text/plain; version=0.0.4; charset=utf-8",
                     ),
                     "/healthz" | "/readyz" => ("ok\n".to_string(), "text/plain"),
@@ -273,7 +280,15 @@ mod tests {
         }
         m.reconcile_failed(&Error::MissingNamespace);
         m.reconcile_failed(&Error::MissingNamespace);
-        let text = m.render(3, None);
+        let sidecars = SidecarRegistry::default();
+        for (i, pod) in ["a", "b", "c"].into_iter().enumerate() {
+            sidecars.connect("shop", pod, Default::default(), Default::default(), 1);
+            if i > 0 {
+                sidecars.sent("shop", pod, "v1", Default::default());
+            }
+        }
+        sidecars.ack("shop", "b", "v1");
+        let text = m.render(&sidecars, None);
         for (i, (counter, name)) in names.iter().enumerate() {
             assert_eq!(m.get(*counter), i as u64 + 1);
             assert!(
@@ -292,6 +307,10 @@ mod tests {
         assert!(
             text.contains("\nreprise_controller_connected_sidecars 3\n"),
             "{text}"
+        );
+        assert!(
+            text.contains("# TYPE reprise_controller_sidecars_out_of_sync gauge\nreprise_controller_sidecars_out_of_sync 1\n"),
+            "c was sent v1 and has not ACKed it: {text}"
         );
         assert!(
             text.contains("reprise_controller_trace_spans_dropped_total 0\n"),

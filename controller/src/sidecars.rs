@@ -3,9 +3,9 @@
 //! [`SidecarRegistry`]: a sidecar is in it while its stream's registration
 //! lives (`push/stream.rs`), with the versions sent to it and ACKed. The
 //! reconciler (the `InSync` condition), the sync-count publisher (peers) and
-//! the `reprise_controller_connected_sidecars` gauge read it. It is its own
-//! module, below all of them, so that the reconciler and the metrics reach
-//! it without depending on the push server.
+//! the `reprise_controller_connected_sidecars` and `_sidecars_out_of_sync`
+//! gauges read it. It is its own module, below all of them, so that the
+//! reconciler and the metrics reach it without depending on the push server.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -165,6 +165,16 @@ impl SidecarRegistry {
         self.lock().len()
     }
 
+    /// Connected sidecars whose last ACK is not of the version last sent to
+    /// them: they NACKed it, or their answer is still awaited. One not yet
+    /// sent anything has nothing to be out of sync with.
+    pub fn out_of_sync(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|s| s.sent.is_some() && s.acked != s.sent)
+            .count()
+    }
+
     /// Of the sidecars `policy` selects, how many lack one of `needs` (the
     /// capabilities its target needs).
     pub(crate) fn outdated(&self, policy: &RetryPolicy, needs: &[&str]) -> i32 {
@@ -204,6 +214,41 @@ impl SidecarRegistry {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), SidecarState>> {
         self.sidecars.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod sync_tests {
+    use super::*;
+
+    #[test]
+    fn a_sidecar_is_out_of_sync_from_a_push_until_it_acks_that_version() {
+        let registry = SidecarRegistry::default();
+        for pod in ["acked", "nacked", "waiting", "new"] {
+            registry.connect("shop", pod, BTreeMap::new(), BTreeSet::new(), 1);
+        }
+        for pod in ["acked", "nacked", "waiting"] {
+            registry.sent("shop", pod, "v1", HashMap::new());
+        }
+        registry.ack("shop", "acked", "v1");
+        registry.ack("shop", "nacked", "v1");
+        assert_eq!(registry.out_of_sync(), 1, "only waiting has not ACKed v1");
+
+        // v2 pushed: an ACK of v1 no longer counts, a NACK leaves it out of sync.
+        for pod in ["acked", "nacked", "waiting"] {
+            registry.sent("shop", pod, "v2", HashMap::new());
+        }
+        registry.ack("shop", "acked", "v2");
+        registry.nack("shop", "nacked", "invalid rule");
+        assert_eq!(registry.ack("shop", "waiting", "v1"), None, "a stale ACK");
+        assert_eq!(registry.out_of_sync(), 2, "nacked and waiting");
+
+        registry.disconnect("shop", "nacked", 1);
+        assert_eq!(
+            registry.out_of_sync(),
+            1,
+            "a disconnected sidecar is not counted"
+        );
     }
 }
 

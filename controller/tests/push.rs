@@ -386,7 +386,7 @@ async fn unknown_tokens_and_other_pods_are_refused() {
 /// The `reprise_controller_connected_sidecars` sample the metrics endpoint shows.
 fn connected_gauge(h: &Harness) -> String {
     h.metrics
-        .render(h.registry.connected(), None)
+        .render(&h.registry, None)
         .lines()
         .find(|l| l.starts_with("reprise_controller_connected_sidecars "))
         .unwrap_or_default()

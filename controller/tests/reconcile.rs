@@ -362,7 +362,7 @@ async fn a_failed_reconcile_span_is_an_error_with_its_type() {
     assert_eq!(ctx.metrics().reconcile_errors("kube"), 1);
     assert!(ctx
         .metrics()
-        .render(0, None)
+        .render(&Default::default(), None)
         .contains("reprise_controller_reconcile_errors_total{error=\"kube\"} 1\n"));
 
     let span = the_span(&tracing, &exporter).await;

@@ -1,9 +1,10 @@
 //! The end-to-end tests' application image (`reprise.local/e2e-app:dev`,
 //! built by `e2e/images.sh`). One binary plays both sides:
 //!
-//! - **Server** (every path but the two below): answers `200 hello from
+//! - **Server** (every path but the three below): answers `200 hello from
 //!   $POD_NAME ($POD_IP)`; when `$POD_NAME` equals `$FLAKY_POD`, a random
-//!   `$FLAKY_PERCENT`% of requests get `503` instead. On SIGTERM it keeps
+//!   `$FLAKY_PERCENT`% of requests get `503` instead. `/unavailable` gets
+//!   `503` from every pod, for requests that exhaust their retries. On SIGTERM it keeps
 //!   answering (with `Connection: close`), and accepting, for `$DRAIN_MS`
 //!   (default 5000: endpoint removal reaches every sidecar within that even
 //!   on a loaded 2-core machine) and
@@ -286,6 +287,7 @@ async fn handle(
             Ok(json) => (200, json, "application/json"),
             Err(e) => (400, format!("{e}\n"), "text/plain"),
         },
+        "/unavailable" => (503, format!("{}: unavailable\n", state.name), "text/plain"),
         _ if rand::rng().random_range(0..100) < state.fail_percent => {
             (503, format!("{}: unavailable\n", state.name), "text/plain")
         }

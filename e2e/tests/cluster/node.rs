@@ -17,6 +17,10 @@
 //!    Lease, In-Sync 1/1 comes back, no request fails.
 //! 4. The controller scaled to 0 and the sidecar process killed: the kubelet
 //!    restarts it and it serves the retry policy from its saved snapshot.
+//! 8. The chart's Grafana dashboard (`grafanaDashboard.enabled`): after
+//!    traffic that succeeds and traffic that exhausts its retries, every
+//!    panel's query, read from the installed ConfigMap, returns a series
+//!    from Prometheus.
 
 mod tls;
 
@@ -159,6 +163,7 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
                 "jaeger.enabled=true",
                 "otel.sampler=always_on",
                 "controller.logLevel=debug",
+                "grafanaDashboard.enabled=true",
             ],
             "240s",
         )
@@ -652,7 +657,91 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         Duration::from_secs(120),
         || c.policy_field("reads", "{.status.inSync}") == "1/1",
     );
+
+    // 8. Last, as the failures below spend the retry budget.
+    step("8. the dashboard's queries against Prometheus");
+    let r = drive(web_app, "http://api/", 100, 20).await.expect("drive");
+    assert_all_ok("before the dashboard's queries", &r, 100);
+    // Spread over several scrapes, so that the exhausted series' rate is
+    // not lost to its first sample.
+    let r = drive(web_app, "http://api/unavailable", 30, 200)
+        .await
+        .expect("drive");
+    assert_eq!(r["statuses"]["503"], 30, "every pod answers 503: {r}");
+    let queries = dashboard_queries(&release);
+    let mut unanswered = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        unanswered.clear();
+        for (panel, query) in &queries {
+            let answer = prometheus_query(query).await;
+            if !answer.as_ref().is_some_and(has_a_value) {
+                unanswered.push(format!("{panel}: {query} -> {answer:?}"));
+            }
+        }
+        if unanswered.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        unanswered.is_empty(),
+        "dashboard queries without a series:\n{}",
+        unanswered.join("\n")
+    );
+    step(&format!(
+        "   {} queries of the dashboard, each with a series",
+        queries.len()
+    ));
     step("done");
+}
+
+/// Every query of the chart's Grafana dashboard as the release installed it
+/// (ConfigMap `reprise-dashboard`), with its panel's title. Grafana's
+/// variables become what the dashboard means by them over a short test:
+/// every upstream, a rate over 2 minutes.
+fn dashboard_queries(release: &Release) -> Vec<(String, String)> {
+    let cm = release
+        .kubectl(&["get", "configmap", "reprise-dashboard", "-o", "json"])
+        .expect("the dashboard's ConfigMap");
+    let cm: Value = serde_json::from_str(&cm).expect("ConfigMap JSON");
+    let dashboard: Value = serde_json::from_str(
+        cm["data"]["reprise.json"]
+            .as_str()
+            .expect("data reprise.json"),
+    )
+    .expect("the dashboard's JSON");
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().unwrap_or_default();
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {title} has no query");
+        for t in targets {
+            let query = t["expr"]
+                .as_str()
+                .expect("expr")
+                .replace("$__rate_interval", "2m")
+                .replace("$upstream", ".*");
+            assert!(
+                !query.contains('$'),
+                "{title}: a variable this test does not know: {query}"
+            );
+            queries.push((title.to_string(), query));
+        }
+    }
+    assert!(!queries.is_empty(), "the dashboard has queries");
+    queries
+}
+
+/// Whether a Prometheus query answer holds a series with a number (not NaN:
+/// a ratio or quantile over no traffic).
+fn has_a_value(answer: &Value) -> bool {
+    answer["data"]["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["value"][1].as_str()?.parse::<f64>().ok())
+        .any(f64::is_finite)
 }
 
 /// Runs a future to completion from synchronous code inside the test's runtime.
