@@ -17,7 +17,11 @@
 //!    Lease, In-Sync 1/1 comes back, no request fails.
 //! 4. The controller scaled to 0 and the sidecar process killed: the kubelet
 //!    restarts it and it serves the retry policy from its saved snapshot.
+//!
+//! `tls.rs` (BackendTLSPolicy) and `plugin.rs` (`kubectl reprise`) install
+//! releases of their own.
 
+mod plugin;
 mod tls;
 
 use std::net::SocketAddr;
