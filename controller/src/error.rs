@@ -107,6 +107,9 @@ pub enum Error {
         /// What went wrong, and what to do.
         reason: String,
     },
+    /// The API server does not serve RetryPolicies.
+    #[error("the RetryPolicy CRD is not installed (kubectl reprise check says what to do)")]
+    CrdMissing,
     /// The command line asks for something that cannot be done.
     #[error("{0}")]
     Usage(String),
@@ -138,6 +141,7 @@ impl Error {
             Error::PortForward { .. } => "port_forward",
             Error::Http(_) => "http",
             Error::Diagnostics { .. } => "diagnostics",
+            Error::CrdMissing => "crd_missing",
             Error::Usage(_) => "usage",
             Error::Json(_) => "json",
             Error::Yaml(_) => "yaml",

@@ -7,10 +7,14 @@ use clap::Parser;
 use reprise_controller::cli::plugin::{self, Args};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
-    Ok(if plugin::run(Args::parse()).await? {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+async fn main() -> ExitCode {
+    match plugin::run(Args::parse()).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        // One line, as kubectl reports errors: the message carries its cause.
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -33,7 +33,7 @@ use crate::Error;
 /// pod's recently retried requests, which policy applies to a request, and
 /// whether the installation is healthy.
 #[derive(Debug, Parser)]
-#[command(name = "kubectl-reprise", bin_name = "kubectl reprise", version, about)]
+#[command(name = "kubectl-reprise", bin_name = "kubectl reprise", version)]
 pub struct Args {
     #[command(flatten)]
     global: Global,

@@ -415,10 +415,12 @@ fn judge(
         ),
         (
             "Sidecars",
-            vec![
-                in_sync(&facts.policies, install),
-                uninjected(&facts.namespaces, &facts.pods, install),
-            ],
+            // Without the CRD there are no policies to be in sync with.
+            matches!(facts.crd, Ok(Some(_)))
+                .then(|| in_sync(&facts.policies, install))
+                .into_iter()
+                .chain([uninjected(&facts.namespaces, &facts.pods, install)])
+                .collect(),
         ),
     ]
 }

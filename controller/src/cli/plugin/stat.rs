@@ -61,35 +61,55 @@ pub(super) async fn run(
     args: &Args,
     output: Option<Output>,
 ) -> Result<String, Error> {
+    let policies = fetch(client, namespace, args.target.as_deref())
+        .await
+        .map_err(|e| match e {
+            // The path of a resource nobody serves: no CRD.
+            Error::Kube(kube::Error::Api(s))
+                if s.code == 404 && s.message == "404 page not found" =>
+            {
+                Error::CrdMissing
+            }
+            e => e,
+        })?;
+    let rows: Vec<PolicyTraffic> = policies.iter().map(PolicyTraffic::from_object).collect();
+    render(&rows, namespace, output, Timestamp::now())
+}
+
+/// The policy `target` names, or every policy in `namespace` (`None`: in
+/// every namespace), as they are stored.
+async fn fetch(
+    client: Client,
+    namespace: Option<&str>,
+    target: Option<&str>,
+) -> Result<Vec<DynamicObject>, Error> {
     let resource = ApiResource::erase::<RetryPolicy>(&());
-    let policies = match (namespace, args.target.as_deref()) {
+    let all = ListParams::default();
+    Ok(match (namespace, target) {
         (None, Some(_)) => {
             return Err(Error::Usage(
                 "a policy cannot be named across all namespaces: drop -A or the name".into(),
             ))
         }
         (Some(ns), Some(target)) => {
-            let name = policy_name(target)?;
             let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &resource);
-            vec![api.get(name).await.map_err(Error::Kube)?]
+            vec![api.get(policy_name(target)?).await.map_err(Error::Kube)?]
         }
         (Some(ns), None) => {
             Api::<DynamicObject>::namespaced_with(client, ns, &resource)
-                .list(&ListParams::default())
+                .list(&all)
                 .await
                 .map_err(Error::Kube)?
                 .items
         }
         (None, None) => {
             Api::<DynamicObject>::all_with(client, &resource)
-                .list(&ListParams::default())
+                .list(&all)
                 .await
                 .map_err(Error::Kube)?
                 .items
         }
-    };
-    let rows: Vec<PolicyTraffic> = policies.iter().map(PolicyTraffic::from_object).collect();
-    render(&rows, namespace, output, Timestamp::now())
+    })
 }
 
 /// The policy's name in `rp/NAME`, `retrypolicy/NAME`,
