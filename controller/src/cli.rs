@@ -1,9 +1,11 @@
 //! The command line (README: "In Kubernetes: RetryPolicy and the
 //! controller"): `run` starts the controller; `crd`, `explain` and `selftest`
-//! are one-shot tools, each in its own file.
+//! are one-shot tools, each in its own file; `plugin` is the second binary,
+//! `kubectl-reprise` (README: "kubectl plugin"), which shares `explain`.
 
 pub mod crd;
 pub mod explain;
+pub mod plugin;
 pub mod selftest;
 
 use std::net::SocketAddr;

@@ -81,6 +81,44 @@ pub enum Error {
     /// A namespaced object arrived without a namespace.
     #[error("object has no namespace")]
     MissingNamespace,
+    /// The kubeconfig named by `--kubeconfig` or `--context` cannot be used.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[source] kube::config::KubeconfigError),
+    /// No Kubernetes configuration was found (KUBECONFIG, ~/.kube/config, in cluster).
+    #[error("no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in cluster): {0}")]
+    InferConfig(#[source] kube::config::InferConfigError),
+    /// The API server would not forward a port of the pod.
+    #[error("port-forward to pod {pod}: {source}")]
+    PortForward {
+        /// `namespace/name`.
+        pod: String,
+        /// Why not.
+        #[source]
+        source: kube::Error,
+    },
+    /// An HTTP exchange through a port-forward failed.
+    #[error("HTTP through the port-forward: {0}")]
+    Http(#[source] hyper::Error),
+    /// A pod's sidecar could not answer its diagnostics.
+    #[error("pod {pod}: {reason}")]
+    Diagnostics {
+        /// `namespace/name`.
+        pod: String,
+        /// What went wrong, and what to do.
+        reason: String,
+    },
+    /// The API server does not serve RetryPolicies.
+    #[error("the RetryPolicy CRD is not installed (kubectl reprise check says what to do)")]
+    CrdMissing,
+    /// The command line asks for something that cannot be done.
+    #[error("{0}")]
+    Usage(String),
+    /// Output could not be written as JSON.
+    #[error("JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    /// Output could not be written as YAML.
+    #[error("YAML: {0}")]
+    Yaml(#[source] serde_yaml::Error),
 }
 
 impl Error {
@@ -99,6 +137,14 @@ impl Error {
             Error::Render(_) => "render",
             Error::InjectionConfig { .. } => "injection_config",
             Error::MissingNamespace => "missing_namespace",
+            Error::Kubeconfig(_) | Error::InferConfig(_) => "kubeconfig",
+            Error::PortForward { .. } => "port_forward",
+            Error::Http(_) => "http",
+            Error::Diagnostics { .. } => "diagnostics",
+            Error::CrdMissing => "crd_missing",
+            Error::Usage(_) => "usage",
+            Error::Json(_) => "json",
+            Error::Yaml(_) => "yaml",
         }
     }
 }

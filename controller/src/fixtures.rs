@@ -1,8 +1,9 @@
 //! Builders of the API objects unit tests start from.
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use reprise_crds::resource::{RetryPolicy, RetryPolicySpec, TargetRef};
+use reprise_crds::resource::{RetryPolicy, RetryPolicySpec, RetryPolicyStatus, TargetRef};
 use reprise_crds::retry_rule::RetryRule;
 
 use crate::policy::target::SERVICE_NAME_LABEL;
@@ -58,10 +59,110 @@ impl PolicyBuilder {
         self
     }
 
+    /// Reconciled at its generation: accepted (or not), `in_sync` of
+    /// `sidecars` selected sidecars running it.
+    pub(crate) fn reconciled(mut self, accepted: bool, in_sync: i32, sidecars: i32) -> Self {
+        let condition = |type_: &str, ok: bool, reason: &str| {
+            serde_json::json!({
+                "type": type_, "status": if ok { "True" } else { "False" }, "reason": reason,
+                "message": "", "lastTransitionTime": "2026-12-06T10:00:00Z"
+            })
+        };
+        let status = serde_json::json!({
+            "observedGeneration": self.0.metadata.generation,
+            "conditions": [
+                condition("Accepted", accepted, if accepted { "Valid" } else { "InvalidSpec" }),
+                condition("InSync", in_sync == sidecars, if in_sync == sidecars { "AllSidecarsInSync" } else { "Pending" })
+            ],
+            "sidecars": sidecars,
+            "sidecarsInSync": in_sync
+        });
+        self.0.status = Some(serde_json::from_value::<RetryPolicyStatus>(status).expect("status"));
+        self
+    }
+
     /// The policy.
     pub(crate) fn build(self) -> RetryPolicy {
         self.0
     }
+}
+
+/// A Pod being built; [`pod`] starts one.
+#[derive(Debug)]
+pub(crate) struct PodBuilder(serde_json::Value);
+
+/// The running Pod `shop/NAME` with one container `app`, not injected.
+pub(crate) fn pod(name: &str) -> PodBuilder {
+    PodBuilder(serde_json::json!({
+        "metadata": { "name": name, "namespace": "shop" },
+        "spec": { "containers": [{ "name": "app", "image": "app:1" }] },
+        "status": { "phase": "Running" }
+    }))
+}
+
+impl PodBuilder {
+    /// With the native sidecar the webhook injects.
+    pub(crate) fn injected(mut self) -> Self {
+        self.0["spec"]["initContainers"] = serde_json::json!([{
+            "name": "reprise-sidecar", "restartPolicy": "Always",
+            "args": ["--listen", "127.0.0.1:15001", "--admin", "127.0.0.1:15000"]
+        }]);
+        self
+    }
+
+    /// Created by the controller `kind`/`name` (e.g. a ReplicaSet).
+    pub(crate) fn owned_by(mut self, kind: &str, name: &str) -> Self {
+        self.0["metadata"]["ownerReferences"] = serde_json::json!([{
+            "apiVersion": "apps/v1", "kind": kind, "name": name, "uid": "u", "controller": true
+        }]);
+        self
+    }
+
+    /// Labelled `key=value`.
+    pub(crate) fn label(mut self, key: &str, value: &str) -> Self {
+        self.0["metadata"]["labels"][key] = value.into();
+        self
+    }
+
+    /// In `phase` (`Succeeded`, `Failed`, ...).
+    pub(crate) fn phase(mut self, phase: &str) -> Self {
+        self.0["status"]["phase"] = phase.into();
+        self
+    }
+
+    /// The Pod.
+    pub(crate) fn build(self) -> Pod {
+        serde_json::from_value(self.0).expect("pod")
+    }
+}
+
+/// The chart's MutatingWebhookConfiguration `reprise-sidecar-injector` of a
+/// release in `reprise-system`, both entries calling Service
+/// `reprise-controller` on 443, each trusting `ca_pem` (none when empty).
+pub(crate) fn webhook_configuration(ca_pem: &str) -> MutatingWebhookConfiguration {
+    let entry = |name: &str, path: &str| {
+        let mut client_config = serde_json::json!({
+            "service": { "namespace": "reprise-system", "name": "reprise-controller", "path": path, "port": 443 }
+        });
+        if !ca_pem.is_empty() {
+            client_config["caBundle"] =
+                serde_json::to_value(k8s_openapi::ByteString(ca_pem.as_bytes().to_vec()))
+                    .expect("bundle");
+        }
+        serde_json::json!({
+            "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "clientConfig": client_config,
+            "namespaceSelector": { "matchLabels": { "reprise.dev/inject": "enabled" } }
+        })
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "reprise-sidecar-injector" },
+        "webhooks": [
+            entry("inject.reprise.dev", "/inject"),
+            entry("transparent.inject.reprise.dev", "/inject/transparent")
+        ]
+    }))
+    .expect("webhook configuration")
 }
 
 /// The Service `shop/api` with `ports` (the `spec.ports` list as JSON).
@@ -83,4 +184,37 @@ pub(crate) fn slice(name: &str, endpoints: serde_json::Value) -> EndpointSlice {
         "endpoints": endpoints
     }))
     .expect("slice")
+}
+
+/// The controller Deployment `reprise-system/reprise-controller` asking for
+/// `replicas`, `ready` of them ready.
+pub(crate) fn deployment(replicas: i32, ready: i32) -> k8s_openapi::api::apps::v1::Deployment {
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "reprise-controller", "namespace": "reprise-system" },
+        "spec": {
+            "replicas": replicas,
+            "selector": { "matchLabels": { "app.kubernetes.io/component": "controller" } },
+            "template": { "spec": { "containers": [{ "name": "controller" }] } }
+        },
+        "status": { "replicas": replicas, "readyReplicas": ready }
+    }))
+    .expect("deployment")
+}
+
+/// The Lease `reprise-system/reprise-controller` held by `holder`, last
+/// renewed at `renewed` (RFC 3339).
+pub(crate) fn lease(holder: &str, renewed: &str) -> k8s_openapi::api::coordination::v1::Lease {
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "reprise-controller", "namespace": "reprise-system" },
+        "spec": { "holderIdentity": holder, "renewTime": renewed, "leaseDurationSeconds": 15 }
+    }))
+    .expect("lease")
+}
+
+/// The Namespace `name` labelled `reprise.dev/inject=enabled`.
+pub(crate) fn injected_namespace(name: &str) -> k8s_openapi::api::core::v1::Namespace {
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "labels": { "reprise.dev/inject": "enabled" } }
+    }))
+    .expect("namespace")
 }

@@ -88,14 +88,17 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
     let tls_config = tls::server_config(&material)?;
     if let Some(webhook) = &options.webhook {
         let native = inject::supports_native_sidecars(&client).await;
-        let server = Arc::new(inject::Webhook::new(
-            webhook.injection.clone(),
-            material.ca_pem.clone(),
-            native,
-            Arc::clone(&metrics),
-            // The Services are watched already: no extra access for the API server's address.
-            inject::ApiServer::from_cache_and_env(cache.clone()),
-        ));
+        let server = Arc::new(
+            inject::Webhook::new(
+                webhook.injection.clone(),
+                material.ca_pem.clone(),
+                native,
+                Arc::clone(&metrics),
+                // The Services are watched already: no extra access for the API server's address.
+                inject::ApiServer::from_cache_and_env(cache.clone()),
+            )
+            .with_certificate(material.cert_pem.clone()),
+        );
         let listener = bind(webhook.addr).await?;
         tracing::info!(addr = %webhook.addr, native, "injection webhook listening");
         tokio::spawn(server.serve(listener, Arc::clone(&tls_config)));

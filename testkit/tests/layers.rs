@@ -41,7 +41,7 @@ const SIDECAR: &[&[&str]] = &[
 /// process and its command line on top.
 const CONTROLLER: &[&[&str]] = &[
     // The command line: `run`'s flags into its Options, the one-shot tools
-    // (crd, explain, selftest).
+    // (crd, explain, selftest), the kubectl plugin.
     &["cli"],
     // The process: every part wired together, the reconciler run while
     // this replica leads.

@@ -25,6 +25,14 @@ pub struct Args {
     /// Client namespace.
     #[arg(long, short = 'n', default_value = "default")]
     namespace: String,
+    #[command(flatten)]
+    request: Request,
+}
+
+/// The request to explain, without its namespace: `kubectl reprise explain`
+/// takes that from kubectl's `-n` and the context.
+#[derive(Debug, clap::Args)]
+pub struct Request {
     /// Client pod whose labels select policies.
     #[arg(long)]
     pod: Option<String>,
@@ -57,20 +65,20 @@ struct Question {
     headers: Vec<(String, String)>,
 }
 
-impl From<Args> for Question {
-    fn from(args: Args) -> Self {
+impl Question {
+    fn new(namespace: String, request: Request) -> Self {
         Question {
-            namespace: args.namespace,
-            pod: args.pod,
-            labels: args
+            namespace,
+            pod: request.pod,
+            labels: request
                 .labels
                 .iter()
                 .filter_map(|l| l.split_once('='))
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            method: args.method.to_ascii_uppercase(),
-            url: args.url,
-            headers: args
+            method: request.method.to_ascii_uppercase(),
+            url: request.url,
+            headers: request
                 .headers
                 .iter()
                 .filter_map(|h| h.split_once(':'))
@@ -83,8 +91,21 @@ impl From<Args> for Question {
 /// Prints the answer to `args` from the live cluster.
 pub async fn print(args: Args) -> anyhow::Result<()> {
     let client = super::client().await?;
-    print!("{}", explain(client, &Question::from(args)).await?);
+    print!(
+        "{}",
+        answer_from(client, args.namespace, args.request).await?
+    );
     Ok(())
+}
+
+/// The answer to `request` from a client pod in `namespace`, read from the
+/// live cluster through `client`.
+pub async fn answer_from(
+    client: Client,
+    namespace: String,
+    request: Request,
+) -> Result<String, Error> {
+    explain(client, &Question::new(namespace, request)).await
 }
 
 /// Answers `q` from the live cluster state, as the sidecar would decide.

@@ -7,6 +7,11 @@
 //! `reprise.dev/transparent=enabled`. The API server's namespace selectors
 //! decide which one a Pod reaches, so the controller needs no access to
 //! Namespaces to honour the label.
+//!
+//! `GET /certificate` answers the serving certificate chain this listener
+//! presents (public, as in every handshake): `kubectl reprise check` reads it
+//! through the API server's service proxy, which terminates TLS itself, to
+//! verify it against the webhook configuration's caBundle.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -31,6 +36,8 @@ use crate::metrics::{Counter, Metrics};
 const PATH: &str = "/inject";
 /// Path of the entry for namespaces opted into transparent mode.
 const TRANSPARENT_PATH: &str = "/inject/transparent";
+/// Path of the serving certificate chain (PEM), for `kubectl reprise check`.
+const CERTIFICATE_PATH: &str = "/certificate";
 /// Admission reviews are small; anything larger is not one.
 const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
 
@@ -77,6 +84,8 @@ impl ApiServer {
 pub(crate) struct Webhook {
     config: InjectionConfig,
     ca_pem: String,
+    /// The serving certificate chain (PEM), for `GET /certificate`.
+    certificate_pem: String,
     native: bool,
     metrics: Arc<Metrics>,
     api_server: ApiServer,
@@ -95,10 +104,17 @@ impl Webhook {
         Webhook {
             config,
             ca_pem,
+            certificate_pem: String::new(),
             native,
             metrics,
             api_server,
         }
+    }
+
+    /// Answers `GET /certificate` with `pem`, the chain the listener serves.
+    pub(crate) fn with_certificate(mut self, pem: String) -> Self {
+        self.certificate_pem = pem;
+        self
     }
 
     /// The response to one AdmissionReview body; `transparent_by_default`
@@ -203,6 +219,7 @@ impl Webhook {
         let transparent = match req.uri().path() {
             PATH => false,
             TRANSPARENT_PATH => true,
+            CERTIFICATE_PATH if req.method() == Method::GET => return self.certificate(),
             _ => return not_found(),
         };
         if req.method() != Method::POST {
@@ -234,10 +251,25 @@ impl Webhook {
     }
 }
 
+impl Webhook {
+    /// `GET /certificate`: the serving chain, or 404 when none was given.
+    fn certificate(&self) -> Response<Full<Bytes>> {
+        if self.certificate_pem.is_empty() {
+            return not_found();
+        }
+        let mut resp = plain(StatusCode::OK, self.certificate_pem.clone());
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/x-pem-file"),
+        );
+        resp
+    }
+}
+
 fn not_found() -> Response<Full<Bytes>> {
     plain(
         StatusCode::NOT_FOUND,
-        format!("POST {PATH} or {TRANSPARENT_PATH} only\n"),
+        format!("POST {PATH} or {TRANSPARENT_PATH}, GET {CERTIFICATE_PATH} only\n"),
     )
 }
 
@@ -347,6 +379,18 @@ mod tests {
         assert_eq!(r["allowed"], false);
         let msg = r["status"]["message"].as_str().expect("message");
         assert!(msg.contains("reprise.dev/sidecar-memory-limit"), "{msg}");
+    }
+
+    #[test]
+    fn the_serving_chain_is_served_only_when_given() {
+        assert_eq!(webhook().certificate().status(), StatusCode::NOT_FOUND);
+        let w = webhook().with_certificate("-----BEGIN CERTIFICATE-----\n".into());
+        let resp = w.certificate();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            resp.headers()[http::header::CONTENT_TYPE],
+            "application/x-pem-file"
+        );
     }
 
     #[test]

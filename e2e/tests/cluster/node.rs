@@ -21,7 +21,11 @@
 //!    traffic that succeeds and traffic that exhausts its retries, every
 //!    panel's query, read from the installed ConfigMap, returns a series
 //!    from Prometheus.
+//!
+//! `tls.rs` (BackendTLSPolicy) and `plugin.rs` (`kubectl reprise`) install
+//! releases of their own.
 
+mod plugin;
 mod tls;
 
 use std::net::SocketAddr;
