@@ -150,6 +150,7 @@ async fn clients(addr: &str, dir: &str, n: usize) -> anyhow::Result<()> {
             ca: reprise_sidecar::config::TrustedCa::File(format!("{dir}/ca.crt").into()),
             snapshot_path: format!("{dir}/snap/{i}.json").into(),
             address_map: None,
+            diagnostics_retained: None,
         };
         let proxy = reprise_sidecar::Proxy::new(
             Snapshot::new(vec![], vec![])

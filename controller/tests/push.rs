@@ -136,6 +136,7 @@ async fn harness(name: &str) -> Harness {
         ca: TrustedCa::File(dir.join("ca.crt")),
         snapshot_path: dir.join("snapshot.json"),
         address_map: None,
+        diagnostics_retained: None,
     };
     Harness {
         source,

@@ -291,12 +291,13 @@ async fn run(
                 }
                 None => {
                     // Nothing to route until the first snapshot: not ready.
-                    let empty = reprise_crds::snapshot::Snapshot::new(Vec::new(), Vec::new())
+                    let mut empty = reprise_crds::snapshot::Snapshot::new(Vec::new(), Vec::new())
                         .resolve()
                         .map_err(|source| reprise_crds::Error::Invalid {
                             path: "the empty snapshot".into(),
                             source,
                         })?;
+                    subscription.adjust(&mut empty);
                     let proxy = Proxy::with_telemetry(empty, traces.clone(), access_log.clone());
                     proxy.set_ready(false);
                     (proxy, None)

@@ -45,6 +45,22 @@ pub struct Subscription {
     pub snapshot_path: PathBuf,
     /// Endpoint address rewrite for local test clusters (see [`AddressMap`]).
     pub address_map: Option<AddressMap>,
+    /// `proxy.diagnostics_retained` for every snapshot
+    /// (`REPRISE_DIAGNOSTICS_RETAINED`); `None` keeps the default.
+    pub diagnostics_retained: Option<usize>,
+}
+
+/// `REPRISE_DIAGNOSTICS_RETAINED`'s value, in the file field's range.
+fn diagnostics_retained(value: &str) -> Result<usize, Error> {
+    let max = reprise_crds::file::MAX_DIAGNOSTICS_RETAINED;
+    match value.trim().parse::<usize>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(Error::Environment {
+            variable: env::DIAGNOSTICS_RETAINED,
+            rule: format!("must be a whole number in 0..={max} (got {value:?})"),
+            source: None,
+        }),
+    }
 }
 
 /// Where the controller's CA comes from.
@@ -98,7 +114,22 @@ impl Subscription {
                     rule,
                     source: None,
                 })?,
+            diagnostics_retained: std::env::var(env::DIAGNOSTICS_RETAINED)
+                .ok()
+                .map(|v| diagnostics_retained(&v))
+                .transpose()?,
         }))
+    }
+
+    /// What the pod's environment changes in a snapshot's configuration:
+    /// the address map, the diagnostics' retention.
+    pub fn adjust(&self, config: &mut reprise_crds::Config) {
+        if let Some(map) = &self.address_map {
+            map.apply(config);
+        }
+        if let Some(n) = self.diagnostics_retained {
+            config.proxy.diagnostics_retained = n;
+        }
     }
 
     /// The last good snapshot on disk, if there is one and it still validates.
@@ -113,9 +144,7 @@ impl Subscription {
         };
         match snapshot.resolve() {
             Ok(mut config) => {
-                if let Some(map) = &self.address_map {
-                    map.apply(&mut config);
-                }
+                self.adjust(&mut config);
                 Some((snapshot, config))
             }
 
@@ -248,9 +277,7 @@ impl Subscription {
         };
         match snapshot.resolve() {
             Ok(mut config) => {
-                if let Some(map) = &self.address_map {
-                    map.apply(&mut config);
-                }
+                self.adjust(&mut config);
                 proxy.reload(config);
 
                 proxy.set_ready(true);

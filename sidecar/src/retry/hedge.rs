@@ -2,7 +2,8 @@
 //! headers, one speculative duplicate goes to another endpoint, if the same
 //! gates a retry passes let it (attempt cap, alternate endpoint, budget,
 //! deadline). The first final answer wins and the other attempt is cancelled
-//! (dropped: its span ends marked cancelled). Only buffered bodies are hedged.
+//! (dropped: its span ends marked cancelled, and the report's history says
+//! so). Only buffered bodies are hedged.
 
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use super::attempt::{self, Attempted, RequestTemplate};
 use super::gate::{self, Decision, Trigger};
 use super::verdict;
 use super::{BodySource, RetryState};
+use crate::exchange::report::{AttemptEnd, AttemptRecord};
 use crate::observe::spans::RequestSpan;
 use crate::random::Random;
 
@@ -73,6 +75,18 @@ pub(crate) async fn race(
         b = &mut second => (b, false),
     };
     if verdict::is_final(&done, state.plan.policy, state.grpc) {
+        // The other attempt is dropped with this race.
+        let (endpoint, started) = if first_won {
+            (second_endpoint, now)
+        } else {
+            (endpoint, started)
+        };
+        state.report.history.push(AttemptRecord {
+            endpoint,
+            end: AttemptEnd::Cancelled,
+            started,
+            elapsed: started.elapsed(),
+        });
         return done;
     }
     // The first to answer failed: it counts, and the other decides.
