@@ -45,6 +45,7 @@ use crate::exchange::body::ClientBody;
 pub use crate::exchange::failure::FailureKind;
 use crate::exchange::outcome::{ExhaustedBy, Outcome, SkipReason};
 use crate::exchange::report::{Report, Tried};
+use crate::exchange::request::RequestHead;
 use crate::observe::spans::RequestSpan;
 pub use crate::random::{Random, ThreadRandom};
 
@@ -192,14 +193,14 @@ pub(crate) async fn run(
                     // The retryable response (if any) is dropped here: its headers and
                     // body never reach the client.
                     drop(failure.response);
-                    state.retrying(failure.kind, delay, trace);
+                    state.retrying(failure.kind, delay, trace, &template.head);
                     tokio::time::sleep(delay).await;
                     endpoint = next;
                 }
             }
         }
     };
-    state.finish(&template);
+    state.finish(&template, trace);
     (fin, state.report)
 }
 
@@ -279,30 +280,58 @@ impl<'a> RetryState<'a> {
         (buffered && !self.report.hedged && self.retries < p.max_retries).then_some(delay)
     }
 
-    /// A retry after a `kind` failure will be sent after `delay`.
-    fn retrying(&mut self, kind: FailureKind, delay: Duration, trace: &RequestSpan) {
+    /// A retry of `head` after a `kind` failure will be sent after `delay`.
+    fn retrying(
+        &mut self,
+        kind: FailureKind,
+        delay: Duration,
+        trace: &RequestSpan,
+        head: &RequestHead,
+    ) {
         self.retries += 1;
         self.up.metrics.record_retry(&kind.name());
         self.report.backoffs.push(delay);
+        trace.second_attempt(&self.up.config.name, head);
         trace.backoff(delay);
     }
 
-    /// A hedge to `endpoint` goes out after the first attempt took `delay`.
-    fn hedging(&mut self, endpoint: usize, delay: Duration, trace: &RequestSpan) {
+    /// A hedge of `head` to `endpoint` goes out after the first attempt took `delay`.
+    fn hedging(
+        &mut self,
+        endpoint: usize,
+        delay: Duration,
+        trace: &RequestSpan,
+        head: &RequestHead,
+    ) {
         self.retries += 1;
         self.begin(endpoint);
         self.report.hedged = true;
         self.up.metrics.record_hedge();
+        trace.second_attempt(&self.up.config.name, head);
         trace.hedge_launched(delay);
     }
 
     /// The request ends: a request that did not end `ok` keeps its method
-    /// and path for the diagnostics.
-    fn finish(&mut self, template: &RequestTemplate) {
+    /// and path for the diagnostics, and one that made more than one
+    /// attempt records the spans of those made before it started recording.
+    fn finish(&mut self, template: &RequestTemplate, trace: &RequestSpan) {
         if self.report.outcome != Outcome::Ok {
             let head = &template.head;
             self.report.request =
                 Some(Box::new((head.method.clone(), head.path_and_query.clone())));
+        }
+        if self.report.attempts > 1 {
+            for record in &self.report.history {
+                let state = &self.up.endpoints[record.endpoint];
+                let authority = template.authority.as_ref().unwrap_or(&state.authority);
+                trace.record_earlier_attempt(
+                    record,
+                    &state.endpoint,
+                    authority.as_str(),
+                    &template.head.method,
+                    template.head.path_and_query.path(),
+                );
+            }
         }
     }
 

@@ -42,7 +42,8 @@ pub(crate) struct Report {
     pub(crate) request: Option<Box<(Method, PathAndQuery)>>,
 }
 
-/// One attempt, as the diagnostics list it.
+/// One attempt, as the diagnostics list it and a retried request's spans
+/// record it after the fact.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttemptRecord {
     /// The endpoint's index.
@@ -53,6 +54,10 @@ pub(crate) struct AttemptRecord {
     pub(crate) started: Instant,
     /// From sending to its response headers, failure or cancellation.
     pub(crate) elapsed: Duration,
+    /// The id its CLIENT span was given when that span recorded nothing
+    /// (an unsampled trace), so that it can be recorded later under the id
+    /// the endpoint saw in `traceparent`.
+    pub(crate) unrecorded_span: Option<[u8; 8]>,
 }
 
 /// How an attempt ended.

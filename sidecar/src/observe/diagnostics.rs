@@ -233,6 +233,7 @@ mod tests {
             end,
             started: start + Duration::from_millis(after_ms),
             elapsed: Duration::from_micros(1500),
+            unrecorded_span: None,
         };
         Report {
             outcome,

@@ -35,6 +35,8 @@ pub(crate) async fn race(
     };
     let up = state.up;
     let (request, span) = template.request(up, endpoint, replay.for_attempt(), trace, false);
+    // Kept for the record of its cancellation: the span goes with the attempt.
+    let first_span = span.unrecorded_id();
     let started = Instant::now();
     let first = attempt::send(
         up,
@@ -57,8 +59,9 @@ pub(crate) async fn race(
             return first.await;
         }
     };
-    state.hedging(second_endpoint, delay, trace);
+    state.hedging(second_endpoint, delay, trace, &template.head);
     let (request, span) = template.request(up, second_endpoint, replay.for_attempt(), trace, true);
+    let second_span = span.unrecorded_id();
     let now = Instant::now();
     let second = attempt::send(
         up,
@@ -76,16 +79,17 @@ pub(crate) async fn race(
     };
     if verdict::is_final(&done, state.plan.policy, state.grpc) {
         // The other attempt is dropped with this race.
-        let (endpoint, started) = if first_won {
-            (second_endpoint, now)
+        let (endpoint, started, unrecorded_span) = if first_won {
+            (second_endpoint, now, second_span)
         } else {
-            (endpoint, started)
+            (endpoint, started, first_span)
         };
         state.report.history.push(AttemptRecord {
             endpoint,
             end: AttemptEnd::Cancelled,
             started,
             elapsed: started.elapsed(),
+            unrecorded_span,
         });
         return done;
     }

@@ -117,11 +117,12 @@ pub(crate) fn observe(
     sent: (Instant, Duration),
 ) {
     let state = &up.endpoints[endpoint];
-    let record = |end| AttemptRecord {
+    let record = |end, span: &AttemptSpan| AttemptRecord {
         endpoint,
         end,
         started: sent.0,
         elapsed: sent.1,
+        unrecorded_span: span.unrecorded_id(),
     };
     match verdict {
         Verdict::Final(response) => {
@@ -138,16 +139,19 @@ pub(crate) fn observe(
                     status,
                     grpc_status,
                 };
-                report.history.push(record(end));
+                report.history.push(record(end, &span));
             }
             span.responded(status, grpc_status);
         }
         Verdict::Failed(f) => {
             let status = f.response.as_ref().map(|r| r.status().as_u16());
-            report.history.push(record(AttemptEnd::Failed {
-                kind: f.kind,
-                status,
-            }));
+            report.history.push(record(
+                AttemptEnd::Failed {
+                    kind: f.kind,
+                    status,
+                },
+                &span,
+            ));
             match status {
                 Some(status) => {
                     // Any response proves the transport works; a retryable
