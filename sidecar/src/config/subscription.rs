@@ -437,3 +437,38 @@ fn tls_failed(what: String, e: impl std::error::Error + Send + Sync + 'static) -
         source: Box::new(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retention_variable_is_checked_and_set_on_every_snapshot() {
+        assert_eq!(diagnostics_retained(" 0 ").ok(), Some(0));
+        assert_eq!(diagnostics_retained("1000").ok(), Some(1000));
+        for bad in ["1001", "-1", "lots", ""] {
+            let e = diagnostics_retained(bad).expect_err(bad).to_string();
+            assert!(
+                e.starts_with("REPRISE_DIAGNOSTICS_RETAINED: must be a whole number in 0..=1000"),
+                "{bad:?}: {e}"
+            );
+        }
+        let subscription = Subscription {
+            controller: Uri::from_static("https://controller:15010"),
+            server_name: None,
+            pod: "p".into(),
+            namespace: "n".into(),
+            token_path: PathBuf::from("/t"),
+            ca: TrustedCa::Pem(String::new()),
+            snapshot_path: PathBuf::from("/s"),
+            address_map: None,
+            diagnostics_retained: Some(7),
+        };
+        let mut config = Snapshot::new(Vec::new(), Vec::new())
+            .resolve()
+            .expect("the empty snapshot");
+        assert_eq!(config.proxy.diagnostics_retained, 100, "the default");
+        subscription.adjust(&mut config);
+        assert_eq!(config.proxy.diagnostics_retained, 7);
+    }
+}

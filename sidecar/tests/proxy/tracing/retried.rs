@@ -15,7 +15,8 @@ use reprise_testkit::upstream::{first_then, Received as Request};
 
 use super::collector::{attr, hex, int, text, Collector, Received};
 use super::{exporting, unhex, PARENT, TRACE};
-use crate::support::{api, full_budget, retries, Action, Upstream};
+use crate::cli::{config_file, BIN};
+use crate::support::{api, full_budget, retries, Action, Upstream, UpstreamConfig};
 
 /// The head sampler drops every trace.
 const RATIO_ZERO: [(&str, &str); 3] = [
@@ -329,5 +330,39 @@ async fn sampled_mode_and_an_always_off_sampler_export_no_unsampled_retry() {
             .metric("reprise_trace_spans_exported_total", &[])
             .await,
         Some(0.0)
+    );
+}
+
+#[test]
+fn another_value_is_refused_at_start_naming_the_variable() {
+    let addr = "127.0.0.1:1".parse().expect("addr");
+    let path = config_file(
+        "trace-retried-never",
+        UpstreamConfig::new("api").endpoint(addr),
+    );
+    let mut child = std::process::Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .env("REPRISE_TRACE_RETRIED", "never")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the sidecar");
+    // A sidecar that accepted the value would serve until killed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the sidecar started with REPRISE_TRACE_RETRIED=never");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("its output");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("REPRISE_TRACE_RETRIED: must be always or sampled (got \"never\")"),
+        "{stderr}"
     );
 }
