@@ -279,7 +279,7 @@ check "the transparent entry differs only in name, selector and path (same injec
   'all(webhook()[k] == transparent_webhook()[k] for k in ("rules","objectSelector","failurePolicy","timeoutSeconds","reinvocationPolicy","sideEffects","admissionReviewVersions")) and selector_rest(webhook()) == selector_rest(transparent_webhook()) and transparent_webhook()["namespaceSelector"]["matchLabels"] == {"reprise.dev/inject":"enabled"} and "caBundle" not in transparent_webhook()["clientConfig"]' \
   '+name: inject.reprise.dev' '-^ +caBundle:'
 check "injection.yaml: sidecar image, controller address, camelCase keys" \
-  'injection() == {"image":"ghcr.io/reprise-dev/reprise-sidecar:0.1.0","imagePullPolicy":"IfNotPresent","controllerAddress":"https://'"$SVC"':15010","serverName":"'"$SVC"'","proxyPort":15001,"adminPort":15000,"redirectPort":15006,"proxyUid":65532,"logLevel":"info","resources":{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}},"otel":{"endpoint":"","protocol":"grpc","sampler":"parentbased_traceidratio","samplerArg":"0.1","compression":"none","tls":{"caSecret":"","caKey":"ca.crt","clientSecret":""}},"transparent":{"excludeOutboundPorts":[53],"excludeOutboundCidrs":[],"initResources":{"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"memory":"64Mi"}}}}' \
+  'injection() == {"image":"ghcr.io/reprise-dev/reprise-sidecar:0.1.0","imagePullPolicy":"IfNotPresent","controllerAddress":"https://'"$SVC"':15010","serverName":"'"$SVC"'","proxyPort":15001,"adminPort":15000,"redirectPort":15006,"proxyUid":65532,"logLevel":"info","diagnosticsRetained":100,"resources":{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}},"otel":{"endpoint":"","protocol":"grpc","sampler":"parentbased_traceidratio","samplerArg":"0.1","compression":"none","tls":{"caSecret":"","caKey":"ca.crt","clientSecret":""}},"transparent":{"excludeOutboundPorts":[53],"excludeOutboundCidrs":[],"initResources":{"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"memory":"64Mi"}}}}' \
   "+controllerAddress: \"https://$SVC:15010\"" '+image: "ghcr.io/reprise-dev/reprise-sidecar:0.1.0"' '+samplerArg: "0.1"'
 check "injection ConfigMap mounted at /etc/reprise, checksum annotation on the pod" \
   'any(m["mountPath"] == "/etc/reprise" and m["readOnly"] for m in container()["volumeMounts"]) and len(one("Deployment","reprise-controller")["spec"]["template"]["metadata"]["annotations"]["checksum/injection"]) == 64' \
@@ -457,6 +457,7 @@ refuse "image.sidecar.pullPolicy=Sometimes" pullPolicy --set image.sidecar.pullP
 refuse "webhook.url without https" url --set webhook.url=http://insecure/inject
 refuse "sidecar.proxyUid=0 (root)" proxyUid --set sidecar.proxyUid=0
 refuse "sidecar.redirectPort=70000" redirectPort --set sidecar.redirectPort=70000
+refuse "sidecar.diagnosticsRetained=1001" diagnosticsRetained --set sidecar.diagnosticsRetained=1001
 refuse "transparent.excludeOutboundPorts={0}" excludeOutboundPorts --set 'transparent.excludeOutboundPorts={0}'
 refuse "transparent.excludeOutboundCidrs={db.internal}" excludeOutboundCidrs --set 'transparent.excludeOutboundCidrs={db.internal}'
 refuse "injection.transparentLabel with a space" transparentLabel --set 'injection.transparentLabel=a b'

@@ -151,6 +151,7 @@ async fn clients(addr: &str, dir: &str, n: usize) -> anyhow::Result<()> {
             snapshot_path: format!("{dir}/snap/{i}.json").into(),
             address_map: None,
             report_every: Duration::from_secs(10),
+            diagnostics_retained: None,
         };
         let proxy = reprise_sidecar::Proxy::new(
             Snapshot::new(vec![], vec![])

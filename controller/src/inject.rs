@@ -46,6 +46,9 @@ pub(crate) const MEMORY_LIMIT: &str = "reprise.dev/sidecar-memory-limit";
 pub(crate) const LOG_LEVEL: &str = "reprise.dev/log-level";
 /// See [`CPU_REQUEST`].
 pub(crate) const IMAGE: &str = "reprise.dev/sidecar-image";
+/// See [`CPU_REQUEST`]: the requests the sidecar's `/diagnostics` keeps
+/// (`REPRISE_DIAGNOSTICS_RETAINED`; 0 turns it off).
+pub(crate) const DIAGNOSTICS_RETAINED: &str = "reprise.dev/diagnostics-retained";
 /// `"true"`: capture the Pod's outbound TCP transparently (`reprise-init`,
 /// no `HTTP_PROXY`); `"false"` opts a Pod out in a namespace labelled
 /// `reprise.dev/transparent=enabled`.

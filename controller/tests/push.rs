@@ -137,6 +137,7 @@ async fn harness(name: &str) -> Harness {
         snapshot_path: dir.join("snapshot.json"),
         address_map: None,
         report_every: Duration::from_millis(100),
+        diagnostics_retained: None,
     };
     Harness {
         source,

@@ -184,6 +184,9 @@ pub struct ProxySettings {
     pub max_connections: u64,
     /// Emit one structured log event per request.
     pub access_log: bool,
+    /// Requests that were retried or failed kept for the admin
+    /// `/diagnostics` page, newest first; 0 keeps none.
+    pub diagnostics_retained: usize,
     /// Forward requests for hosts that name no upstream as a plain proxy
     /// (Kubernetes mode, where HTTP_PROXY sends every host here) instead of refusing them.
     pub forward_unknown_hosts: bool,

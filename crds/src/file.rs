@@ -140,6 +140,10 @@ pub struct ProxySpec {
     /// One structured log event per request (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_log: Option<bool>,
+    /// Retried or failed requests the admin `/diagnostics` page keeps
+    /// (default 100; 0 turns it off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics_retained: Option<usize>,
     /// Client connections the proxy listener (and apart from it the
     /// transparent listeners) holds open at once (default 10000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -159,6 +163,12 @@ pub const DEFAULT_READ_MS: u64 = 15_000;
 /// application opens at once, so only a runaway client meets it. Where the
 /// process's open-file limit is lower, the file should set it lower.
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
+/// Default number of retried or failed requests `/diagnostics` keeps.
+pub const DEFAULT_DIAGNOSTICS_RETAINED: usize = 100;
+/// Most requests `/diagnostics` may keep: each entry's strings are capped
+/// (about 5 KiB at worst, a few hundred bytes usually), so a full ring stays
+/// within a few MiB.
+pub const MAX_DIAGNOSTICS_RETAINED: usize = 1_000;
 
 /// Reads (see [`read`]), parses and validates the file at `path`.
 pub fn load(path: &Path) -> Result<Config, Error> {
@@ -452,12 +462,22 @@ impl ProxySpec {
             1,
             1_000_000,
         );
+        let diagnostics = common::ranged(
+            errs,
+            "proxy.diagnostics_retained",
+            self.diagnostics_retained.map(|v| v as u64),
+            DEFAULT_DIAGNOSTICS_RETAINED as u64,
+            0,
+            MAX_DIAGNOSTICS_RETAINED as u64,
+        );
         ProxySettings {
             replay_reservation_bytes: reservation,
             drain_timeout: Duration::from_millis(drain),
             max_request_header_bytes: usize::try_from(header).unwrap_or(65_536),
             max_connections,
             access_log: self.access_log.unwrap_or(true),
+            diagnostics_retained: usize::try_from(diagnostics)
+                .unwrap_or(DEFAULT_DIAGNOSTICS_RETAINED),
             forward_unknown_hosts: false,
             dns_resolvers: self
                 .dns_resolvers

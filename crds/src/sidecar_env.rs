@@ -31,3 +31,9 @@ pub const DEFAULT_SNAPSHOT_PATH: &str = "/var/lib/reprise/snapshot.json";
 pub const ENDPOINT_ADDRESS_MAP: &str = "REPRISE_ENDPOINT_ADDRESS_MAP";
 /// The log filter (e.g. `info`, `debug`, `info,reprise::request=off`); both binaries read it.
 pub const LOG: &str = "REPRISE_LOG";
+/// Retried or failed requests the admin `/diagnostics` page keeps, 0..=1000
+/// (0 turns it off): what `proxy.diagnostics_retained` is in a file, for the
+/// snapshot's configuration. The webhook sets it from the pod's
+/// `reprise.dev/diagnostics-retained` annotation, else the injection
+/// config's `diagnosticsRetained`.
+pub const DIAGNOSTICS_RETAINED: &str = "REPRISE_DIAGNOSTICS_RETAINED";

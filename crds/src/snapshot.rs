@@ -11,7 +11,9 @@ use crate::config::{
     BudgetSettings, Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, TrustAnchors,
     Upstream, UpstreamTls,
 };
-use crate::file::{DEFAULT_CONNECT_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_MS};
+use crate::file::{
+    DEFAULT_CONNECT_MS, DEFAULT_DIAGNOSTICS_RETAINED, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_MS,
+};
 use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
 use crate::retry_rule::RetryRule;
 use crate::validation::ValidationErrors;
@@ -386,6 +388,8 @@ impl Snapshot {
                 max_request_header_bytes: 65_536,
                 max_connections: DEFAULT_MAX_CONNECTIONS,
                 access_log: true,
+                // The pod's annotation replaces it (`REPRISE_DIAGNOSTICS_RETAINED`).
+                diagnostics_retained: DEFAULT_DIAGNOSTICS_RETAINED,
                 forward_unknown_hosts: true,
                 dns_resolvers: Vec::new(),
             },

@@ -55,6 +55,7 @@ fn gateway_example_loads_unchanged_with_documented_defaults() {
     assert_eq!(r.hedge_delay, None);
     assert!((api.budget.percent - 10.0).abs() < f64::EPSILON);
     assert_eq!(api.read_timeout, Some(Duration::from_millis(15_000)));
+    assert_eq!(cfg.proxy.diagnostics_retained, 100);
 }
 
 #[test]
@@ -146,6 +147,7 @@ fn every_validation_rule_names_field_and_rule() {
         ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n    addresses: ['10.96.0.10:80']\n  - name: web\n    endpoints: [{ address: 127.0.0.1, port: 2 }]\n    addresses: ['[fd00::1]:80', '10.96.0.10:80']\n".to_string(), "upstreams[1].addresses[1]: must be unique (10.96.0.10:80 is also an address of upstreams[0])"),
         ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\n    timeouts: { connect_ms: 0 }\n".to_string(), "upstreams[0].timeouts.connect_ms: must be at least 1 (got 0)"),
         ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\nproxy: { max_request_header_bytes: 100 }\n".to_string(), "proxy.max_request_header_bytes: must be at least 8192 (got 100)"),
+        ("upstreams:\n  - name: api\n    endpoints: [{ address: 127.0.0.1, port: 1 }]\nproxy: { diagnostics_retained: 1001 }\n".to_string(), "proxy.diagnostics_retained: must be at most 1000 (got 1001)"),
         (rule_with("{ id: r, statuses: [503] }"), "rules[0].acknowledge_duplicate_risk: must be true for status retries (a retry may duplicate an upstream operation)"),
         (rule_with("{ id: r, methods: [POST] }"), "rules[0].acknowledge_duplicate_risk: must be true for methods other than GET, HEAD and OPTIONS (a retry may duplicate an upstream operation)"),
         (rule_with("{ id: r, methods: ['*'], failure_boundary: before_headers }"), "rules[0].acknowledge_duplicate_risk: must be true for methods other than GET, HEAD and OPTIONS, failure_boundary: before_headers (a retry may duplicate an upstream operation)"),

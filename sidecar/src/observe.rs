@@ -1,10 +1,12 @@
 //! What the proxy tells the world about its work: Prometheus metrics and the
 //! stats snapshot behind them, one access-log line per logical request, the
-//! log writer that keeps stdout off the request path, and OpenTelemetry spans
+//! log writer that keeps stdout off the request path, OpenTelemetry spans
 //! (a SERVER span per request, a CLIENT span per attempt) on the shared
-//! pipeline of `reprise-telemetry`.
+//! pipeline of `reprise-telemetry`, and the diagnostics ring of requests
+//! that were retried or failed.
 
 pub(crate) mod access_log;
+pub(crate) mod diagnostics;
 pub(crate) mod log_output;
 pub(crate) mod metrics;
 pub(crate) mod spans;

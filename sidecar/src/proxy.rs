@@ -12,7 +12,8 @@
 //! 4. **forward**: the retry engine ([`crate::retry`]) runs the attempts.
 //! 5. **respond** ([`respond`]): the upstream's response passed on (its body
 //!    watched for mid-stream failure, [`body`]), an upgrade bridged, or a
-//!    local answer ([`local`]); then one access-log line.
+//!    local answer ([`local`]); then, for a request that did not end `ok`,
+//!    its diagnostics entry, and one access-log line.
 
 pub(crate) mod admit;
 pub(crate) mod body;
@@ -44,11 +45,13 @@ use crate::exchange::body::replay::ReplayReservation;
 use crate::exchange::body::ClientBody;
 use crate::exchange::grpc::{grpc_code, parse_grpc_timeout};
 use crate::exchange::hop_by_hop;
+use crate::exchange::outcome::Outcome;
 use crate::exchange::report::Report;
 use crate::observe::access_log::AccessLog;
+use crate::observe::diagnostics::{Diagnostics, Finished};
 use crate::observe::metrics::{ProxyMetrics, UpstreamStats};
 use crate::observe::spans::RequestSpan;
-use crate::observe::traffic::Finished;
+use crate::observe::traffic;
 use crate::observe::Tracing;
 use crate::random::ThreadRandom;
 use crate::retry::upstream::UpstreamState;
@@ -65,6 +68,8 @@ pub struct Proxy {
     passthrough: PassthroughClient,
     tracing: Tracing,
     access_log: AccessLog,
+    /// The requests that were retried or failed, for `/diagnostics`.
+    diagnostics: Diagnostics,
     tunnels: Tunnels,
     /// The addresses of host-named endpoints, and the task that keeps them.
     pub(crate) dns: Arc<Dns>,
@@ -96,6 +101,7 @@ impl Proxy {
         access_log: AccessLog,
     ) -> Arc<Self> {
         let reservation = ReplayReservation::new(config.proxy.replay_reservation_bytes);
+        let diagnostics = Diagnostics::new(config.proxy.diagnostics_retained);
         let dns = Arc::new(Dns::default());
         let config = Arc::new(config);
         let proxy = Arc::new_cyclic(|me| Self {
@@ -108,6 +114,7 @@ impl Proxy {
             passthrough: passthrough_client(),
             tracing,
             access_log,
+            diagnostics,
             tunnels: Tunnels::default(),
             dns,
             rebuilding: std::sync::Mutex::new(()),
@@ -126,6 +133,7 @@ impl Proxy {
     pub fn reload(&self, config: Config) {
         self.reservation
             .set_limit(config.proxy.replay_reservation_bytes);
+        self.diagnostics.retain(config.proxy.diagnostics_retained);
         let config = Arc::new(config);
         {
             let _one_at_a_time = self.rebuilding.lock().unwrap_or_else(|e| e.into_inner());
@@ -174,6 +182,11 @@ impl Proxy {
     /// The replay buffer reservation.
     pub(crate) fn reservation(&self) -> &ReplayReservation {
         &self.reservation
+    }
+
+    /// The requests that were retried or failed.
+    pub(crate) fn diagnostics(&self) -> &Diagnostics {
+        &self.diagnostics
     }
 
     /// Tunnels and upgraded connections open now.
@@ -322,8 +335,13 @@ impl Proxy {
             let response =
                 respond::respond(fin, &report, client_upgrade, &upstream, &self.tunnels, grpc);
             let rule = admitted.chosen.and_then(|c| c.traffic);
-            let finished = Finished::of(&report, false, report.elapsed);
+            let finished = traffic::Finished::of(&report, false, report.elapsed);
             let response = body::tally(response, &upstream, rule, finished, grpc);
+            // The outcome first: a request its first attempt answered goes
+            // no further (nothing allocated, no lock taken).
+            if report.outcome != Outcome::Ok {
+                self.diagnose(&upstream, &admitted, &report, &response, &span);
+            }
             if let (Some((method, path)), Some(arrived)) = (logged, arrived) {
                 let logged = Logged {
                     method: &method,
@@ -337,6 +355,28 @@ impl Proxy {
         };
         end_span(span, &response, grpc);
         Ok(response)
+    }
+
+    /// The diagnostics entry of a request to `upstream` that did not end `ok`.
+    fn diagnose(
+        &self,
+        upstream: &UpstreamState,
+        admitted: &Admission<'_>,
+        report: &Report,
+        response: &Response<ProxyBody>,
+        span: &RequestSpan,
+    ) {
+        if !self.diagnostics.is_on() {
+            return;
+        }
+        let finished = Finished {
+            upstream: &upstream.config.name,
+            source: admitted.chosen.map(|c| c.source),
+            status: response.status().as_u16(),
+            trace_id: span.trace_id(),
+        };
+        self.diagnostics
+            .record(finished, |i| upstream.endpoints[i].label.as_str(), report);
     }
 
     /// The access log's line for one request to `upstream`.

@@ -45,6 +45,7 @@ use crate::exchange::body::ClientBody;
 pub use crate::exchange::failure::FailureKind;
 use crate::exchange::outcome::{ExhaustedBy, Outcome, SkipReason};
 use crate::exchange::report::{Report, Tried};
+use crate::exchange::request::RequestHead;
 use crate::observe::spans::RequestSpan;
 pub use crate::random::{Random, ThreadRandom};
 
@@ -117,89 +118,90 @@ pub(crate) async fn run(
 ) -> (Final, Report) {
     let mut state = RetryState::new(up, plan, || now);
     state.for_grpc(template.grpc, template.grpc_deadline);
-    let Some(mut endpoint) = picker::pick(&up.endpoints, &state.report.tried, false, random) else {
-        state.report.outcome = Outcome::Exhausted(ExhaustedBy::NoAlternate);
-        return (Final::NoEndpoint, state.report);
-    };
-    // With nothing to retry the only attempt may take the template's headers.
-    let single = plan.skip.is_some() || plan.policy.is_none_or(|p| !p.enabled());
-    if !single {
-        template.number_attempts();
-    }
-    // The first attempt starts at the caller's reading; each later one
-    // reads the clock after its backoff (a hedge's race reads its own).
-    let mut first = Some(now);
-    // The head's fields while an attempt has its header map.
-    let mut kept: Option<KeptFields> = None;
-    loop {
-        template.restore_head(&mut kept);
-        let caller_reading = first.take();
-        state.begin(endpoint);
-        let attempted = match state.hedge_delay(&body) {
-            // Boxed: the hedge race is the largest state in this loop (two
-            // attempts and a timer); inline, it would be copied with every
-            // enclosing future on every request, hedged or not.
-            Some(delay) => {
-                Box::pin(hedge::race(
-                    &mut state, &template, &body, endpoint, delay, trace, random,
-                ))
-                .await
-            }
-            None => {
-                let started = caller_reading.unwrap_or_else(Instant::now);
-                let timeout = state.attempt_timeout(started);
-                let (request, span) = if single {
-                    template.only_request(up, endpoint, body.next(), trace)
-                } else {
-                    template.sole_request(&mut kept, up, endpoint, body.next(), trace)
-                };
-                let first_frame = state.first_frame;
-                attempt::send(up, endpoint, request, span, started, timeout, first_frame).await
-            }
+    let fin = 'run: {
+        let Some(mut endpoint) = picker::pick(&up.endpoints, &state.report.tried, false, random)
+        else {
+            state.report.outcome = Outcome::Exhausted(ExhaustedBy::NoAlternate);
+            break 'run Final::NoEndpoint;
         };
-        let from = attempted.endpoint;
-        let failure = match verdict::settle(&mut state, attempted) {
-            Verdict::Final(response) => {
-                state.report.outcome = if state.report.first_error.is_some() {
-                    Outcome::Recovered
-                } else {
-                    Outcome::Ok
-                };
-                return (
-                    Final::Upstream {
+        // With nothing to retry the only attempt may take the template's headers.
+        let single = plan.skip.is_some() || plan.policy.is_none_or(|p| !p.enabled());
+        if !single {
+            template.number_attempts();
+        }
+        // The first attempt starts at the caller's reading; each later one
+        // reads the clock after its backoff (a hedge's race reads its own).
+        let mut first = Some(now);
+        // The head's fields while an attempt has its header map.
+        let mut kept: Option<KeptFields> = None;
+        loop {
+            template.restore_head(&mut kept);
+            let caller_reading = first.take();
+            state.begin(endpoint);
+            let attempted = match state.hedge_delay(&body) {
+                // Boxed: the hedge race is the largest state in this loop (two
+                // attempts and a timer); inline, it would be copied with every
+                // enclosing future on every request, hedged or not.
+                Some(delay) => {
+                    Box::pin(hedge::race(
+                        &mut state, &template, &body, endpoint, delay, trace, random,
+                    ))
+                    .await
+                }
+                None => {
+                    let started = caller_reading.unwrap_or_else(Instant::now);
+                    let timeout = state.attempt_timeout(started);
+                    let (request, span) = if single {
+                        template.only_request(up, endpoint, body.next(), trace)
+                    } else {
+                        template.sole_request(&mut kept, up, endpoint, body.next(), trace)
+                    };
+                    let first_frame = state.first_frame;
+                    attempt::send(up, endpoint, request, span, started, timeout, first_frame).await
+                }
+            };
+            let from = attempted.endpoint;
+            let failure = match verdict::settle(&mut state, attempted) {
+                Verdict::Final(response) => {
+                    state.report.outcome = if state.report.first_error.is_some() {
+                        Outcome::Recovered
+                    } else {
+                        Outcome::Ok
+                    };
+                    break 'run Final::Upstream {
                         response,
                         endpoint: from,
-                    },
-                    state.report,
-                );
-            }
-            Verdict::Failed(failure) => failure,
-        };
-        match gate::decide(Trigger::Failed(&failure), &state, &body, random) {
-            Decision::Stop(outcome) => {
-                state.stop(outcome, trace);
-                let fin = match failure.response {
-                    Some(response) => Final::Upstream {
-                        response,
-                        endpoint: from,
-                    },
-                    None => Final::Local(failure.kind),
-                };
-                return (fin, state.report);
-            }
-            Decision::Go {
-                delay,
-                endpoint: next,
-            } => {
-                // The retryable response (if any) is dropped here: its headers and
-                // body never reach the client.
-                drop(failure.response);
-                state.retrying(failure.kind, delay, trace);
-                tokio::time::sleep(delay).await;
-                endpoint = next;
+                    };
+                }
+                Verdict::Failed(failure) => failure,
+            };
+            match gate::decide(Trigger::Failed(&failure), &state, &body, random) {
+                Decision::Stop(outcome) => {
+                    state.stop(outcome, trace);
+                    break 'run match failure.response {
+                        Some(response) => Final::Upstream {
+                            response,
+                            endpoint: from,
+                        },
+                        None => Final::Local(failure.kind),
+                    };
+                }
+                Decision::Go {
+                    delay,
+                    endpoint: next,
+                } => {
+                    // The retryable response (if any) is dropped here: its headers and
+                    // body never reach the client.
+                    drop(failure.response);
+                    state.retrying(failure.kind, delay, trace, &template.head);
+                    tokio::time::sleep(delay).await;
+                    endpoint = next;
+                }
             }
         }
-    }
+    };
+    state.finish(&template, trace);
+    (fin, state.report)
 }
 
 impl<'a> RetryState<'a> {
@@ -226,6 +228,8 @@ impl<'a> RetryState<'a> {
                 backoffs: Vec::new(),
                 hedged: false,
                 elapsed: Duration::ZERO,
+                history: Vec::new(),
+                request: None,
             },
         }
     }
@@ -277,22 +281,60 @@ impl<'a> RetryState<'a> {
         (buffered && !self.report.hedged && self.retries < p.max_retries).then_some(delay)
     }
 
-    /// A retry after a `kind` failure will be sent after `delay`.
-    fn retrying(&mut self, kind: FailureKind, delay: Duration, trace: &RequestSpan) {
+    /// A retry of `head` after a `kind` failure will be sent after `delay`.
+    fn retrying(
+        &mut self,
+        kind: FailureKind,
+        delay: Duration,
+        trace: &RequestSpan,
+        head: &RequestHead,
+    ) {
         self.retries += 1;
         self.up.metrics.record_retry(&kind.name());
         self.report.backoffs.push(delay);
         self.report.elapsed += delay;
+        trace.second_attempt(&self.up.config.name, head);
         trace.backoff(delay);
     }
 
-    /// A hedge to `endpoint` goes out after the first attempt took `delay`.
-    fn hedging(&mut self, endpoint: usize, delay: Duration, trace: &RequestSpan) {
+    /// A hedge of `head` to `endpoint` goes out after the first attempt took `delay`.
+    fn hedging(
+        &mut self,
+        endpoint: usize,
+        delay: Duration,
+        trace: &RequestSpan,
+        head: &RequestHead,
+    ) {
         self.retries += 1;
         self.begin(endpoint);
         self.report.hedged = true;
         self.up.metrics.record_hedge();
+        trace.second_attempt(&self.up.config.name, head);
         trace.hedge_launched(delay);
+    }
+
+    /// The request ends: a request that did not end `ok` keeps its method
+    /// and path for the diagnostics, and one that made more than one
+    /// attempt records the spans of those made before it started recording.
+    fn finish(&mut self, template: &RequestTemplate, trace: &RequestSpan) {
+        if self.report.outcome != Outcome::Ok {
+            let head = &template.head;
+            self.report.request =
+                Some(Box::new((head.method.clone(), head.path_and_query.clone())));
+        }
+        if self.report.attempts > 1 {
+            for record in &self.report.history {
+                let state = &self.up.endpoints[record.endpoint];
+                let authority = template.authority.as_ref().unwrap_or(&state.authority);
+                trace.record_earlier_attempt(
+                    record,
+                    &state.endpoint,
+                    authority.as_str(),
+                    &template.head.method,
+                    template.head.path_and_query.path(),
+                );
+            }
+        }
     }
 
     /// A gate refused to go again (a retry or a hedge); a budget refusal is

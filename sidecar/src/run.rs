@@ -253,7 +253,10 @@ async fn run(
     set_log_level: LogLevelSetter,
     access_log: AccessLog,
 ) -> Result<ExitCode, Error> {
-    let traces = Tracing::from_env(SERVICE)?;
+    let traces = match trace_retried()? {
+        TraceRetried::Always => Tracing::from_env(SERVICE)?,
+        TraceRetried::Sampled => Tracing::from_env(SERVICE)?.without_forcing(),
+    };
     let (proxy, source) = match &args.config {
         Some(path) => {
             // The rule `--check` and the reloads read by: a file that cannot
@@ -291,12 +294,13 @@ async fn run(
                 }
                 None => {
                     // Nothing to route until the first snapshot: not ready.
-                    let empty = reprise_crds::snapshot::Snapshot::new(Vec::new(), Vec::new())
+                    let mut empty = reprise_crds::snapshot::Snapshot::new(Vec::new(), Vec::new())
                         .resolve()
                         .map_err(|source| reprise_crds::Error::Invalid {
                             path: "the empty snapshot".into(),
                             source,
                         })?;
+                    subscription.adjust(&mut empty);
                     let proxy = Proxy::with_telemetry(empty, traces.clone(), access_log.clone());
                     proxy.set_ready(false);
                     (proxy, None)
@@ -372,6 +376,32 @@ async fn run(
     }
     tracing::info!(drained, "reprise-sidecar stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a retried request's spans are exported when the sampler dropped
+/// its trace (`REPRISE_TRACE_RETRIED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TraceRetried {
+    /// `always` (the default): every request with more than one attempt.
+    Always,
+    /// `sampled`: only as the sampler decided.
+    Sampled,
+}
+
+/// The variable that chooses [`TraceRetried`].
+const TRACE_RETRIED: &str = "REPRISE_TRACE_RETRIED";
+
+/// `REPRISE_TRACE_RETRIED`; anything but `always` or `sampled` is refused.
+fn trace_retried() -> Result<TraceRetried, Error> {
+    match std::env::var(TRACE_RETRIED).ok().as_deref().map(str::trim) {
+        None | Some("") | Some("always") => Ok(TraceRetried::Always),
+        Some("sampled") => Ok(TraceRetried::Sampled),
+        Some(other) => Err(Error::Environment {
+            variable: TRACE_RETRIED,
+            rule: format!("must be always or sampled (got {other:?})"),
+            source: None,
+        }),
+    }
 }
 
 /// Where the configuration comes from.

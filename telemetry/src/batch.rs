@@ -59,6 +59,9 @@ pub(crate) struct BatchProcessor {
     spans: mpsc::Sender<SpanData>,
     control: mpsc::Sender<Control>,
     counters: Arc<SpanCounters>,
+    /// False on a [`BatchProcessor::shared`] copy: its provider's shutdown
+    /// (or drop) must not stop the worker the other one still feeds.
+    owns_worker: bool,
 }
 
 /// Lets the owner flush and stop the worker and wait for it, with a bound.
@@ -90,9 +93,21 @@ impl BatchProcessor {
                 spans,
                 control,
                 counters,
+                owns_worker: true,
             },
             stopper,
         )
+    }
+
+    /// Another processor feeding the same queue and worker (for a second
+    /// tracer provider); shutting it down leaves the worker running.
+    pub(crate) fn shared(&self) -> BatchProcessor {
+        BatchProcessor {
+            spans: self.spans.clone(),
+            control: self.control.clone(),
+            counters: Arc::clone(&self.counters),
+            owns_worker: false,
+        }
     }
 }
 
@@ -139,7 +154,9 @@ impl SpanProcessor for BatchProcessor {
     /// Asks the worker to stop without waiting, for the same reason as
     /// `force_flush`; [`Stopper::stop`] waits with a bound.
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        let _ = self.control.try_send(Control::Shutdown(None));
+        if self.owns_worker {
+            let _ = self.control.try_send(Control::Shutdown(None));
+        }
         Ok(())
     }
 }

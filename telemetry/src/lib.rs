@@ -6,11 +6,14 @@
 //!
 //! The contract: tracing is off unless an OTLP endpoint is set, and while off
 //! [`Tracing`] is an empty `Option`, so callers record unconditionally at no
-//! cost. Each binary defines its own span types on top of [`Tracing::tracer`].
+//! cost. Each binary defines its own span types on top of [`Tracing::tracer`]
+//! (the head sampler decides) and [`Tracing::forced`] (recorded whatever it
+//! decided: a caller that chooses to keep a trace the sampler dropped).
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 mod batch;
+mod forced;
 mod pipeline;
 pub mod prometheus;
 pub mod propagation;
@@ -24,6 +27,7 @@ use std::time::Duration;
 use opentelemetry_sdk::trace::SdkTracer;
 
 pub use batch::SpanCounters;
+pub use forced::ForcedTracer;
 pub use pipeline::{Pipeline, Service};
 pub use settings::{
     BatchSettings, ClientFiles, Compression, Endpoint, FileVar, Protocol, Settings, TlsSettings,
@@ -77,12 +81,16 @@ pub enum Error {
 
 /// Process-wide tracing: off, or a running export pipeline. Cheap to clone.
 #[derive(Clone, Debug, Default)]
-pub struct Tracing(Option<Arc<Pipeline>>);
+pub struct Tracing {
+    pipeline: Option<Arc<Pipeline>>,
+    /// [`Tracing::forced`] is withheld ([`Tracing::without_forcing`]).
+    unforced: bool,
+}
 
 impl Tracing {
     /// Tracing off.
     pub fn off() -> Self {
-        Tracing(None)
+        Tracing::default()
     }
 
     /// Tracing as the `OTEL_*` environment variables say, naming the spans'
@@ -97,28 +105,50 @@ impl Tracing {
 
     /// Tracing through `pipeline` (tests build one on their own exporter).
     pub fn on(pipeline: Pipeline) -> Self {
-        Tracing(Some(Arc::new(pipeline)))
+        Tracing {
+            pipeline: Some(Arc::new(pipeline)),
+            unforced: false,
+        }
+    }
+
+    /// The same pipeline, with [`Tracing::forced`] always `None`: every
+    /// span is the head sampler's to decide.
+    pub fn without_forcing(self) -> Self {
+        Tracing {
+            unforced: true,
+            ..self
+        }
     }
 
     /// True when spans are recorded and exported.
     pub fn is_on(&self) -> bool {
-        self.0.is_some()
+        self.pipeline.is_some()
     }
 
     /// The tracer spans are started from; `None` while off.
     pub fn tracer(&self) -> Option<&SdkTracer> {
-        self.0.as_deref().map(Pipeline::tracer)
+        self.pipeline.as_deref().map(Pipeline::tracer)
+    }
+
+    /// The tracer whose spans are recorded whatever the sampler says; `None`
+    /// while off, while the sampler is `always_off`, and
+    /// [`Tracing::without_forcing`].
+    pub fn forced(&self) -> Option<&ForcedTracer> {
+        if self.unforced {
+            return None;
+        }
+        self.pipeline.as_deref().and_then(Pipeline::forced)
     }
 
     /// Spans exported and dropped so far; `None` while off.
     pub fn counters(&self) -> Option<&SpanCounters> {
-        self.0.as_deref().map(Pipeline::counters)
+        self.pipeline.as_deref().map(Pipeline::counters)
     }
 
     /// Exports the spans queued now, waiting at most `timeout`. Returns false
     /// when the time ran out or the pipeline is stopped.
     pub async fn flush(&self, timeout: Duration) -> bool {
-        match &self.0 {
+        match &self.pipeline {
             Some(p) => p.flush(timeout).await,
             None => true,
         }
@@ -128,7 +158,7 @@ impl Tracing {
     /// (an unreachable collector must not hold up the exit). Returns false
     /// when the time ran out.
     pub async fn shutdown(&self, timeout: Duration) -> bool {
-        match &self.0 {
+        match &self.pipeline {
             Some(p) => p.shutdown(timeout).await,
             None => true,
         }

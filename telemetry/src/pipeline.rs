@@ -1,6 +1,8 @@
 //! Assembles the SDK pipeline: resource, OTLP exporter, batch processor and
-//! tracer provider (whose sampler the SDK reads from `OTEL_TRACES_SAMPLER`).
-//! Shared by the sidecar and the controller, which differ only in [`Service`].
+//! tracer provider (whose sampler the SDK reads from `OTEL_TRACES_SAMPLER`),
+//! and beside it the [`ForcedTracer`]'s provider on the same processor's
+//! queue, unless the sampler is `always_off`. Shared by the sidecar and the
+//! controller, which differ only in [`Service`].
 //!
 //! The exporter gets everything [`Settings`] decided explicitly (endpoint,
 //! timeout, compression), so that the OTLP crate's own reading of the same
@@ -21,6 +23,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_semantic_conventions::resource::{SERVICE_NAME, SERVICE_VERSION};
 
 use crate::batch::{BatchProcessor, SpanCounters, Stopper};
+use crate::forced::ForcedTracer;
 use crate::settings::{BatchSettings, Compression, Protocol, Settings};
 use crate::tls::{self, TlsConnector};
 use crate::Error;
@@ -42,6 +45,9 @@ pub struct Pipeline {
     tracer: SdkTracer,
     /// Owns the processor; shut down at exit.
     provider: SdkTracerProvider,
+    /// Spans recorded whatever the sampler says, and their provider; none
+    /// while the sampler is `always_off`.
+    forced: Option<(ForcedTracer, SdkTracerProvider)>,
     stopper: Stopper,
     counters: Arc<SpanCounters>,
     resource: Resource,
@@ -55,7 +61,13 @@ impl Pipeline {
             Protocol::Grpc => grpc_exporter(settings)?,
             Protocol::HttpProtobuf => http_exporter(settings)?,
         };
-        let pipeline = Self::with_exporter(exporter, settings.batch, service);
+        let mut pipeline = Self::with_exporter(exporter, settings.batch, service);
+        if settings.sampler_off {
+            // `always_off` means no span at all, retried requests' included.
+            if let Some((_, provider)) = pipeline.forced.take() {
+                let _ = provider.shutdown();
+            }
+        }
         tracing::info!(
             protocol = settings.protocol.name(),
             endpoint = %settings.endpoint.url,
@@ -78,6 +90,7 @@ impl Pipeline {
         exporter.set_resource(&resource);
         let counters = Arc::new(SpanCounters::default());
         let (processor, stopper) = BatchProcessor::start(exporter, batch, Arc::clone(&counters));
+        let forced = ForcedTracer::new(processor.shared(), resource.clone(), service.name);
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_resource(resource.clone())
@@ -86,6 +99,7 @@ impl Pipeline {
         Pipeline {
             tracer,
             provider,
+            forced: Some(forced),
             stopper,
             counters,
             resource,
@@ -95,6 +109,12 @@ impl Pipeline {
     /// Creates the spans.
     pub fn tracer(&self) -> &SdkTracer {
         &self.tracer
+    }
+
+    /// Starts spans that are recorded whatever the sampler says; `None`
+    /// while the sampler is `always_off`.
+    pub fn forced(&self) -> Option<&ForcedTracer> {
+        self.forced.as_ref().map(|(tracer, _)| tracer)
     }
 
     /// Spans exported and dropped so far.
@@ -118,8 +138,11 @@ impl Pipeline {
     /// when the time ran out.
     pub async fn shutdown(&self, timeout: Duration) -> bool {
         let flushed = self.stopper.stop(timeout).await;
-        // Marks the provider shut down: spans started from now on are not recorded.
+        // Marks the providers shut down: spans started from now on are not recorded.
         let _ = self.provider.shutdown();
+        if let Some((_, provider)) = &self.forced {
+            let _ = provider.shutdown();
+        }
         flushed
     }
 }

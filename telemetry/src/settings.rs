@@ -1,6 +1,7 @@
 //! Reads the standard `OTEL_*` environment variables that decide whether
 //! tracing is on, where and how spans travel, and how they are batched. The
-//! sampler (`OTEL_TRACES_SAMPLER[_ARG]`), the resource (`OTEL_SERVICE_NAME`,
+//! sampler (`OTEL_TRACES_SAMPLER[_ARG]`; only whether it is `always_off` is
+//! read here, for the forced tracer), the resource (`OTEL_SERVICE_NAME`,
 //! `OTEL_RESOURCE_ATTRIBUTES`) and the headers are read by the OpenTelemetry
 //! SDK and OTLP crates themselves; everything else is decided here and handed
 //! to the exporter explicitly, so that the two readings cannot disagree.
@@ -134,6 +135,9 @@ pub struct Settings {
     pub timeout: Duration,
     /// Batching.
     pub batch: BatchSettings,
+    /// `OTEL_TRACES_SAMPLER=always_off`: no span is exported, not even one
+    /// a caller would force.
+    pub sampler_off: bool,
 }
 
 /// The default of `OTEL_EXPORTER_OTLP_TIMEOUT`, as the OTLP crate has it.
@@ -334,6 +338,8 @@ impl Settings {
                 max_queue_size,
                 max_export_batch_size,
             },
+            // As the SDK reads it: the exact name.
+            sampler_off: get("OTEL_TRACES_SAMPLER").is_some_and(|v| v == "always_off"),
         }))
     }
 }
@@ -726,6 +732,18 @@ mod tests {
             err.to_string().contains("OTEL_EXPORTER_OTLP_PROTOCOL"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn only_always_off_turns_the_sampler_off() {
+        let off = |vars: &[(&str, &str)]| settings(vars).expect("ok").expect("on").sampler_off;
+        assert!(!off(&[ENDPOINT]));
+        assert!(off(&[ENDPOINT, ("OTEL_TRACES_SAMPLER", "always_off")]));
+        assert!(!off(&[
+            ENDPOINT,
+            ("OTEL_TRACES_SAMPLER", "parentbased_always_off")
+        ]));
+        assert!(!off(&[ENDPOINT, ("OTEL_TRACES_SAMPLER", "traceidratio")]));
     }
 
     #[test]

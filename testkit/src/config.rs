@@ -376,6 +376,7 @@ impl ProxyConfig {
         max_request_header_bytes: usize,
         access_log: bool,
         max_connections: u64,
+        diagnostics_retained: usize,
     }
 
     /// Resolves host-named endpoints with the DNS server at `server`

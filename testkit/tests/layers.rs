@@ -78,8 +78,9 @@ const CRDS: &[&[&str]] = &[
 
 const TELEMETRY: &[&[&str]] = &[
     &["pipeline", "prometheus", "propagation"],
-    // The export task; TLS to the collector (its files, the connector).
-    &["batch", "tls"],
+    // The export task; TLS to the collector (its files, the connector);
+    // the tracer whose spans no sampler drops.
+    &["batch", "tls", "forced"],
     &["settings"],
 ];
 

@@ -47,6 +47,10 @@ pub(crate) struct InjectionConfig {
     /// `REPRISE_LOG` of the sidecar.
     #[serde(default = "defaults::log_level")]
     pub log_level: String,
+    /// `REPRISE_DIAGNOSTICS_RETAINED` of the sidecar: the retried or failed
+    /// requests its admin `/diagnostics` keeps (0 turns it off).
+    #[serde(default = "defaults::diagnostics_retained")]
+    pub diagnostics_retained: usize,
     /// Requests and limits of the sidecar container.
     #[serde(default)]
     pub resources: Option<ResourceRequirements>,
@@ -171,6 +175,10 @@ mod defaults {
     pub(super) fn log_level() -> String {
         "info".into()
     }
+    /// `diagnosticsRetained`: the sidecar's own default.
+    pub(super) fn diagnostics_retained() -> usize {
+        reprise_crds::file::DEFAULT_DIAGNOSTICS_RETAINED
+    }
     /// `redirectPort`.
     pub(super) fn redirect_port() -> u16 {
         15006
@@ -206,6 +214,16 @@ mod defaults {
     }
 }
 
+/// `n` if the sidecar accepts it as `REPRISE_DIAGNOSTICS_RETAINED`, else
+/// the rule it breaks.
+pub(super) fn diagnostics_retained(n: usize) -> Result<usize, String> {
+    let max = reprise_crds::file::MAX_DIAGNOSTICS_RETAINED;
+    if n > max {
+        return Err(format!("{n} is more than {max}"));
+    }
+    Ok(n)
+}
+
 impl InjectionConfig {
     /// Reads and parses the injection config file at `path`.
     pub(crate) fn load(path: &Path) -> Result<InjectionConfig, Error> {
@@ -226,6 +244,9 @@ impl InjectionConfig {
                 config.log_level,
                 LOG_LEVELS.join(", ")
             ));
+        }
+        if let Err(rule) = diagnostics_retained(config.diagnostics_retained) {
+            return Err(format!("diagnosticsRetained: {rule}"));
         }
         // One listener per port in the pod's network namespace.
         let ports = [
@@ -304,6 +325,21 @@ mod tests {
         let e = InjectionConfig::from_yaml("image: x\ncontrollerAddress: y\nlogLevel: loud\n")
             .expect_err("level");
         assert!(e.contains("logLevel"), "{e}");
+    }
+
+    #[test]
+    fn diagnostics_retained_defaults_to_the_sidecars_and_is_bounded() {
+        let base = "image: x\ncontrollerAddress: y\n";
+        let c = InjectionConfig::from_yaml(base).expect("defaults");
+        assert_eq!(c.diagnostics_retained, 100);
+        let c = InjectionConfig::from_yaml(&format!("{base}diagnosticsRetained: 0\n")).expect("0");
+        assert_eq!(c.diagnostics_retained, 0);
+        let e = InjectionConfig::from_yaml(&format!("{base}diagnosticsRetained: 1001\n"))
+            .expect_err("too many");
+        assert!(
+            e.contains("diagnosticsRetained: 1001 is more than 1000"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -88,6 +88,10 @@ pub(super) fn sidecar_container(
             sidecar_env::DEFAULT_SNAPSHOT_PATH,
         ),
         env(sidecar_env::LOG, &o.log_level),
+        env(
+            sidecar_env::DIAGNOSTICS_RETAINED,
+            &o.diagnostics_retained.to_string(),
+        ),
     ];
     if let Some(name) = &config.server_name {
         env.push(self::env(sidecar_env::CONTROLLER_SERVER_NAME, name));

@@ -7,10 +7,10 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::config::{InjectionConfig, LOG_LEVELS};
+use super::config::{self, InjectionConfig, LOG_LEVELS};
 use super::{
-    CPU_LIMIT, CPU_REQUEST, EXCLUDE_OUTBOUND_CIDRS, EXCLUDE_OUTBOUND_PORTS, IMAGE,
-    INCLUDE_OUTBOUND_PORTS, LOG_LEVEL, MEMORY_LIMIT, MEMORY_REQUEST, TRANSPARENT,
+    CPU_LIMIT, CPU_REQUEST, DIAGNOSTICS_RETAINED, EXCLUDE_OUTBOUND_CIDRS, EXCLUDE_OUTBOUND_PORTS,
+    IMAGE, INCLUDE_OUTBOUND_PORTS, LOG_LEVEL, MEMORY_LIMIT, MEMORY_REQUEST, TRANSPARENT,
 };
 
 /// Per-pod values that replace the injection config's.
@@ -18,6 +18,7 @@ use super::{
 pub(super) struct Overrides {
     pub(super) image: String,
     pub(super) log_level: String,
+    pub(super) diagnostics_retained: usize,
     pub(super) resources: Option<ResourceRequirements>,
 }
 
@@ -62,6 +63,20 @@ impl Overrides {
             }
             None => config.log_level.clone(),
         };
+        let diagnostics_retained = match annotations.get(DIAGNOSTICS_RETAINED) {
+            Some(v) => v
+                .trim()
+                .parse::<usize>()
+                .map_err(|_| "not a whole number".to_string())
+                .and_then(config::diagnostics_retained)
+                .map_err(|rule| {
+                    format!(
+                        "annotation {DIAGNOSTICS_RETAINED}: {v:?}: {rule} (0 turns diagnostics off; at most {})",
+                        reprise_crds::file::MAX_DIAGNOSTICS_RETAINED
+                    )
+                })?,
+            None => config.diagnostics_retained,
+        };
         let image = match annotations.get(IMAGE) {
             Some(i) if !i.trim().is_empty() => i.clone(),
             Some(_) => return Err(format!("annotation {IMAGE}: must not be empty")),
@@ -70,6 +85,7 @@ impl Overrides {
         Ok(Overrides {
             image,
             log_level,
+            diagnostics_retained,
             resources,
         })
     }

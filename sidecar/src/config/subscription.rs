@@ -49,6 +49,22 @@ pub struct Subscription {
     /// How often the traffic of each policy is reported to a controller that
     /// reads reports ([`REPORT_SECS`] outside tests).
     pub report_every: Duration,
+    /// `proxy.diagnostics_retained` for every snapshot
+    /// (`REPRISE_DIAGNOSTICS_RETAINED`); `None` keeps the default.
+    pub diagnostics_retained: Option<usize>,
+}
+
+/// `REPRISE_DIAGNOSTICS_RETAINED`'s value, in the file field's range.
+fn diagnostics_retained(value: &str) -> Result<usize, Error> {
+    let max = reprise_crds::file::MAX_DIAGNOSTICS_RETAINED;
+    match value.trim().parse::<usize>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(Error::Environment {
+            variable: env::DIAGNOSTICS_RETAINED,
+            rule: format!("must be a whole number in 0..={max} (got {value:?})"),
+            source: None,
+        }),
+    }
 }
 
 /// Where the controller's CA comes from.
@@ -103,7 +119,22 @@ impl Subscription {
                     source: None,
                 })?,
             report_every: Duration::from_secs(REPORT_SECS),
+            diagnostics_retained: std::env::var(env::DIAGNOSTICS_RETAINED)
+                .ok()
+                .map(|v| diagnostics_retained(&v))
+                .transpose()?,
         }))
+    }
+
+    /// What the pod's environment changes in a snapshot's configuration:
+    /// the address map, the diagnostics' retention.
+    pub fn adjust(&self, config: &mut reprise_crds::Config) {
+        if let Some(map) = &self.address_map {
+            map.apply(config);
+        }
+        if let Some(n) = self.diagnostics_retained {
+            config.proxy.diagnostics_retained = n;
+        }
     }
 
     /// The last good snapshot on disk, if there is one and it still validates.
@@ -118,9 +149,7 @@ impl Subscription {
         };
         match snapshot.resolve() {
             Ok(mut config) => {
-                if let Some(map) = &self.address_map {
-                    map.apply(&mut config);
-                }
+                self.adjust(&mut config);
                 Some((snapshot, config))
             }
 
@@ -302,9 +331,7 @@ impl Subscription {
         };
         match snapshot.resolve() {
             Ok(mut config) => {
-                if let Some(map) = &self.address_map {
-                    map.apply(&mut config);
-                }
+                self.adjust(&mut config);
                 proxy.reload(config);
 
                 proxy.set_ready(true);
@@ -462,5 +489,40 @@ fn tls_failed(what: String, e: impl std::error::Error + Send + Sync + 'static) -
     Error::Tls {
         what,
         source: Box::new(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retention_variable_is_checked_and_set_on_every_snapshot() {
+        assert_eq!(diagnostics_retained(" 0 ").ok(), Some(0));
+        assert_eq!(diagnostics_retained("1000").ok(), Some(1000));
+        for bad in ["1001", "-1", "lots", ""] {
+            let e = diagnostics_retained(bad).expect_err(bad).to_string();
+            assert!(
+                e.starts_with("REPRISE_DIAGNOSTICS_RETAINED: must be a whole number in 0..=1000"),
+                "{bad:?}: {e}"
+            );
+        }
+        let subscription = Subscription {
+            controller: Uri::from_static("https://controller:15010"),
+            server_name: None,
+            pod: "p".into(),
+            namespace: "n".into(),
+            token_path: PathBuf::from("/t"),
+            ca: TrustedCa::Pem(String::new()),
+            snapshot_path: PathBuf::from("/s"),
+            address_map: None,
+            diagnostics_retained: Some(7),
+        };
+        let mut config = Snapshot::new(Vec::new(), Vec::new())
+            .resolve()
+            .expect("the empty snapshot");
+        assert_eq!(config.proxy.diagnostics_retained, 100, "the default");
+        subscription.adjust(&mut config);
+        assert_eq!(config.proxy.diagnostics_retained, 7);
     }
 }

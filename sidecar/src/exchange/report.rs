@@ -1,9 +1,15 @@
-//! What one request's retries came to, as the access log, the metrics and
-//! the spans report it: the [`Report`] (outcome, attempts, the endpoints
-//! [`Tried`], the first failure, the backoffs) and where the policy that
-//! ran came from ([`PolicySource`]).
+//! What one request's retries came to, as the access log, the metrics, the
+//! spans and the diagnostics report it: the [`Report`] (outcome, attempts,
+//! the endpoints [`Tried`], the first failure, the backoffs, and for a
+//! request that needed more than its first attempt each attempt's
+//! [`AttemptRecord`]) and where the policy that ran came from
+//! ([`PolicySource`]).
 
 use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use http::Method;
+use tokio::time::Instant;
 
 use super::failure::FailureKind;
 use super::outcome::Outcome;
@@ -30,6 +36,64 @@ pub(crate) struct Report {
     /// between them: the time to the final answer, from clock readings the
     /// attempts make anyway (a hedge's overlap counted twice).
     pub(crate) elapsed: Duration,
+    /// Each attempt that failed, was cancelled, or answered after another
+    /// one was made, in the order they ended. A first attempt that answered
+    /// is never written: the request that needed nothing more allocates
+    /// nothing here.
+    pub(crate) history: Vec<AttemptRecord>,
+    /// The request's method and path, copied when it ends other than `ok`
+    /// (for the diagnostics; the template they come from is gone by then).
+    pub(crate) request: Option<Box<(Method, PathAndQuery)>>,
+}
+
+/// One attempt, as the diagnostics list it and a retried request's spans
+/// record it after the fact.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttemptRecord {
+    /// The endpoint's index.
+    pub(crate) endpoint: usize,
+    /// How it ended.
+    pub(crate) end: AttemptEnd,
+    /// When it was sent.
+    pub(crate) started: Instant,
+    /// From sending to its response headers, failure or cancellation.
+    pub(crate) elapsed: Duration,
+    /// The id its CLIENT span was given when that span recorded nothing
+    /// (an unsampled trace), so that it can be recorded later under the id
+    /// the endpoint saw in `traceparent`.
+    pub(crate) unrecorded_span: Option<[u8; 8]>,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttemptEnd {
+    /// Its response was the final one: `status`, and the `grpc-status` its
+    /// headers or early trailers carried.
+    Answered {
+        /// The status.
+        status: u16,
+        /// The gRPC status, when known.
+        grpc_status: Option<u8>,
+    },
+    /// It failed with `kind`; `status` when the endpoint answered one.
+    Failed {
+        /// The failure.
+        kind: FailureKind,
+        /// The status of a retryable response.
+        status: Option<u16>,
+    },
+    /// The other attempt of a hedge answered first.
+    Cancelled,
+}
+
+impl Report {
+    /// The history ordered by when each attempt was sent (a hedge race can
+    /// end them out of order).
+    pub(crate) fn attempts_in_order(&self) -> Vec<AttemptRecord> {
+        let mut attempts = self.history.clone();
+        attempts.sort_by_key(|a| a.started);
+        attempts
+    }
 }
 
 /// Most attempts one request can make: 10 retries, the first attempt and a hedge.

@@ -252,6 +252,13 @@ fn push_digits(line: &mut Vec<u8>, mut value: u64, width: usize) {
     line.extend_from_slice(&digits[start..]);
 }
 
+/// `t` as RFC 3339 in UTC with microseconds, as log lines have it.
+pub(crate) fn rfc3339(t: SystemTime) -> String {
+    let mut text = Vec::with_capacity(27);
+    push_timestamp(&mut text, t);
+    String::from_utf8(text).unwrap_or_default()
+}
+
 /// `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC, microseconds), the format of
 /// tracing-subscriber's default timer, so every log line reads alike.
 fn push_timestamp(line: &mut Vec<u8>, now: SystemTime) {

@@ -2,12 +2,25 @@
 //! one CLIENT span per attempt, with the HTTP semantic-convention attributes and
 //! the retry loop's decisions. Both types are an empty `Option` when tracing is
 //! off, so the proxy calls them unconditionally at no cost.
+//!
+//! A request the head sampler dropped records nothing, but when the pipeline
+//! offers a forced tracer (`REPRISE_TRACE_RETRIED=always`, the default) it
+//! keeps its spans' ids, its arrival and its parent. Should a second attempt
+//! be made (a retry or a hedge, [`RequestSpan::second_attempt`]) it starts
+//! recording then: the SERVER span from the arrival on, under the ids the
+//! first attempt's `traceparent` already named, every later span and event
+//! as it happens, and the attempts made before
+//! ([`RequestSpan::record_earlier_attempt`]) from what the report kept of
+//! them. A request answered by its first attempt stays unrecorded.
 
 use std::borrow::Cow;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
 
 use http::{Method, Request, StatusCode, Version};
-use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::trace::{
+    Span as _, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer as _,
+};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
 use opentelemetry_semantic_conventions::attribute::{
@@ -15,6 +28,7 @@ use opentelemetry_semantic_conventions::attribute::{
     HTTP_RESPONSE_STATUS_CODE, NETWORK_PROTOCOL_VERSION, SERVER_ADDRESS, SERVER_PORT, URL_FULL,
     URL_PATH, URL_SCHEME,
 };
+use tokio::time::Instant;
 
 /// OpenTelemetry's RPC conventions (spelled here: the semantic-conventions
 /// crate keeps some of them behind its unstable feature).
@@ -26,9 +40,10 @@ use reprise_crds::Endpoint;
 
 use crate::exchange::failure::FailureKind;
 use crate::exchange::report::PolicySource;
-use crate::exchange::report::Report;
+use crate::exchange::report::{AttemptEnd, AttemptRecord, Report};
+use crate::exchange::request::RequestHead;
 use reprise_telemetry::propagation;
-use reprise_telemetry::Tracing;
+use reprise_telemetry::{ForcedTracer, Tracing};
 
 /// `ok`, `recovered`, `exhausted` or `skipped` (SERVER span).
 pub(crate) const OUTCOME: &str = "reprise.outcome";
@@ -73,6 +88,41 @@ struct Inner {
     recording: bool,
     /// For a gRPC request, `rpc.service` and `rpc.method` from its path.
     rpc: Option<(String, String)>,
+    /// Not recording, and the request's spans may yet be forced: boxed, as
+    /// only an unsampled request under forcing has it.
+    deferred: Option<Box<Deferred>>,
+}
+
+/// What an unsampled request keeps to start recording at its second attempt.
+#[derive(Debug)]
+struct Deferred {
+    forced: ForcedTracer,
+    /// The application's context: the SERVER span's parent.
+    parent: Context,
+    /// When the request arrived: the SERVER span's start.
+    arrived: Instant,
+    /// The client's HTTP version (`network.protocol.version`).
+    version: Version,
+    /// Set once the second attempt starts: the forced SERVER span.
+    started: OnceLock<Forced>,
+}
+
+/// The recording SERVER span of a request the sampler dropped.
+#[derive(Debug)]
+struct Forced {
+    /// Holds it; the parent of every later attempt.
+    cx: Context,
+    /// `{method} {upstream}`.
+    name: Cow<'static, str>,
+}
+
+/// Where a request's spans are recorded now: the sampled SERVER span, or
+/// the forced one.
+#[derive(Clone, Copy)]
+struct Live<'a> {
+    cx: &'a Context,
+    tracer: &'a SdkTracer,
+    name: &'a Cow<'static, str>,
 }
 
 /// The CLIENT span of one attempt. Ends when the attempt's outcome is known;
@@ -97,6 +147,8 @@ impl RequestSpan {
 
     /// Starts the SERVER span of `req` (a child of the application's
     /// `traceparent` when valid); records nothing while `tracing` is off.
+    /// Unsampled, it keeps what a later [`RequestSpan::second_attempt`]
+    /// needs, when `tracing` can force spans.
     pub(crate) fn start<B>(tracing: &Tracing, req: &Request<B>) -> Self {
         let Some(tracer) = tracing.tracer() else {
             return Self::off();
@@ -122,13 +174,140 @@ impl RequestSpan {
             .with_attributes(attributes)
             .start_with_context(tracer, &parent);
         let recording = span.is_recording();
+        let cx = parent.with_span(span);
+        let deferred = match tracing.forced() {
+            Some(forced) if !recording => Some(Box::new(Deferred {
+                forced: forced.clone(),
+                parent,
+                arrived: Instant::now(),
+                version: req.version(),
+                started: OnceLock::new(),
+            })),
+            _ => None,
+        };
         RequestSpan(Some(Inner {
-            cx: parent.with_span(span),
+            cx,
             tracer: tracer.clone(),
             name,
             recording,
             rpc,
+            deferred,
         }))
+    }
+
+    /// Where spans are recorded now, if anywhere.
+    fn live(&self) -> Option<Live<'_>> {
+        let inner = self.0.as_ref()?;
+        if inner.recording {
+            return Some(Live {
+                cx: &inner.cx,
+                tracer: &inner.tracer,
+                name: &inner.name,
+            });
+        }
+        let deferred = inner.deferred.as_deref()?;
+        let forced = deferred.started.get()?;
+        Some(Live {
+            cx: &forced.cx,
+            tracer: deferred.forced.tracer(),
+            name: &forced.name,
+        })
+    }
+
+    /// A second attempt of the request routed to `upstream` (`head` its
+    /// method and path) is about to start, a retry or a hedge: an unsampled
+    /// request that may be forced starts recording now. Its SERVER span
+    /// starts when the request arrived, under the ids its first attempt
+    /// named upstream, and is sampled whatever the sampler said; under an
+    /// application's unsampled `traceparent` it keeps that parent, so the
+    /// sidecar's spans are exported as a subtree whose root is missing.
+    pub(crate) fn second_attempt(&self, upstream: &str, head: &RequestHead) {
+        let Some(inner) = &self.0 else {
+            return;
+        };
+        let Some(deferred) = inner.deferred.as_deref() else {
+            return;
+        };
+        if deferred.started.get().is_some() {
+            return;
+        }
+        let ids = inner.cx.span().span_context().clone();
+        let name = format!("{} {upstream}", inner.name);
+        let mut attributes = Vec::with_capacity(9);
+        method_attributes(&head.method, &mut attributes);
+        attributes.push(KeyValue::new(URL_SCHEME, "http"));
+        attributes.push(KeyValue::new(
+            URL_PATH,
+            head.path_and_query.path().to_string(),
+        ));
+        attributes.push(KeyValue::new(
+            NETWORK_PROTOCOL_VERSION,
+            protocol_version(deferred.version),
+        ));
+        rpc_attributes(inner.rpc.as_ref(), &mut attributes);
+        attributes.push(KeyValue::new(UPSTREAM, upstream.to_string()));
+        let builder = deferred
+            .forced
+            .tracer()
+            .span_builder(name.clone())
+            .with_kind(SpanKind::Server)
+            .with_attributes(attributes)
+            .with_start_time(wall_clock(deferred.arrived));
+        let span = deferred.forced.start_with_ids(
+            builder,
+            &deferred.parent,
+            ids.trace_id(),
+            ids.span_id(),
+        );
+        let _ = deferred.started.set(Forced {
+            cx: deferred.parent.with_span(span),
+            name: Cow::Owned(name),
+        });
+    }
+
+    /// Records, once the request is recording, the CLIENT span of an
+    /// attempt made before it started ([`AttemptRecord::unrecorded_span`]
+    /// names the span id it was given): the first attempt, the only one a
+    /// request makes before its second (so never a hedge, nor a resend).
+    /// `endpoint`, `authority`, `method` and `path` as for
+    /// [`RequestSpan::attempt`].
+    pub(crate) fn record_earlier_attempt(
+        &self,
+        record: &AttemptRecord,
+        endpoint: &Endpoint,
+        authority: &str,
+        method: &Method,
+        path: &str,
+    ) {
+        let (Some(inner), Some(span_id)) = (&self.0, record.unrecorded_span) else {
+            return;
+        };
+        let Some(deferred) = inner.deferred.as_deref() else {
+            return;
+        };
+        let Some(forced) = deferred.started.get() else {
+            return;
+        };
+        let mut attributes = Vec::with_capacity(8);
+        method_attributes(method, &mut attributes);
+        attributes.push(KeyValue::new(URL_FULL, format!("http://{authority}{path}")));
+        rpc_attributes(inner.rpc.as_ref(), &mut attributes);
+        endpoint_attributes(endpoint, 0, false, &mut attributes);
+        let builder = deferred
+            .forced
+            .tracer()
+            .span_builder(forced.name.clone())
+            .with_kind(SpanKind::Client)
+            .with_attributes(attributes)
+            .with_start_time(wall_clock(record.started));
+        let span = deferred.forced.start_with_ids(
+            builder,
+            &forced.cx,
+            TraceId::INVALID,
+            SpanId::from_bytes(span_id),
+        );
+        let end = wall_clock(record.started + record.elapsed);
+        AttemptSpan(Some(Box::new(span))).ended(record.end, Some(end));
     }
 
     /// The request was routed to `upstream`: names the span after it.
@@ -156,20 +335,7 @@ impl RequestSpan {
         hedge: bool,
     ) -> AttemptSpan {
         self.client_span(method, authority, path, |attributes| {
-            attributes.push(KeyValue::new(
-                SERVER_ADDRESS,
-                endpoint.addr.ip().to_string(),
-            ));
-            attributes.push(KeyValue::new(SERVER_PORT, i64::from(endpoint.addr.port())));
-            if resends > 0 {
-                attributes.push(KeyValue::new(HTTP_REQUEST_RESEND_COUNT, i64::from(resends)));
-            }
-            if let Some(pod) = &endpoint.name {
-                attributes.push(KeyValue::new(ENDPOINT_POD, pod.clone()));
-            }
-            if hedge {
-                attributes.push(KeyValue::new(HEDGE, true));
-            }
+            endpoint_attributes(endpoint, resends, hedge, attributes);
         })
     }
 
@@ -205,7 +371,7 @@ impl RequestSpan {
 
     /// A CLIENT span under the SERVER span, with the method and `url.full`
     /// (`http://{authority}{path}`) plus what `more` adds. Attributes are
-    /// built only when the trace is sampled.
+    /// built only when the request is recording (sampled, or forced).
     fn client_span(
         &self,
         method: &Method,
@@ -216,23 +382,30 @@ impl RequestSpan {
         let Some(inner) = &self.0 else {
             return AttemptSpan(None);
         };
-        let mut builder = inner
+        let Some(live) = self.live() else {
+            // Even an unsampled attempt gets its own span id, so the
+            // upstream's spans still hang off this attempt.
+            let builder = inner
+                .tracer
+                .span_builder(inner.name.clone())
+                .with_kind(SpanKind::Client);
+            return AttemptSpan(Some(Box::new(
+                builder.start_with_context(&inner.tracer, &inner.cx),
+            )));
+        };
+        let mut attributes = Vec::with_capacity(8);
+        method_attributes(method, &mut attributes);
+        // The query is left out: it may carry credentials.
+        attributes.push(KeyValue::new(URL_FULL, format!("http://{authority}{path}")));
+        rpc_attributes(inner.rpc.as_ref(), &mut attributes);
+        more(&mut attributes);
+        let builder = live
             .tracer
-            .span_builder(inner.name.clone())
-            .with_kind(SpanKind::Client);
-        if inner.recording {
-            let mut attributes = Vec::with_capacity(8);
-            method_attributes(method, &mut attributes);
-            // The query is left out: it may carry credentials.
-            attributes.push(KeyValue::new(URL_FULL, format!("http://{authority}{path}")));
-            rpc_attributes(inner.rpc.as_ref(), &mut attributes);
-            more(&mut attributes);
-            builder = builder.with_attributes(attributes);
-        }
-        // Even an unsampled attempt gets its own span id, so the upstream's
-        // spans still hang off this attempt.
+            .span_builder(live.name.clone())
+            .with_kind(SpanKind::Client)
+            .with_attributes(attributes);
         AttemptSpan(Some(Box::new(
-            builder.start_with_context(&inner.tracer, &inner.cx),
+            builder.start_with_context(live.tracer, live.cx),
         )))
     }
 
@@ -265,10 +438,10 @@ impl RequestSpan {
         rule: Option<PolicySource<'_>>,
         max_attempts: u32,
     ) {
-        let Some(inner) = self.0.as_ref().filter(|i| i.recording) else {
+        let Some(live) = self.live() else {
             return;
         };
-        let span = inner.cx.span();
+        let span = live.cx.span();
         span.set_attribute(KeyValue::new(OUTCOME, report.outcome.name()));
         let reason = report.outcome.reason();
         if !reason.is_empty() {
@@ -285,13 +458,12 @@ impl RequestSpan {
         }
     }
 
-    /// The trace id (hex) when this request is traced and sampled, so its log
-    /// event can point at the trace.
+    /// The trace id (hex) when this request's spans are recorded (sampled,
+    /// or forced by its second attempt), so its log event and diagnostics
+    /// entry can point at the trace.
     pub(crate) fn trace_id(&self) -> Option<String> {
-        self.0
-            .as_ref()
-            .filter(|i| i.recording)
-            .map(|i| i.cx.span().span_context().trace_id().to_string())
+        self.live()
+            .map(|l| l.cx.span().span_context().trace_id().to_string())
     }
 
     /// Ends the span with the status sent to the application. `local_error` is
@@ -304,35 +476,35 @@ impl RequestSpan {
         local_error: Option<&str>,
         grpc_status: Option<u8>,
     ) {
-        let Some(inner) = self.0 else {
+        let Some(live) = self.live() else {
+            // Unrecorded: the span ends holding nothing.
             return;
         };
-        let span = inner.cx.span();
-        if inner.recording {
-            span.set_attribute(KeyValue::new(
-                HTTP_RESPONSE_STATUS_CODE,
-                i64::from(status.as_u16()),
-            ));
-            if let Some(code) = grpc_status.filter(|_| inner.rpc.is_some()) {
-                span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
-                if let Some(kind) = local_error.filter(|_| code != 0) {
-                    span.set_attribute(KeyValue::new(ERROR_TYPE, kind.to_string()));
-                    span.set_status(Status::error(kind.to_string()));
-                }
+        let rpc = self.0.as_ref().is_some_and(|i| i.rpc.is_some());
+        let span = live.cx.span();
+        span.set_attribute(KeyValue::new(
+            HTTP_RESPONSE_STATUS_CODE,
+            i64::from(status.as_u16()),
+        ));
+        if let Some(code) = grpc_status.filter(|_| rpc) {
+            span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+            if let Some(kind) = local_error.filter(|_| code != 0) {
+                span.set_attribute(KeyValue::new(ERROR_TYPE, kind.to_string()));
+                span.set_status(Status::error(kind.to_string()));
             }
-            // Semantic conventions: a SERVER span is an error for 5xx only.
-            if status.is_server_error() {
-                let kind = local_error.map_or_else(|| status.as_str().to_string(), str::to_string);
-                span.set_attribute(KeyValue::new(ERROR_TYPE, kind.clone()));
-                span.set_status(Status::error(kind));
-            }
+        }
+        // Semantic conventions: a SERVER span is an error for 5xx only.
+        if status.is_server_error() {
+            let kind = local_error.map_or_else(|| status.as_str().to_string(), str::to_string);
+            span.set_attribute(KeyValue::new(ERROR_TYPE, kind.clone()));
+            span.set_status(Status::error(kind));
         }
         span.end();
     }
 
     fn event(&self, name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
-        if let Some(inner) = self.0.as_ref().filter(|i| i.recording) {
-            inner.cx.span().add_event(name, attributes());
+        if let Some(live) = self.live() {
+            live.cx.span().add_event(name, attributes());
         }
     }
 }
@@ -344,39 +516,70 @@ impl AttemptSpan {
         propagation::trace_fields(self.0.as_ref()?.span_context())
     }
 
+    /// The id of this attempt's span when it records nothing (an unsampled
+    /// trace), for [`RequestSpan::record_earlier_attempt`]; `None` while
+    /// tracing is off or the span records.
+    pub(crate) fn unrecorded_id(&self) -> Option<[u8; 8]> {
+        let span = self.0.as_deref().filter(|s| !s.is_recording())?;
+        Some(span.span_context().span_id().to_bytes())
+    }
+
     /// The endpoint answered with a status the policy does not retry;
     /// `grpc_status` when a gRPC response's status is already known.
-    pub(crate) fn responded(mut self, status: u16, grpc_status: Option<u8>) {
-        if let Some(mut span) = self.0.take() {
-            span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
-            if let Some(code) = grpc_status {
-                span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
-            }
-            // Semantic conventions: a CLIENT span is an error from 400 on.
-            if status >= 400 {
-                span.set_attribute(KeyValue::new(ERROR_TYPE, status.to_string()));
-                span.set_status(Status::error(""));
-            }
-            span.end();
-        }
+    pub(crate) fn responded(self, status: u16, grpc_status: Option<u8>) {
+        self.ended(
+            AttemptEnd::Answered {
+                status,
+                grpc_status,
+            },
+            None,
+        );
     }
 
     /// The attempt failed with `kind`; `status` when the endpoint answered one.
-    pub(crate) fn failed(mut self, kind: FailureKind, status: Option<u16>) {
-        if let Some(mut span) = self.0.take() {
-            if let Some(status) = status {
+    pub(crate) fn failed(self, kind: FailureKind, status: Option<u16>) {
+        self.ended(AttemptEnd::Failed { kind, status }, None);
+    }
+
+    /// Ends the span as `end` says, at `at` (else now).
+    fn ended(mut self, end: AttemptEnd, at: Option<SystemTime>) {
+        let Some(mut span) = self.0.take() else {
+            return;
+        };
+        match end {
+            AttemptEnd::Answered {
+                status,
+                grpc_status,
+            } => {
                 span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
+                if let Some(code) = grpc_status {
+                    span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+                }
+                // Semantic conventions: a CLIENT span is an error from 400 on.
+                if status >= 400 {
+                    span.set_attribute(KeyValue::new(ERROR_TYPE, status.to_string()));
+                    span.set_status(Status::error(""));
+                }
             }
-            if let FailureKind::GrpcStatus(code) = kind {
-                span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+            AttemptEnd::Failed { kind, status } => {
+                if let Some(status) = status {
+                    span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
+                }
+                if let FailureKind::GrpcStatus(code) = kind {
+                    span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+                }
+                if let Some(detail) = kind.detail() {
+                    span.set_attribute(KeyValue::new(CERTIFICATE_ERROR, detail));
+                }
+                let name = kind.name();
+                span.set_attribute(KeyValue::new(ERROR_TYPE, name.clone()));
+                span.set_status(Status::error(name));
             }
-            if let Some(detail) = kind.detail() {
-                span.set_attribute(KeyValue::new(CERTIFICATE_ERROR, detail));
-            }
-            let name = kind.name();
-            span.set_attribute(KeyValue::new(ERROR_TYPE, name.clone()));
-            span.set_status(Status::error(name));
-            span.end();
+            AttemptEnd::Cancelled => span.set_attribute(KeyValue::new(CANCELLED, true)),
+        }
+        match at {
+            Some(at) => span.end_with_timestamp(at),
+            None => span.end(),
         }
     }
 }
@@ -388,6 +591,34 @@ impl Drop for AttemptSpan {
             span.end();
         }
     }
+}
+
+/// The CLIENT span attributes that name the endpoint and the attempt:
+/// `resends` attempts before it, a speculative duplicate when `hedge`.
+fn endpoint_attributes(endpoint: &Endpoint, resends: u32, hedge: bool, out: &mut Vec<KeyValue>) {
+    out.push(KeyValue::new(
+        SERVER_ADDRESS,
+        endpoint.addr.ip().to_string(),
+    ));
+    out.push(KeyValue::new(SERVER_PORT, i64::from(endpoint.addr.port())));
+    if resends > 0 {
+        out.push(KeyValue::new(HTTP_REQUEST_RESEND_COUNT, i64::from(resends)));
+    }
+    if let Some(pod) = &endpoint.name {
+        out.push(KeyValue::new(ENDPOINT_POD, pod.clone()));
+    }
+    if hedge {
+        out.push(KeyValue::new(HEDGE, true));
+    }
+}
+
+/// The wall-clock time of `at`, a reading of the monotonic clock in the
+/// past: spans recorded after the fact carry when things happened.
+fn wall_clock(at: Instant) -> SystemTime {
+    let ago = Instant::now().saturating_duration_since(at);
+    SystemTime::now()
+        .checked_sub(ago)
+        .unwrap_or_else(SystemTime::now)
 }
 
 /// For a gRPC request (`content-type: application/grpc...`), the service and

@@ -2,7 +2,8 @@
 //! headers, one speculative duplicate goes to another endpoint, if the same
 //! gates a retry passes let it (attempt cap, alternate endpoint, budget,
 //! deadline). The first final answer wins and the other attempt is cancelled
-//! (dropped: its span ends marked cancelled). Only buffered bodies are hedged.
+//! (dropped: its span ends marked cancelled, and the report's history says
+//! so). Only buffered bodies are hedged.
 
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use super::attempt::{self, Attempted, RequestTemplate};
 use super::gate::{self, Decision, Trigger};
 use super::verdict;
 use super::{BodySource, RetryState};
+use crate::exchange::report::{AttemptEnd, AttemptRecord};
 use crate::observe::spans::RequestSpan;
 use crate::random::Random;
 
@@ -33,6 +35,8 @@ pub(crate) async fn race(
     };
     let up = state.up;
     let (request, span) = template.request(up, endpoint, replay.for_attempt(), trace, false);
+    // Kept for the record of its cancellation: the span goes with the attempt.
+    let first_span = span.unrecorded_id();
     let started = Instant::now();
     let first = attempt::send(
         up,
@@ -55,8 +59,9 @@ pub(crate) async fn race(
             return first.await;
         }
     };
-    state.hedging(second_endpoint, delay, trace);
+    state.hedging(second_endpoint, delay, trace, &template.head);
     let (request, span) = template.request(up, second_endpoint, replay.for_attempt(), trace, true);
+    let second_span = span.unrecorded_id();
     let now = Instant::now();
     let second = attempt::send(
         up,
@@ -73,6 +78,19 @@ pub(crate) async fn race(
         b = &mut second => (b, false),
     };
     if verdict::is_final(&done, state.plan.policy, state.grpc) {
+        // The other attempt is dropped with this race.
+        let (endpoint, started, unrecorded_span) = if first_won {
+            (second_endpoint, now, second_span)
+        } else {
+            (endpoint, started, first_span)
+        };
+        state.report.history.push(AttemptRecord {
+            endpoint,
+            end: AttemptEnd::Cancelled,
+            started,
+            elapsed: started.elapsed(),
+            unrecorded_span,
+        });
         return done;
     }
     // The first to answer failed: it counts, and the other decides.

@@ -7,17 +7,22 @@
 //! then applies every side effect of the attempt in one step: passive health
 //! (transport failures only: a status proves the transport works), the
 //! endpoint's failure estimate (retryable statuses and transport failures
-//! both weigh it), the attempt's span, the latency histogram and the report.
+//! both weigh it), the attempt's span, the latency histogram and the report
+//! (its history gets every failed attempt, and an answer only once another
+//! attempt was made).
+
+use std::time::Duration;
 
 use http::HeaderMap;
 use reprise_crds::RetryPolicy;
+use tokio::time::Instant;
 
 use super::attempt::{Attempted, UpstreamBody};
 use super::failure::{self, Failure, Wait};
 use super::upstream::UpstreamState;
 use super::RetryState;
 use crate::exchange::failure::{FailureKind, Stage};
-use crate::exchange::report::Report;
+use crate::exchange::report::{AttemptEnd, AttemptRecord, Report};
 use crate::observe::spans::AttemptSpan;
 
 /// What an attempt's result means for the request.
@@ -100,7 +105,8 @@ pub(crate) fn is_final(attempted: &Attempted, policy: Option<&RetryPolicy>, grpc
     }
 }
 
-/// Records what `verdict` says about the attempt to `endpoint`.
+/// Records what `verdict` says about the attempt to `endpoint`, sent at
+/// `sent.0` and ended `sent.1` later.
 pub(crate) fn observe(
     up: &UpstreamState,
     endpoint: usize,
@@ -108,26 +114,51 @@ pub(crate) fn observe(
     span: AttemptSpan,
     report: &mut Report,
     grpc: bool,
+    sent: (Instant, Duration),
 ) {
     let state = &up.endpoints[endpoint];
+    let record = |end, span: &AttemptSpan| AttemptRecord {
+        endpoint,
+        end,
+        started: sent.0,
+        elapsed: sent.1,
+        unrecorded_span: span.unrecorded_id(),
+    };
     match verdict {
         Verdict::Final(response) => {
             state.record_success();
             state.record_outcome(false);
-            span.responded(
-                response.status().as_u16(),
-                grpc.then(|| grpc_status(response).map(|(c, _)| c))
-                    .flatten(),
-            );
+            let status = response.status().as_u16();
+            let grpc_status = grpc
+                .then(|| grpc_status(response).map(|(c, _)| c))
+                .flatten();
+            // Only once another attempt was made: the answer to a first
+            // attempt is the common request, which must cost nothing here.
+            if report.first_error.is_some() || report.attempts > 1 {
+                let end = AttemptEnd::Answered {
+                    status,
+                    grpc_status,
+                };
+                report.history.push(record(end, &span));
+            }
+            span.responded(status, grpc_status);
         }
         Verdict::Failed(f) => {
-            match &f.response {
-                Some(response) => {
+            let status = f.response.as_ref().map(|r| r.status().as_u16());
+            report.history.push(record(
+                AttemptEnd::Failed {
+                    kind: f.kind,
+                    status,
+                },
+                &span,
+            ));
+            match status {
+                Some(status) => {
                     // Any response proves the transport works; a retryable
                     // status weighs the endpoint's choice, never its health.
                     state.record_success();
                     state.record_outcome(true);
-                    span.failed(f.kind, Some(response.status().as_u16()));
+                    span.failed(f.kind, Some(status));
                 }
                 None => {
                     span.failed(f.kind, None);
@@ -161,6 +192,7 @@ pub(crate) fn settle(state: &mut RetryState<'_>, attempted: Attempted) -> Verdic
         attempted.span,
         &mut state.report,
         state.grpc,
+        (attempted.started, attempted.elapsed),
     );
     verdict
 }

@@ -1,7 +1,7 @@
-//! The admin endpoint: `/live`, `/ready`, `/config`, `/metrics` and `/log-level`.
-//! It listens on localhost by default; nothing on it changes traffic except the
-//! log level. The health listener is the same server answering only `/live`,
-//! `/ready` and `GET /metrics`.
+//! The admin endpoint: `/live`, `/ready`, `/config`, `/metrics`,
+//! `/diagnostics` and `/log-level`. It listens on localhost by default;
+//! nothing on it changes traffic except the log level. The health listener is
+//! the same server answering only `/live`, `/ready` and `GET /metrics`.
 //!
 //! Each listener holds at most [`AdminLimits::max_connections`] connections
 //! (one more is closed at once and counted), and a connection gets the proxy
@@ -29,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
+mod diagnostics;
 mod metrics;
 
 pub use self::metrics::metrics_text;
@@ -288,8 +289,9 @@ impl Admin {
                 "text/plain; version=0.0.4",
                 metrics_text(&self.proxy),
             ),
+            (&Method::GET, "/diagnostics") => diagnostics::page(&self.proxy, req.uri().query()),
             (&Method::PUT | &Method::POST, "/log-level") => self.set_log_level(req).await,
-            (_, "/live" | "/ready" | "/config" | "/metrics" | "/log-level") => (
+            (_, "/live" | "/ready" | "/config" | "/metrics" | "/diagnostics" | "/log-level") => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "text/plain",
                 "method not allowed\n".to_string(),
@@ -297,7 +299,8 @@ impl Admin {
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "not found; try /live, /ready, /config, /metrics, PUT /log-level\n".to_string(),
+                "not found; try /live, /ready, /config, /metrics, /diagnostics, PUT /log-level\n"
+                    .to_string(),
             ),
         };
         let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -475,6 +478,24 @@ mod tests {
                 )),
                 "{text}"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn diagnostics_are_on_the_admin_listener_only() {
+        for (health_only, status) in [(false, "HTTP/1.1 200"), (true, "HTTP/1.1 404")] {
+            let (addr, _proxy) = admin_listener(health_only, AdminLimits::default()).await;
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(b"GET /diagnostics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+                .await
+                .expect("write");
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await.expect("read");
+            let out = String::from_utf8_lossy(&out);
+            assert!(out.starts_with(status), "health_only: {health_only}: {out}");
+            if !health_only {
+                assert!(out.contains("{\n  \"requests\": []\n}"), "{out}");
+            }
         }
     }
 

@@ -1,8 +1,10 @@
 //! OpenTelemetry tracing: the real binary exporting to an in-process OTLP
 //! collector over HTTP/protobuf and gRPC; trace context in and out; a down
-//! collector costs spans, never requests; off by default.
+//! collector costs spans, never requests; off by default; retried requests
+//! exported whatever the sampler said (`retried`).
 
 mod collector;
+mod retried;
 
 use std::time::Duration;
 

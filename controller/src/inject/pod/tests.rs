@@ -2,7 +2,7 @@ use k8s_openapi::api::core::v1::{PodSecurityContext, SecurityContext};
 use reprise_crds::sidecar_env;
 
 use super::*;
-use crate::inject::{CPU_LIMIT, CPU_REQUEST, LOG_LEVEL, MEMORY_LIMIT};
+use crate::inject::{CPU_LIMIT, CPU_REQUEST, DIAGNOSTICS_RETAINED, LOG_LEVEL, MEMORY_LIMIT};
 
 /// Transparent mode: reprise-init, its rules and the checks around it.
 mod transparent;
@@ -210,6 +210,42 @@ fn overrides_replace_resources_and_log_level() {
     assert_eq!(requests["cpu"].0, "0.2");
     assert_eq!(requests["memory"].0, "32Mi", "unrelated defaults are kept");
     assert_eq!(env_of(&sidecar, sidecar_env::LOG).as_deref(), Some("debug"));
+}
+
+#[test]
+fn diagnostics_retention_comes_from_the_annotation_else_the_config() {
+    let retained = |annotations: &[(&str, &str)]| {
+        let p = injected(decide(&pod(annotations), &config(), "CA", &native()));
+        let sidecar = p
+            .spec
+            .expect("spec")
+            .init_containers
+            .expect("init")
+            .remove(0);
+        env_of(&sidecar, sidecar_env::DIAGNOSTICS_RETAINED)
+    };
+    assert_eq!(retained(&[]).as_deref(), Some("100"));
+    assert_eq!(
+        retained(&[(DIAGNOSTICS_RETAINED, "0")]).as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        retained(&[(DIAGNOSTICS_RETAINED, "1000")]).as_deref(),
+        Some("1000")
+    );
+    for bad in ["1001", "-1", "many", ""] {
+        match decide(
+            &pod(&[(DIAGNOSTICS_RETAINED, bad)]),
+            &config(),
+            "CA",
+            &native(),
+        ) {
+            Decision::Refuse(msg) => {
+                assert!(msg.contains(DIAGNOSTICS_RETAINED), "{bad:?}: {msg}")
+            }
+            other => panic!("{bad:?}: expected a refusal, got {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -65,6 +65,27 @@ impl Collector {
         Collector { addr, spans }
     }
 
+    /// Every span received so far.
+    pub fn all(&self) -> Vec<Received> {
+        self.spans.lock().expect("spans").clone()
+    }
+
+    /// Waits (at most 10 s) until `n` spans in all have arrived.
+    pub async fn wait_for_all(&self, n: usize) -> Vec<Received> {
+        for _ in 0..200 {
+            let spans = self.all();
+            if spans.len() >= n {
+                return spans;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "{} spans arrived, wanted {n}: {:#?}",
+            self.all().len(),
+            self.all()
+        );
+    }
+
     /// Spans of trace `trace_id` received so far.
     pub fn trace(&self, trace_id: &[u8]) -> Vec<Received> {
         self.spans
