@@ -516,6 +516,7 @@ mod tests {
             ca: TrustedCa::Pem(String::new()),
             snapshot_path: PathBuf::from("/s"),
             address_map: None,
+            report_every: Duration::from_secs(REPORT_SECS),
             diagnostics_retained: Some(7),
         };
         let mut config = Snapshot::new(Vec::new(), Vec::new())

@@ -243,6 +243,7 @@ mod tests {
             error_detail: None,
             backoffs: Vec::new(),
             hedged: false,
+            elapsed: Duration::from_millis(30),
             // Ended out of order (a hedge race): listed by when they were sent.
             history: vec![
                 attempt(
