@@ -13,8 +13,8 @@
 //!   the webhook reached through the API server's service proxy, and the
 //!   certificate chain it serves (`GET /certificate`) valid for the
 //!   Service's name under that caBundle now;
-//! - the controller: its Deployment's replicas ready, a replica holding and
-//!   renewing the Lease;
+//! - the controller: its Deployment's replicas ready, a replica holding the
+//!   Lease within its duration;
 //! - the sidecars: every accepted policy's selected sidecars running its
 //!   current generation (`status.sidecarsInSync` of `status.sidecars`), and
 //!   no pod left without the sidecar in a namespace labelled for injection.
@@ -49,8 +49,8 @@ const DEFAULT_NAMESPACE: &str = "reprise-system";
 const DEFAULT_CONTROLLER: &str = "reprise-controller";
 /// The injection label, when the webhook configuration does not say.
 const DEFAULT_INJECT_LABEL: &str = "reprise.dev/inject";
-/// The leader renews every 5 s; a Lease older than this has no live leader.
-const LEASE_FRESH: Duration = Duration::from_secs(30);
+/// How long a Lease holds without renewal when it does not say.
+const LEASE_DEFAULT_DURATION: i64 = 30;
 /// How long the service-proxy probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Where README lists the permissions each verb needs.
@@ -777,9 +777,14 @@ fn lease(found: &Result<Option<Lease>, String>, install: &Install, now: Timestam
         );
     };
     let age = now.as_second() - renewed.0.as_second();
-    if age > LEASE_FRESH.as_secs() as i64 {
+    let duration = spec
+        .lease_duration_seconds
+        .map_or(LEASE_DEFAULT_DURATION, i64::from);
+    if age > duration {
         return fail(
-            format!("{holder} holds Lease {name} but last renewed it {age}s ago: no leader runs"),
+            format!(
+                "{holder} held Lease {name} until it expired ({age}s since its renewal, {duration}s allowed): no leader runs"
+            ),
             start,
         );
     }

@@ -12,9 +12,7 @@
 //! - The controller scaled to 0: `check` fails with exit status 1, the
 //!   probe's line naming the Service and the fix naming the scale command.
 //!
-//! The last two need the sidecar's `/diagnostics` and the leader writing
-//! `status.traffic`. Run alone: `--test cluster -- --ignored node::plugin::
-//! --test-threads=1`.
+//! Run alone: `--test cluster -- --ignored node::plugin:: --test-threads=1`.
 
 use std::process::Command;
 use std::time::{Duration, Instant};

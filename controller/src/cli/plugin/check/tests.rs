@@ -271,7 +271,16 @@ fn replicas_short_of_ready_and_stale_leases_fail() {
     assert!(!stale.ok);
     assert_eq!(
         stale.line,
-        "r-1 holds Lease reprise-system/reprise-controller but last renewed it 120s ago: no leader runs"
+        "r-1 held Lease reprise-system/reprise-controller until it expired (120s since its renewal, 15s allowed): no leader runs"
+    );
+    let expired = lease(
+        &Ok(Some(fixtures::lease("r-1", "2026-12-06T09:59:44Z"))),
+        &install(),
+        now(),
+    );
+    assert!(
+        !expired.ok,
+        "16 s after its renewal a 15 s Lease has expired"
     );
     let none = lease(&Ok(None), &install(), now());
     assert!(none
