@@ -227,8 +227,7 @@ impl<'a> RetryState<'a> {
                 error_detail: None,
                 backoffs: Vec::new(),
                 hedged: false,
-                history: Vec::new(),
-                request: None,
+                detail: None,
             },
         }
     }
@@ -317,11 +316,11 @@ impl<'a> RetryState<'a> {
     fn finish(&mut self, template: &RequestTemplate, trace: &RequestSpan) {
         if self.report.outcome != Outcome::Ok {
             let head = &template.head;
-            self.report.request =
-                Some(Box::new((head.method.clone(), head.path_and_query.clone())));
+            self.report
+                .keep_request(head.method.clone(), head.path_and_query.clone());
         }
         if self.report.attempts > 1 {
-            for record in &self.report.history {
+            for record in self.report.history() {
                 let state = &self.up.endpoints[record.endpoint];
                 let authority = template.authority.as_ref().unwrap_or(&state.authority);
                 trace.record_earlier_attempt(
