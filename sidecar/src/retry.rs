@@ -228,8 +228,7 @@ impl<'a> RetryState<'a> {
                 backoffs: Vec::new(),
                 hedged: false,
                 elapsed: Duration::ZERO,
-                history: Vec::new(),
-                request: None,
+                detail: None,
             },
         }
     }
@@ -319,11 +318,11 @@ impl<'a> RetryState<'a> {
     fn finish(&mut self, template: &RequestTemplate, trace: &RequestSpan) {
         if self.report.outcome != Outcome::Ok {
             let head = &template.head;
-            self.report.request =
-                Some(Box::new((head.method.clone(), head.path_and_query.clone())));
+            self.report
+                .keep_request(head.method.clone(), head.path_and_query.clone());
         }
         if self.report.attempts > 1 {
-            for record in &self.report.history {
+            for record in self.report.history() {
                 let state = &self.up.endpoints[record.endpoint];
                 let authority = template.authority.as_ref().unwrap_or(&state.authority);
                 trace.record_earlier_attempt(

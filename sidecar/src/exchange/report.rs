@@ -36,14 +36,22 @@ pub(crate) struct Report {
     /// between them: the time to the final answer, from clock readings the
     /// attempts make anyway (a hedge's overlap counted twice).
     pub(crate) elapsed: Duration,
+    /// What a request that did not get by on its first attempt leaves for
+    /// the diagnostics and the spans. Boxed, and absent until an attempt
+    /// fails or a second one is made: the request its first attempt answered
+    /// carries one empty pointer.
+    pub(crate) detail: Option<Box<Detail>>,
+}
+
+/// The part of a [`Report`] only some requests have.
+#[derive(Debug, Default)]
+pub(crate) struct Detail {
     /// Each attempt that failed, was cancelled, or answered after another
-    /// one was made, in the order they ended. A first attempt that answered
-    /// is never written: the request that needed nothing more allocates
-    /// nothing here.
+    /// one was made, in the order they ended.
     pub(crate) history: Vec<AttemptRecord>,
     /// The request's method and path, copied when it ends other than `ok`
     /// (for the diagnostics; the template they come from is gone by then).
-    pub(crate) request: Option<Box<(Method, PathAndQuery)>>,
+    pub(crate) request: Option<(Method, PathAndQuery)>,
 }
 
 /// One attempt, as the diagnostics list it and a retried request's spans
@@ -87,12 +95,35 @@ pub(crate) enum AttemptEnd {
 }
 
 impl Report {
+    /// Records an attempt.
+    pub(crate) fn push_attempt(&mut self, record: AttemptRecord) {
+        self.detail
+            .get_or_insert_with(Box::default)
+            .history
+            .push(record);
+    }
+
+    /// The attempts recorded, in the order they ended.
+    pub(crate) fn history(&self) -> &[AttemptRecord] {
+        self.detail.as_deref().map_or(&[], |d| &d.history)
+    }
+
     /// The history ordered by when each attempt was sent (a hedge race can
     /// end them out of order).
     pub(crate) fn attempts_in_order(&self) -> Vec<AttemptRecord> {
-        let mut attempts = self.history.clone();
+        let mut attempts = self.history().to_vec();
         attempts.sort_by_key(|a| a.started);
         attempts
+    }
+
+    /// Keeps the request's method and path.
+    pub(crate) fn keep_request(&mut self, method: Method, path: PathAndQuery) {
+        self.detail.get_or_insert_with(Box::default).request = Some((method, path));
+    }
+
+    /// The method and path kept, if any.
+    pub(crate) fn request(&self) -> Option<&(Method, PathAndQuery)> {
+        self.detail.as_deref()?.request.as_ref()
     }
 }
 

@@ -133,8 +133,7 @@ impl Diagnostics {
             return;
         }
         let (method, path) = report
-            .request
-            .as_deref()
+            .request()
             .map_or(("", ""), |(m, p)| (m.as_str(), p.path()));
         let rule = match finished.source {
             None => "none".to_string(),
@@ -224,7 +223,7 @@ mod tests {
     use super::*;
     use crate::exchange::failure::FailureKind;
     use crate::exchange::outcome::{ExhaustedBy, Outcome};
-    use crate::exchange::report::{AttemptRecord, Tried};
+    use crate::exchange::report::{AttemptRecord, Detail, Tried};
 
     fn report(outcome: Outcome, path: &str) -> Report {
         let start = Instant::now();
@@ -244,29 +243,28 @@ mod tests {
             backoffs: Vec::new(),
             hedged: false,
             elapsed: Duration::from_millis(30),
-            // Ended out of order (a hedge race): listed by when they were sent.
-            history: vec![
-                attempt(
-                    1,
-                    AttemptEnd::Answered {
-                        status: 200,
-                        grpc_status: None,
-                    },
-                    10,
-                ),
-                attempt(
-                    0,
-                    AttemptEnd::Failed {
-                        kind: FailureKind::UpstreamStatus(503),
-                        status: Some(503),
-                    },
-                    0,
-                ),
-            ],
-            request: Some(Box::new((
-                Method::GET,
-                PathAndQuery::try_from(path).expect("path"),
-            ))),
+            detail: Some(Box::new(Detail {
+                // Ended out of order (a hedge race): listed by when they were sent.
+                history: vec![
+                    attempt(
+                        1,
+                        AttemptEnd::Answered {
+                            status: 200,
+                            grpc_status: None,
+                        },
+                        10,
+                    ),
+                    attempt(
+                        0,
+                        AttemptEnd::Failed {
+                            kind: FailureKind::UpstreamStatus(503),
+                            status: Some(503),
+                        },
+                        0,
+                    ),
+                ],
+                request: Some((Method::GET, PathAndQuery::try_from(path).expect("path"))),
+            })),
         }
     }
 

@@ -73,9 +73,10 @@ pub(crate) const BACKOFF_MS: &str = "reprise.backoff_ms";
 /// The wait before a hedge was sent, in milliseconds (`hedge` event).
 pub(crate) const HEDGE_DELAY_MS: &str = "reprise.hedge.delay_ms";
 
-/// The SERVER span of one request.
+/// The SERVER span of one request. Boxed, as [`AttemptSpan`] is: it moves
+/// with the request's future on every request, traced or not.
 #[derive(Debug)]
-pub(crate) struct RequestSpan(Option<Inner>);
+pub(crate) struct RequestSpan(Option<Box<Inner>>);
 
 #[derive(Debug)]
 struct Inner {
@@ -88,9 +89,8 @@ struct Inner {
     recording: bool,
     /// For a gRPC request, `rpc.service` and `rpc.method` from its path.
     rpc: Option<(String, String)>,
-    /// Not recording, and the request's spans may yet be forced: boxed, as
-    /// only an unsampled request under forcing has it.
-    deferred: Option<Box<Deferred>>,
+    /// Not recording, and the request's spans may yet be forced.
+    deferred: Option<Deferred>,
 }
 
 /// What an unsampled request keeps to start recording at its second attempt.
@@ -176,23 +176,23 @@ impl RequestSpan {
         let recording = span.is_recording();
         let cx = parent.with_span(span);
         let deferred = match tracing.forced() {
-            Some(forced) if !recording => Some(Box::new(Deferred {
+            Some(forced) if !recording => Some(Deferred {
                 forced: forced.clone(),
                 parent,
                 arrived: Instant::now(),
                 version: req.version(),
                 started: OnceLock::new(),
-            })),
+            }),
             _ => None,
         };
-        RequestSpan(Some(Inner {
+        RequestSpan(Some(Box::new(Inner {
             cx,
             tracer: tracer.clone(),
             name,
             recording,
             rpc,
             deferred,
-        }))
+        })))
     }
 
     /// Where spans are recorded now, if anywhere.
@@ -205,7 +205,7 @@ impl RequestSpan {
                 name: &inner.name,
             });
         }
-        let deferred = inner.deferred.as_deref()?;
+        let deferred = inner.deferred.as_ref()?;
         let forced = deferred.started.get()?;
         Some(Live {
             cx: &forced.cx,
@@ -225,7 +225,7 @@ impl RequestSpan {
         let Some(inner) = &self.0 else {
             return;
         };
-        let Some(deferred) = inner.deferred.as_deref() else {
+        let Some(deferred) = inner.deferred.as_ref() else {
             return;
         };
         if deferred.started.get().is_some() {
@@ -282,7 +282,7 @@ impl RequestSpan {
         let (Some(inner), Some(span_id)) = (&self.0, record.unrecorded_span) else {
             return;
         };
-        let Some(deferred) = inner.deferred.as_deref() else {
+        let Some(deferred) = inner.deferred.as_ref() else {
             return;
         };
         let Some(forced) = deferred.started.get() else {
@@ -307,7 +307,7 @@ impl RequestSpan {
             SpanId::from_bytes(span_id),
         );
         let end = wall_clock(record.started + record.elapsed);
-        AttemptSpan(Some(Box::new(span))).ended(record.end, Some(end));
+        AttemptSpan(Some(Box::new(span))).ended_at(record.end, end);
     }
 
     /// The request was routed to `upstream`: names the span after it.
@@ -526,23 +526,23 @@ impl AttemptSpan {
 
     /// The endpoint answered with a status the policy does not retry;
     /// `grpc_status` when a gRPC response's status is already known.
-    pub(crate) fn responded(self, status: u16, grpc_status: Option<u8>) {
-        self.ended(
-            AttemptEnd::Answered {
-                status,
-                grpc_status,
-            },
-            None,
-        );
+    pub(crate) fn responded(mut self, status: u16, grpc_status: Option<u8>) {
+        if let Some(mut span) = self.0.take() {
+            answered(&mut span, status, grpc_status);
+            span.end();
+        }
     }
 
     /// The attempt failed with `kind`; `status` when the endpoint answered one.
-    pub(crate) fn failed(self, kind: FailureKind, status: Option<u16>) {
-        self.ended(AttemptEnd::Failed { kind, status }, None);
+    pub(crate) fn failed(mut self, kind: FailureKind, status: Option<u16>) {
+        if let Some(mut span) = self.0.take() {
+            failed(&mut span, kind, status);
+            span.end();
+        }
     }
 
-    /// Ends the span as `end` says, at `at` (else now).
-    fn ended(mut self, end: AttemptEnd, at: Option<SystemTime>) {
+    /// Ends the span as `end` says, at `at`.
+    fn ended_at(mut self, end: AttemptEnd, at: SystemTime) {
         let Some(mut span) = self.0.take() else {
             return;
         };
@@ -550,38 +550,42 @@ impl AttemptSpan {
             AttemptEnd::Answered {
                 status,
                 grpc_status,
-            } => {
-                span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
-                if let Some(code) = grpc_status {
-                    span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
-                }
-                // Semantic conventions: a CLIENT span is an error from 400 on.
-                if status >= 400 {
-                    span.set_attribute(KeyValue::new(ERROR_TYPE, status.to_string()));
-                    span.set_status(Status::error(""));
-                }
-            }
-            AttemptEnd::Failed { kind, status } => {
-                if let Some(status) = status {
-                    span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
-                }
-                if let FailureKind::GrpcStatus(code) = kind {
-                    span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
-                }
-                if let Some(detail) = kind.detail() {
-                    span.set_attribute(KeyValue::new(CERTIFICATE_ERROR, detail));
-                }
-                let name = kind.name();
-                span.set_attribute(KeyValue::new(ERROR_TYPE, name.clone()));
-                span.set_status(Status::error(name));
-            }
+            } => answered(&mut span, status, grpc_status),
+            AttemptEnd::Failed { kind, status } => failed(&mut span, kind, status),
             AttemptEnd::Cancelled => span.set_attribute(KeyValue::new(CANCELLED, true)),
         }
-        match at {
-            Some(at) => span.end_with_timestamp(at),
-            None => span.end(),
-        }
+        span.end_with_timestamp(at);
     }
+}
+
+/// Marks a CLIENT span whose endpoint answered `status` (and `grpc_status`).
+fn answered(span: &mut Span, status: u16, grpc_status: Option<u8>) {
+    span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
+    if let Some(code) = grpc_status {
+        span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+    }
+    // Semantic conventions: a CLIENT span is an error from 400 on.
+    if status >= 400 {
+        span.set_attribute(KeyValue::new(ERROR_TYPE, status.to_string()));
+        span.set_status(Status::error(""));
+    }
+}
+
+/// Marks a CLIENT span whose attempt failed with `kind` (`status` when the
+/// endpoint answered one).
+fn failed(span: &mut Span, kind: FailureKind, status: Option<u16>) {
+    if let Some(status) = status {
+        span.set_attribute(KeyValue::new(HTTP_RESPONSE_STATUS_CODE, i64::from(status)));
+    }
+    if let FailureKind::GrpcStatus(code) = kind {
+        span.set_attribute(KeyValue::new(RPC_GRPC_STATUS_CODE, i64::from(code)));
+    }
+    if let Some(detail) = kind.detail() {
+        span.set_attribute(KeyValue::new(CERTIFICATE_ERROR, detail));
+    }
+    let name = kind.name();
+    span.set_attribute(KeyValue::new(ERROR_TYPE, name.clone()));
+    span.set_status(Status::error(name));
 }
 
 impl Drop for AttemptSpan {

@@ -104,8 +104,6 @@ pub(crate) struct Attempted {
     pub(crate) result: Result<Response<UpstreamBody>, (FailureKind, Stage)>,
     /// Its CLIENT span, still open.
     pub(crate) span: AttemptSpan,
-    /// When it was sent.
-    pub(crate) started: Instant,
     /// Time from sending to response headers or failure.
     pub(crate) elapsed: Duration,
 }
@@ -162,7 +160,6 @@ pub(crate) async fn send(
         endpoint,
         result,
         span,
-        started,
         elapsed: started.elapsed(),
     }
 }

@@ -84,7 +84,7 @@ pub(crate) async fn race(
         } else {
             (endpoint, started, first_span)
         };
-        state.report.history.push(AttemptRecord {
+        state.report.push_attempt(AttemptRecord {
             endpoint,
             end: AttemptEnd::Cancelled,
             started,

@@ -8,7 +8,7 @@
 //! (transport failures only: a status proves the transport works), the
 //! endpoint's failure estimate (retryable statuses and transport failures
 //! both weigh it), the attempt's span, the latency histogram and the report
-//! (its history gets every failed attempt, and an answer only once another
+//! (whose history gets every failed attempt, and an answer only once another
 //! attempt was made).
 
 use std::time::Duration;
@@ -105,8 +105,7 @@ pub(crate) fn is_final(attempted: &Attempted, policy: Option<&RetryPolicy>, grpc
     }
 }
 
-/// Records what `verdict` says about the attempt to `endpoint`, sent at
-/// `sent.0` and ended `sent.1` later.
+/// Records what `verdict` says about the attempt to `endpoint`.
 pub(crate) fn observe(
     up: &UpstreamState,
     endpoint: usize,
@@ -114,51 +113,26 @@ pub(crate) fn observe(
     span: AttemptSpan,
     report: &mut Report,
     grpc: bool,
-    sent: (Instant, Duration),
 ) {
     let state = &up.endpoints[endpoint];
-    let record = |end, span: &AttemptSpan| AttemptRecord {
-        endpoint,
-        end,
-        started: sent.0,
-        elapsed: sent.1,
-        unrecorded_span: span.unrecorded_id(),
-    };
     match verdict {
         Verdict::Final(response) => {
             state.record_success();
             state.record_outcome(false);
-            let status = response.status().as_u16();
-            let grpc_status = grpc
-                .then(|| grpc_status(response).map(|(c, _)| c))
-                .flatten();
-            // Only once another attempt was made: the answer to a first
-            // attempt is the common request, which must cost nothing here.
-            if report.first_error.is_some() || report.attempts > 1 {
-                let end = AttemptEnd::Answered {
-                    status,
-                    grpc_status,
-                };
-                report.history.push(record(end, &span));
-            }
-            span.responded(status, grpc_status);
+            span.responded(
+                response.status().as_u16(),
+                grpc.then(|| grpc_status(response).map(|(c, _)| c))
+                    .flatten(),
+            );
         }
         Verdict::Failed(f) => {
-            let status = f.response.as_ref().map(|r| r.status().as_u16());
-            report.history.push(record(
-                AttemptEnd::Failed {
-                    kind: f.kind,
-                    status,
-                },
-                &span,
-            ));
-            match status {
-                Some(status) => {
+            match &f.response {
+                Some(response) => {
                     // Any response proves the transport works; a retryable
                     // status weighs the endpoint's choice, never its health.
                     state.record_success();
                     state.record_outcome(true);
-                    span.failed(f.kind, Some(status));
+                    span.failed(f.kind, Some(response.status().as_u16()));
                 }
                 None => {
                     span.failed(f.kind, None);
@@ -185,6 +159,19 @@ pub(crate) fn settle(state: &mut RetryState<'_>, attempted: Attempted) -> Verdic
     up.metrics.record_attempt(attempted.elapsed);
     state.report.elapsed += attempted.elapsed;
     let verdict = classify(attempted.result, state.plan.policy, state.grpc);
+    // Only a failure, or an answer once another attempt was made: the
+    // answer to a first attempt is the common request, which must cost
+    // nothing more here.
+    if state.report.attempts > 1 || !matches!(verdict, Verdict::Final(_)) {
+        record(
+            &mut state.report,
+            attempted.endpoint,
+            &verdict,
+            &attempted.span,
+            attempted.elapsed,
+            state.grpc,
+        );
+    }
     observe(
         up,
         attempted.endpoint,
@@ -192,7 +179,39 @@ pub(crate) fn settle(state: &mut RetryState<'_>, attempted: Attempted) -> Verdic
         attempted.span,
         &mut state.report,
         state.grpc,
-        (attempted.started, attempted.elapsed),
     );
     verdict
+}
+
+/// Adds to `report`'s history the attempt to `endpoint` that `verdict`
+/// judged, ended now, `elapsed` after it was sent.
+#[cold]
+fn record(
+    report: &mut Report,
+    endpoint: usize,
+    verdict: &Verdict,
+    span: &AttemptSpan,
+    elapsed: Duration,
+    grpc: bool,
+) {
+    let end = match verdict {
+        Verdict::Final(response) => AttemptEnd::Answered {
+            status: response.status().as_u16(),
+            grpc_status: grpc
+                .then(|| grpc_status(response).map(|(c, _)| c))
+                .flatten(),
+        },
+        Verdict::Failed(f) => AttemptEnd::Failed {
+            kind: f.kind,
+            status: f.response.as_ref().map(|r| r.status().as_u16()),
+        },
+    };
+    let now = Instant::now();
+    report.push_attempt(AttemptRecord {
+        endpoint,
+        end,
+        started: now.checked_sub(elapsed).unwrap_or(now),
+        elapsed,
+        unrecorded_span: span.unrecorded_id(),
+    });
 }
