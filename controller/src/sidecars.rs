@@ -15,6 +15,7 @@ use reprise_crds::resource::RetryPolicy;
 
 use crate::policy::{self, selection};
 use crate::traffic::TrafficBook;
+use reprise_crds::traffic::TrafficReport;
 
 /// Sidecars selected by a policy and how many run its current generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,6 +64,31 @@ impl SidecarRegistry {
     /// The traffic the sidecars connected here reported, by policy.
     pub fn traffic(&self) -> &TrafficBook {
         &self.traffic
+    }
+
+    /// Takes the traffic `namespace/pod` reported at `now` (Unix seconds)
+    /// for the policies it was sent; names it was not sent are dropped, so
+    /// a sidecar cannot grow the book with policies of its own making.
+    pub(crate) fn record_traffic(
+        &self,
+        namespace: &str,
+        pod: &str,
+        mut report: TrafficReport,
+        now: i64,
+    ) {
+        {
+            let sidecars = self.lock();
+            let Some(s) = sidecars.get(&(namespace.to_string(), pod.to_string())) else {
+                return;
+            };
+            report.traffic.retain(|id, _| {
+                s.sent_policies.contains_key(id) || s.acked_policies.contains_key(id)
+            });
+        }
+        if !report.traffic.is_empty() {
+            self.traffic
+                .record(&format!("{namespace}/{pod}"), &report, now);
+        }
     }
 
     /// Registers connection `connection` for a pod, replacing an older one.
@@ -276,5 +302,39 @@ mod capability_tests {
             0,
             "a plain target needs nothing"
         );
+    }
+}
+
+#[cfg(test)]
+mod traffic_tests {
+    use super::*;
+    use reprise_crds::traffic::TrafficCounts;
+
+    #[test]
+    fn only_traffic_for_policies_a_sidecar_was_sent_is_kept() {
+        let registry = SidecarRegistry::default();
+        registry.connect("shop", "web-0", BTreeMap::new(), BTreeSet::new(), 1);
+        registry.sent(
+            "shop",
+            "web-0",
+            "v1",
+            HashMap::from([("shop/reads".to_string(), 1)]),
+        );
+        let counts = TrafficCounts {
+            requests: 5,
+            ..TrafficCounts::default()
+        };
+        let report = TrafficReport {
+            traffic: [
+                ("shop/reads".to_string(), counts.clone()),
+                ("shop/made-up".to_string(), counts.clone()),
+            ]
+            .into(),
+        };
+        registry.record_traffic("shop", "web-0", report.clone(), 1_000);
+        registry.record_traffic("shop", "not-connected", report, 1_000);
+        let all = registry.traffic().all(1_000);
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["shop/reads"]);
+        assert_eq!(all["shop/reads"].counts.requests, 5);
     }
 }

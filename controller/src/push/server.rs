@@ -209,11 +209,10 @@ impl PushServer {
     }
 
     /// Counts an ACK or NACK from the sidecar `id` and updates its sync state.
-    pub(super) fn record_traffic(&self, id: &Identity, report: &TrafficReport) {
+    pub(super) fn record_traffic(&self, id: &Identity, report: TrafficReport) {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
         self.registry
-            .traffic()
-            .record(&format!("{}/{}", id.namespace, id.pod), report, now);
+            .record_traffic(&id.namespace, &id.pod, report, now);
     }
 
     pub(super) fn record_ack(&self, id: &Identity, ack: &Ack) {

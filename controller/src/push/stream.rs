@@ -236,7 +236,7 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
             }
             match serde_json::from_slice::<SidecarLine>(&line) {
                 Ok(SidecarLine::Ack(ack)) => server.record_ack(&id, &ack),
-                Ok(SidecarLine::Traffic(report)) => server.record_traffic(&id, &report),
+                Ok(SidecarLine::Traffic(report)) => server.record_traffic(&id, report),
                 Err(e) => {
                     tracing::warn!(namespace = %id.namespace, pod = %id.pod, error = %e, "invalid ACK or traffic line; closing");
                     break;
