@@ -105,7 +105,8 @@ impl RuleTraffic {
     /// Requests so far by outcome, reason and success.
     pub(crate) fn outcomes(&self) -> BTreeMap<(&'static str, &'static str, bool), u64> {
         let mut out = lock(&self.rare).outcomes.clone();
-        out.insert(("ok", "", true), self.ok_success.load(Ordering::Relaxed));
+        // A hedged request its first attempt answered is `ok` in the map too.
+        *out.entry(("ok", "", true)).or_default() += self.ok_success.load(Ordering::Relaxed);
         *out.entry(("recovered", "", true)).or_default() +=
             self.recovered_success.load(Ordering::Relaxed);
         out
@@ -134,6 +135,9 @@ impl RuleTraffic {
             c.requests += n;
             if success {
                 c.success += n;
+                if name == "ok" {
+                    c.first_try_success += n;
+                }
             }
             match name {
                 "recovered" => c.recovered += n,
@@ -250,8 +254,12 @@ mod tests {
         assert_eq!(c.failures["upstream_status_503"], 4);
         assert_eq!(c.latency_quantile_ms(0.5), Some(5));
         assert_eq!(c.latency_quantile_ms(0.99), Some(50));
+        // A hedge was sent, and the first attempt answered anyway.
+        t.record(&finished(Outcome::Ok, true, 2, 3));
+        let c = t.counts();
+        assert_eq!((c.requests, c.first_try_success, c.retries), (12, 8, 3));
         let outcomes = t.outcomes();
-        assert_eq!(outcomes[&("ok", "", true)], 7);
+        assert_eq!(outcomes[&("ok", "", true)], 8);
         assert_eq!(outcomes[&("recovered", "", true)], 2);
         assert_eq!(outcomes[&("skipped", "not_retryable", false)], 1);
     }
