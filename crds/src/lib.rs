@@ -85,6 +85,13 @@ pub enum Error {
         #[source]
         source: serde_yaml::Error,
     },
+    /// A snapshot delta does not apply to the snapshot a sidecar runs; the
+    /// sidecar asks for the whole snapshot again.
+    #[error("snapshot delta refused: {reason}")]
+    Delta {
+        /// What did not match.
+        reason: String,
+    },
     /// The configuration parsed but breaks one or more rules.
     #[error("{path}: {source}")]
     Invalid {

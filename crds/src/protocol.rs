@@ -51,8 +51,11 @@ pub const CAPABILITIES_HEADER: &str = "x-reprise-capabilities";
 pub const CAPABILITY_TLS: &str = "tls";
 /// Endpoints named by DNS (an upstream's `dns` and `hostRewrite`).
 pub const CAPABILITY_DNS: &str = "dns";
+/// Deltas on the upgraded stream ([`crate::snapshot::SnapshotDelta`]):
+/// after the whole snapshot at connection, only what changed.
+pub const CAPABILITY_DELTA: &str = "delta";
 /// Every capability this build has, as it announces them.
-pub const CAPABILITIES: &str = "tls,dns";
+pub const CAPABILITIES: &str = "tls,dns,delta";
 
 /// The capabilities `headers` announce (none from a sidecar older than them).
 pub fn capabilities(headers: &http::HeaderMap) -> std::collections::BTreeSet<String> {

@@ -18,6 +18,13 @@ use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
 use crate::retry_rule::RetryRule;
 use crate::validation::ValidationErrors;
 
+mod delta;
+
+pub use delta::{
+    DeltaLine, EndpointsPatch, Entries, PolicyEntry, PolicyRef, Resync, SnapshotDelta,
+    UpstreamDigest, UpstreamEntry, DELTA_PREFIX,
+};
+
 /// A versioned snapshot for one sidecar.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -223,6 +230,14 @@ impl Snapshot {
         (Snapshot::new(upstreams, policies), withheld)
     }
 
+    /// True when `version` is this content's: its [`content_hash`](Self::content_hash)
+    /// or, as a controller versions the snapshots of sidecars that take
+    /// deltas, the [`Entries::version`] of its entries.
+    pub fn version_matches(&self) -> bool {
+        self.version == self.content_hash()
+            || self.version == Entries::from_snapshot(self.clone()).version()
+    }
+
     /// FNV-1a over the canonical JSON of the content (stable across processes).
     pub fn content_hash(&self) -> String {
         let json = serde_json::to_vec(&(&self.upstreams, &self.policies)).unwrap_or_default();
@@ -233,9 +248,19 @@ impl Snapshot {
     /// configuration. A sidecar NACKs a snapshot this refuses.
     pub fn resolve(&self) -> Result<Config, ValidationErrors> {
         let mut errs = ValidationErrors::default();
-        if self.version != self.content_hash() {
+        if !self.version_matches() {
             errs.push("version", "does not match the snapshot's content");
         }
+        self.resolve_content(errs)
+    }
+
+    /// Resolves the configuration without checking the version (a delta's
+    /// result, whose version [`Entries::apply`] checked).
+    pub fn resolve_unversioned(&self) -> Result<Config, ValidationErrors> {
+        self.resolve_content(ValidationErrors::default())
+    }
+
+    fn resolve_content(&self, mut errs: ValidationErrors) -> Result<Config, ValidationErrors> {
         let mut rules = Vec::with_capacity(self.policies.len());
         let mut budgets = Vec::new();
         // Looked up by name, not by going through the list per policy.

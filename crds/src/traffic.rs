@@ -148,6 +148,11 @@ pub enum SidecarLine {
     Ack(crate::protocol::Ack),
     /// Its traffic since the last report.
     Traffic(TrafficReport),
+    /// A delta did not apply: it asks for its whole snapshot again.
+    Resync {
+        /// What it runs and why.
+        resync: crate::snapshot::Resync,
+    },
 }
 
 /// The latency bucket of `ms`, an index into [`TrafficCounts::latency`].
