@@ -20,6 +20,7 @@
 //! what each event touched is relayed to the reconciler while one runs.
 
 mod backend_tls;
+mod dirty;
 mod relay;
 mod watch;
 
@@ -39,6 +40,8 @@ use tokio::sync::watch as change;
 
 use backend_tls::{keep_ca_bundles, CaBundles};
 pub(crate) use backend_tls::{TlsProblem, TlsProblemKind};
+pub use dirty::Touched;
+use dirty::{Dirty, Touch};
 pub(crate) use relay::Relay;
 pub(crate) use watch::Watched;
 
@@ -68,6 +71,8 @@ pub struct Cache {
     changes: change::Receiver<u64>,
     /// Told when a store was replaced by a fresh list.
     relisted: Arc<Relay<()>>,
+    /// What events touched since the push source last looked.
+    dirty: Dirty,
 }
 
 impl std::fmt::Debug for Cache {
@@ -86,12 +91,17 @@ impl Cache {
     pub(crate) fn start(client: &Client, peers_namespace: Option<&str>) -> Self {
         let (tx, changes) = change::channel(0u64);
         let relisted = Arc::new(Relay::default());
+        let dirty = Dirty::default();
         let signals = watch::Signals {
             changes: Some(Arc::new(tx)),
             relisted: Arc::clone(&relisted),
+            dirty: dirty.clone(),
         };
         let all = watcher::Config::default;
-        let backend_tls = Watched::start(Api::all(client.clone()), all(), signals.clone());
+        // Who may use a BackendTLSPolicy's port is not indexed: any change to one computes everything again (they are few and rarely change).
+        let backend_tls = Watched::start(Api::all(client.clone()), all(), signals.clone(), |_| {
+            Touch::All
+        });
         let ca_bundles = Arc::new(RwLock::new(CaBundles::new()));
         let ca_read = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(keep_ca_bundles(
@@ -105,9 +115,23 @@ impl Cache {
             backend_tls,
             ca_bundles,
             ca_read,
-            policies: Watched::start(Api::all(client.clone()), all(), signals.clone()),
-            services: Watched::start(Api::all(client.clone()), all(), signals.clone()),
-            slices: Watched::start(Api::all(client.clone()), all(), signals.clone()),
+            policies: Watched::start(Api::all(client.clone()), all(), signals.clone(), |p| {
+                Touch::Policy(p.namespace().unwrap_or_default(), p.name_any())
+            }),
+            services: Watched::start(Api::all(client.clone()), all(), signals.clone(), |s| {
+                Touch::Service(s.namespace().unwrap_or_default(), s.name_any())
+            }),
+            slices: Watched::start(
+                Api::all(client.clone()),
+                all(),
+                signals.clone(),
+                |s| match s.labels().get(SERVICE_NAME_LABEL) {
+                    Some(service) => {
+                        Touch::Service(s.namespace().unwrap_or_default(), service.clone())
+                    }
+                    None => Touch::Nothing,
+                },
+            ),
             peers: peers_namespace.map(|ns| {
                 Watched::start(
                     Api::namespaced(client.clone(), ns),
@@ -117,10 +141,12 @@ impl Cache {
                         changes: None,
                         ..signals.clone()
                     },
+                    |_| Touch::Nothing,
                 )
             }),
             changes,
             relisted,
+            dirty,
         }
     }
 
@@ -141,6 +167,7 @@ impl Cache {
             ca_read: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             changes: change::channel(0).1,
             relisted: Arc::default(),
+            dirty: Dirty::default(),
         }
     }
 
@@ -192,6 +219,11 @@ impl Cache {
     /// Bumped on every change to anything snapshots are made of.
     pub(crate) fn changes(&self) -> change::Receiver<u64> {
         self.changes.clone()
+    }
+
+    /// What events touched since the last call (the push source's to call).
+    pub(crate) fn take_touched(&self) -> Touched {
+        self.dirty.take()
     }
 
     /// Tells when a store was replaced by a fresh list, from now on.

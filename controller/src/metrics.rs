@@ -33,10 +33,18 @@ pub enum Counter {
     InjectionSkips,
     /// Pods the webhook refused (an invalid override annotation).
     InjectionRefusals,
+    /// Pushes sent as deltas (counted in [`Counter::Pushes`] too).
+    DeltaPushes,
+    /// Bytes of snapshot and delta lines sent.
+    PushBytes,
+    /// Group snapshots computed again after a change.
+    SnapshotComputations,
+    /// Group snapshots whose version changed, published to their streams.
+    SnapshotPublications,
 }
 
 /// How many [`Counter`]s there are.
-const COUNTERS: usize = 8;
+const COUNTERS: usize = 12;
 
 const RECONCILE_ERRORS: &str = "reprise_controller_reconcile_errors_total";
 const CONNECTED_SIDECARS: &str = "reprise_controller_connected_sidecars";
@@ -44,6 +52,7 @@ const SIDECARS_OUT_OF_SYNC: &str = "reprise_controller_sidecars_out_of_sync";
 const SPANS_EXPORTED: &str = "reprise_controller_trace_spans_exported_total";
 const SPANS_DROPPED: &str = "reprise_controller_trace_spans_dropped_total";
 const PUSH_LATENCY: &str = "reprise_controller_push_latency_seconds";
+const SNAPSHOT_GROUPS: &str = "reprise_controller_snapshot_groups";
 
 /// Every family the controller exposes, in exposition order. The first
 /// [`COUNTERS`] are the plain counters, in [`Counter`] order.
@@ -75,6 +84,22 @@ const FAMILIES: &[Family] = &[
         "Pods the webhook refused for an invalid override annotation.",
     ),
     counter(
+        "reprise_controller_delta_pushes_total",
+        "Pushes sent as deltas (also counted in reprise_controller_pushes_total).",
+    ),
+    counter(
+        "reprise_controller_push_bytes_total",
+        "Bytes of snapshot and delta lines sent to sidecars.",
+    ),
+    counter(
+        "reprise_controller_snapshot_computations_total",
+        "Group snapshots computed again after a change (groups the change may affect).",
+    ),
+    counter(
+        "reprise_controller_snapshot_publications_total",
+        "Group snapshots whose version changed, published to the group's sidecars.",
+    ),
+    counter(
         RECONCILE_ERRORS,
         "Failed reconciles, by what failed (`error`).",
     ),
@@ -101,6 +126,11 @@ const FAMILIES: &[Family] = &[
         kind: Kind::Histogram,
         help: "Time from sending a snapshot to the sidecar's ACK.",
     },
+    Family {
+        name: SNAPSHOT_GROUPS,
+        kind: Kind::Gauge,
+        help: "Groups of alike sidecars (namespace, labels, capabilities) sharing one snapshot on this replica.",
+    },
 ];
 
 const fn counter(name: &'static str, help: &'static str) -> Family {
@@ -126,6 +156,8 @@ pub struct Metrics {
     reconcile_errors: Mutex<BTreeMap<&'static str, u64>>,
     /// Time from sending a snapshot to its ACK.
     push_latency: Histogram<12>,
+    /// Live snapshot groups.
+    groups: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -134,6 +166,7 @@ impl Default for Metrics {
             counters: [const { AtomicU64::new(0) }; COUNTERS],
             reconcile_errors: Mutex::default(),
             push_latency: Histogram::new(PUSH_LATENCY_BUCKETS),
+            groups: AtomicU64::new(0),
         }
     }
 }
@@ -142,6 +175,23 @@ impl Metrics {
     /// Adds one to `counter`.
     pub(crate) fn add(&self, counter: Counter) {
         self.counters[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n` to `counter`.
+    pub(crate) fn add_n(&self, counter: Counter, n: u64) {
+        self.counters[counter as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a batch of changes: `computed` group snapshots computed
+    /// again, `published` of them changed.
+    pub(crate) fn groups_refreshed(&self, computed: usize, published: usize) {
+        self.add_n(Counter::SnapshotComputations, computed as u64);
+        self.add_n(Counter::SnapshotPublications, published as u64);
+    }
+
+    /// Sets the number of live snapshot groups.
+    pub(crate) fn set_groups(&self, n: usize) {
+        self.groups.store(n as u64, Ordering::Relaxed);
     }
 
     /// The value of `counter`.
@@ -183,6 +233,7 @@ impl Metrics {
         );
         out.sample(SPANS_DROPPED, &[], traces.map_or(0, SpanCounters::dropped));
         self.push_latency.render(&mut out, PUSH_LATENCY, &[]);
+        out.sample(SNAPSHOT_GROUPS, &[], self.groups.load(Ordering::Relaxed));
         out.finish()
     }
 
@@ -270,6 +321,19 @@ mod tests {
             (
                 Counter::InjectionRefusals,
                 "reprise_controller_injection_refusals_total",
+            ),
+            (
+                Counter::DeltaPushes,
+                "reprise_controller_delta_pushes_total",
+            ),
+            (Counter::PushBytes, "reprise_controller_push_bytes_total"),
+            (
+                Counter::SnapshotComputations,
+                "reprise_controller_snapshot_computations_total",
+            ),
+            (
+                Counter::SnapshotPublications,
+                "reprise_controller_snapshot_publications_total",
             ),
         ];
         assert_eq!(names.len(), COUNTERS);

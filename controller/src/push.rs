@@ -7,7 +7,10 @@
 //!   ACK changes, encoded snapshots shared by alike sidecars.
 //! - `stream.rs`: one sidecar's stream, upgraded or not, and the
 //!   registration that counts it as connected.
-//! - `source.rs`: what a sidecar is pushed, computed from the shared cache.
+//! - `groups.rs`: alike sidecars' shared snapshot, computed again only when
+//!   a change may affect it, its lines (whole or delta) encoded once.
+//! - `source.rs`: what a sidecar is pushed, computed from the shared cache,
+//!   each policy's entries kept until a change touches them.
 //! - `auth.rs`: who is on the other end (TokenReview).
 //!
 //! What each sidecar was sent and ACKed is recorded in the
@@ -15,6 +18,7 @@
 //! this one that the reconciler reads too.
 
 mod auth;
+mod groups;
 mod server;
 mod source;
 mod stream;
@@ -23,4 +27,4 @@ pub(crate) use auth::TokenReviewer;
 pub use auth::{AuthError, Authenticating, Authenticator, Identity};
 pub use server::PushServer;
 pub(crate) use source::CacheSource;
-pub use source::SnapshotSource;
+pub use source::{Changed, SnapshotSource};

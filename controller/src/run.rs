@@ -129,7 +129,7 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
     });
     let push = PushServer::new(
         Arc::new(TokenReviewer::new(client.clone())),
-        Arc::new(CacheSource(cache.clone())),
+        Arc::new(CacheSource::new(cache.clone())),
         Arc::clone(&registry),
         Arc::clone(&metrics),
         Some(sync_tx),

@@ -10,7 +10,9 @@ use reprise_controller::metrics::{Counter, Metrics};
 use reprise_controller::push::{AuthError, Identity, PushServer, SnapshotSource};
 use reprise_controller::sidecars::SidecarRegistry;
 use reprise_crds::retry_rule::{Retries, RetryRule};
-use reprise_crds::snapshot::{Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream};
+use reprise_crds::snapshot::{
+    Entries, Snapshot, SnapshotEndpoint, SnapshotPolicy, SnapshotUpstream,
+};
 use reprise_sidecar::config::{Subscription, TrustedCa};
 use reprise_sidecar::Proxy;
 use tokio::sync::watch;
@@ -343,23 +345,101 @@ async fn a_sidecar_restarts_from_its_saved_snapshot() {
     assert!(h.subscription.load_saved().is_none());
 }
 
-/// The version of the snapshot the source serves now.
+/// The version of the snapshot the source serves now, as sidecars that
+/// take deltas are sent it (the whole snapshot's content hash for others).
 fn snapshot_version(h: &Harness) -> String {
-    h.source
-        .snapshot_for(&Identity {
-            namespace: String::new(),
-            pod: String::new(),
-            labels: BTreeMap::new(),
-            capabilities: Default::default(),
-        })
-        .version
+    Entries::from_snapshot(h.source.snapshot.lock().expect("lock").clone()).version()
+}
+
+#[tokio::test]
+async fn a_change_is_pushed_as_a_delta_of_what_changed() {
+    let h = harness("delta").await;
+    let proxy = empty_proxy();
+    let task = tokio::spawn(h.subscription.clone().run(Arc::clone(&proxy), None));
+    eventually("first snapshot applied", || {
+        endpoint_ports(&proxy) == vec![1001]
+    })
+    .await;
+    let first_bytes = h.metrics.get(Counter::PushBytes);
+
+    // Ten more endpoints: the whole snapshot grows, the next delta does not.
+    let ports: Vec<u16> = (1001..=1011).collect();
+    h.source.set(snapshot(&ports, 1));
+    eventually("the endpoints added", || endpoint_ports(&proxy) == ports).await;
+    let mut fewer = ports.clone();
+    fewer.retain(|p| *p != 1005);
+    fewer.push(1012);
+    h.source.set(snapshot(&fewer, 1));
+    eventually("one endpoint replaced", || endpoint_ports(&proxy) == fewer).await;
+    let v = snapshot_version(&h);
+    eventually("ACKed", || {
+        h.registry.get("shop", "client-a").and_then(|s| s.acked) == Some(v.clone())
+    })
+    .await;
+    assert_eq!(h.metrics.get(Counter::Pushes), 3);
+    assert_eq!(h.metrics.get(Counter::DeltaPushes), 2);
+    let whole = serde_json::to_vec(&snapshot(&fewer, 1))
+        .expect("json")
+        .len() as u64;
+    let bytes = h.metrics.get(Counter::PushBytes);
+    let last_delta = bytes - first_bytes;
+    assert!(
+        last_delta < whole,
+        "two deltas ({last_delta} bytes) cost less than one whole snapshot ({whole})"
+    );
+    // What was applied from deltas is kept whole on disk.
+    let (saved, _) = h.subscription.load_saved().expect("saved");
+    assert_eq!(saved.version, v);
+    assert_eq!(saved.upstreams[0].endpoints.len(), fewer.len());
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_sidecar_without_the_snapshot_a_delta_starts_from_asks_for_it_whole() {
+    let h = harness("resync").await;
+    let proxy = empty_proxy();
+    // It resumes the current version without its entries (as if it had
+    // lost them): the controller sends nothing until a change, then a delta
+    // it cannot apply.
+    let v1 = snapshot_version(&h);
+    let task = tokio::spawn(
+        h.subscription
+            .clone()
+            .run(Arc::clone(&proxy), Some(v1.clone())),
+    );
+    eventually("resumed in sync", || {
+        h.registry.get("shop", "client-a").and_then(|s| s.acked) == Some(v1.clone())
+    })
+    .await;
+    assert_eq!(h.metrics.get(Counter::Pushes), 0);
+    h.source.set(snapshot(&[1001, 1002], 1));
+    let v2 = snapshot_version(&h);
+    eventually("the whole snapshot applied and ACKed", || {
+        h.registry.get("shop", "client-a").and_then(|s| s.acked) == Some(v2.clone())
+    })
+    .await;
+    assert_eq!(endpoint_ports(&proxy), vec![1001, 1002]);
+    assert_eq!(
+        h.metrics.get(Counter::Pushes),
+        2,
+        "the delta, then the whole"
+    );
+    assert_eq!(h.metrics.get(Counter::DeltaPushes), 1);
+    // And deltas flow again from there.
+    h.source.set(snapshot(&[1002], 1));
+    eventually("the next change applied", || {
+        endpoint_ports(&proxy) == vec![1002]
+    })
+    .await;
+    assert_eq!(h.metrics.get(Counter::DeltaPushes), 2);
+    task.abort();
 }
 
 #[tokio::test]
 async fn unknown_tokens_and_other_pods_are_refused() {
     let h = harness("auth").await;
     let proxy = empty_proxy();
-    let mut version = None;
+    let mut version = reprise_sidecar::config::Running::default();
     let mut wrong_token = h.subscription.clone();
     let token = std::env::temp_dir().join(format!(
         "reprise-push-{}-auth/bad-token",
@@ -446,6 +526,11 @@ async fn read_first_snapshot(
         first.data_ref().is_some_and(|d| d.ends_with(b"\n")),
         "the current snapshot comes first"
     );
+    // A sidecar that announces no capability (an older one) gets whole
+    // snapshots versioned as it checks them.
+    let snapshot: Snapshot =
+        serde_json::from_slice(first.data_ref().expect("data")).expect("a whole snapshot");
+    assert_eq!(snapshot.version, snapshot.content_hash());
     assert_eq!(
         connected_gauge(h),
         "reprise_controller_connected_sidecars 1"

@@ -103,6 +103,18 @@ pub struct Ack {
     pub error: Option<String>,
 }
 
+/// A sidecar's request for its whole snapshot again: a delta did not apply
+/// to what it runs (another base, an unknown upstream, another version once
+/// applied). Sent on the upgraded stream as `{"resync": …}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resync {
+    /// The version the sidecar runs.
+    pub version: String,
+    /// Why the delta did not apply.
+    pub reason: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

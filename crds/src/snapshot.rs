@@ -21,8 +21,8 @@ use crate::validation::ValidationErrors;
 mod delta;
 
 pub use delta::{
-    DeltaLine, EndpointsPatch, Entries, PolicyEntry, PolicyRef, Resync, SnapshotDelta,
-    UpstreamDigest, UpstreamEntry, DELTA_PREFIX,
+    DeltaLine, EndpointsPatch, Entries, PolicyEntry, PolicyRef, SnapshotDelta, UpstreamDigest,
+    UpstreamEntry, DELTA_PREFIX,
 };
 
 /// A versioned snapshot for one sidecar.

@@ -151,7 +151,7 @@ pub enum SidecarLine {
     /// A delta did not apply: it asks for its whole snapshot again.
     Resync {
         /// What it runs and why.
-        resync: crate::snapshot::Resync,
+        resync: crate::protocol::Resync,
     },
 }
 

@@ -284,12 +284,12 @@ async fn run(
         None => {
             let subscription = Subscription::from_env()?.ok_or(Error::NoConfigSource)?;
             // Serve the last good snapshot from disk while the controller is away.
-            let (proxy, version) = match subscription.load_saved() {
+            let (proxy, saved) = match subscription.load_saved() {
                 Some((snapshot, config)) => {
                     tracing::info!(version = %snapshot.version, "serving the saved snapshot until the controller answers");
                     (
                         Proxy::with_telemetry(config, traces.clone(), access_log.clone()),
-                        Some(snapshot.version),
+                        Some(snapshot),
                     )
                 }
                 None => {
@@ -306,7 +306,7 @@ async fn run(
                     (proxy, None)
                 }
             };
-            (proxy, Source::Controller(Box::new(subscription), version))
+            (proxy, Source::Controller(Box::new(subscription), saved))
         }
     };
     let bind = |addr: SocketAddr, what: &'static str| async move {
@@ -361,8 +361,11 @@ async fn run(
         Source::File(path, file) => {
             tokio::spawn(reload::watch(path, Arc::clone(&proxy), file));
         }
-        Source::Controller(subscription, version) => {
-            tokio::spawn(subscription.run(Arc::clone(&proxy), version));
+        Source::Controller(subscription, saved) => {
+            match saved {
+                Some(snapshot) => tokio::spawn(subscription.resume(Arc::clone(&proxy), snapshot)),
+                None => tokio::spawn(subscription.run(Arc::clone(&proxy), None)),
+            };
         }
     }
     let listeners = server::Listeners {
@@ -409,7 +412,7 @@ enum Source {
     /// A file, watched for changes, as the start read it.
     File(PathBuf, reprise_crds::file::FileText),
     /// The controller's snapshot stream.
-    Controller(Box<Subscription>, Option<String>),
+    Controller(Box<Subscription>, Option<reprise_crds::snapshot::Snapshot>),
 }
 
 async fn shutdown_signal() {

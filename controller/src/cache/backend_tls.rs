@@ -223,6 +223,7 @@ pub(super) async fn keep_ca_bundles(
             }
             if fresh != previous {
                 *bundles.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                signals.touch(super::dirty::Touch::All);
                 signals.bump();
                 signals.relisted.send(());
             }

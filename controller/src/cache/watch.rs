@@ -11,6 +11,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+use super::dirty::{Dirty, Touch};
 use super::relay::Relay;
 
 /// What a kind must be to be watched into a store.
@@ -52,12 +53,20 @@ pub(crate) struct Signals {
     /// Told when the store was replaced by a fresh list (at start, and after
     /// the watch lost its place): every policy is then reconciled again.
     pub(crate) relisted: Arc<Relay<()>>,
+    /// What events touched, for the push source (with `changes`).
+    pub(crate) dirty: Dirty,
 }
 
 impl<K: Kind> Watched<K> {
     /// Starts watching `api` (with `config`) on a task of its own, retrying
     /// with backoff when the watch fails, for as long as the process runs.
-    pub(crate) fn start(api: Api<K>, config: watcher::Config, signals: Signals) -> Self {
+    /// `touch` names what an event on an object touched, for the push source.
+    pub(crate) fn start(
+        api: Api<K>,
+        config: watcher::Config,
+        signals: Signals,
+        touch: fn(&K) -> Touch,
+    ) -> Self {
         let (store, writer) = reflector::store();
         let touched = Arc::new(Relay::default());
         let relay = Arc::clone(&touched);
@@ -71,12 +80,14 @@ impl<K: Kind> Watched<K> {
                     match event {
                         // The store already holds the change when the event arrives here.
                         Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
+                            signals.touch(touch(&obj));
                             signals.bump();
                             relay.send(obj);
                         }
                         // A list is buffered until it is complete, then swapped in at once.
                         Ok(watcher::Event::InitDone) => {
                             absent.store(false, std::sync::atomic::Ordering::Release);
+                            signals.touch(Touch::All);
                             signals.bump();
                             signals.relisted.send(());
                         }
@@ -166,6 +177,13 @@ fn status_code(e: &watcher::Error) -> Option<u16> {
 }
 
 impl Signals {
+    /// Records what an event touched, when snapshots depend on the kind.
+    pub(crate) fn touch(&self, touch: Touch) {
+        if self.changes.is_some() {
+            self.dirty.touch(touch);
+        }
+    }
+
     /// Tells the push streams that something snapshots are made of changed.
     pub(crate) fn bump(&self) {
         if let Some(changes) = &self.changes {

@@ -140,7 +140,7 @@ async fn explain(client: Client, q: &Question) -> Result<String, Error> {
         labels,
         capabilities: Default::default(),
     };
-    let snapshot = CacheSource(cache.clone()).snapshot_for(&id);
+    let snapshot = CacheSource::new(cache.clone()).snapshot_for(&id);
     let config = snapshot.resolve().map_err(Error::InvalidSnapshot)?;
     let mut out = String::new();
     let _ = writeln!(

@@ -1,6 +1,6 @@
 //! The push server's listener and requests: who is asking, which request it
-//! is (a snapshot stream, a POSTed ACK), what an ACK changes, and the cache of
-//! encoded snapshots alike sidecars share.
+//! is (a snapshot stream, a POSTed ACK), what an ACK changes, and the task
+//! that publishes changes to the groups of alike sidecars they affect.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,12 +16,12 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use reprise_crds::protocol::{Ack, ACKS_PATH, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH};
-use reprise_crds::snapshot::Snapshot;
 use reprise_crds::traffic::TrafficReport;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use super::auth::{AuthError, Authenticator, Identity};
+use super::groups::{Groups, DEBOUNCE};
 use super::source::SnapshotSource;
 use super::stream;
 use crate::metrics::{Counter, Metrics};
@@ -49,34 +49,16 @@ pub struct PushServer {
     on_sync: Option<mpsc::UnboundedSender<String>>,
     /// Numbers each stream, so a reconnect's registration outlives the old one's.
     connections: AtomicU64,
-    /// Snapshots of the current change generation, by namespace and labels,
-    /// so thousands of alike sidecars cost one computation and one encoding.
-    cache: Mutex<SnapshotCache>,
+    /// Alike sidecars' shared snapshots, so thousands of them cost one
+    /// computation and one encoding per change.
+    pub(super) groups: Groups,
+    /// Set once the task publishing changes runs.
+    publishing: std::sync::atomic::AtomicBool,
     /// Spans of pushes (off: records nothing).
     tracing: Tracing,
     /// Spans of pushes awaiting their ACK, by namespace and pod (empty when
     /// tracing is off).
     pending: Mutex<HashMap<(String, String), PushSpan>>,
-}
-
-/// Namespace, sorted labels and announced capabilities: what a snapshot
-/// depends on.
-type CacheKey = (String, Vec<(String, String)>, Vec<String>);
-
-#[derive(Default)]
-struct SnapshotCache {
-    generation: u64,
-    entries: HashMap<CacheKey, Arc<Encoded>>,
-}
-
-/// A snapshot and its wire form.
-pub(super) struct Encoded {
-    /// The snapshot's version.
-    pub(super) version: String,
-    /// Its policies (`namespace/name` → generation).
-    pub(super) policies: HashMap<String, i64>,
-    /// The JSON line sent.
-    pub(super) line: Bytes,
 }
 
 impl std::fmt::Debug for PushServer {
@@ -104,7 +86,8 @@ impl PushServer {
             metrics,
             on_sync,
             connections: AtomicU64::new(0),
-            cache: Mutex::default(),
+            groups: Groups::default(),
+            publishing: std::sync::atomic::AtomicBool::new(false),
             tracing,
             pending: Mutex::default(),
         })
@@ -117,6 +100,9 @@ impl PushServer {
         tls: Arc<rustls::ServerConfig>,
         shutdown: impl Future<Output = ()>,
     ) {
+        if !self.publishing.swap(true, Ordering::AcqRel) {
+            tokio::spawn(Arc::clone(&self).publish());
+        }
         crate::tls::accept(listener, tls, shutdown, "push", move |tls| {
             let server = Arc::clone(&self);
             async move {
@@ -273,62 +259,34 @@ impl PushServer {
             .remove(&(namespace.to_string(), pod.to_string()))
     }
 
-    /// The encoded snapshot for `id` at change generation `generation`.
-    pub(super) fn encoded(&self, id: &Identity, generation: u64) -> Arc<Encoded> {
-        let key = (
-            id.namespace.clone(),
-            id.labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect::<Vec<_>>(),
-            id.capabilities.iter().cloned().collect::<Vec<_>>(),
-        );
-        {
-            let mut cache = self.lock_cache();
-            if cache.generation != generation {
-                cache.generation = generation;
-                cache.entries.clear();
+    /// Publishes changes, batched: after a change, waits [`DEBOUNCE`] for
+    /// more, then computes again the snapshots of the groups the batch may
+    /// affect; only the streams of groups whose version changed wake. Runs
+    /// as long as the change source.
+    async fn publish(self: Arc<Self>) {
+        let mut changes = self.source.changes();
+        while changes.changed().await.is_ok() {
+            tokio::time::sleep(DEBOUNCE).await;
+            changes.borrow_and_update();
+            let server = Arc::clone(&self);
+            // Off the runtime's threads: a fresh list computes every group.
+            let refreshed = tokio::task::spawn_blocking(move || {
+                let changed = server.source.take_changed();
+                let groups = server.groups.affected(&changed);
+                let published = groups.iter().filter(|g| g.refresh(&*server.source)).count();
+                (groups.len(), published)
+            })
+            .await;
+            if let Ok((computed, published)) = refreshed {
+                self.metrics.groups_refreshed(computed, published);
+                self.metrics.set_groups(self.groups.len());
             }
-            if let Some(e) = cache.entries.get(&key) {
-                return Arc::clone(e);
-            }
         }
-        let (snapshot, withheld) = self
-            .source
-            .snapshot_for(id)
-            .for_capabilities(&id.capabilities);
-        if !withheld.is_empty() {
-            tracing::debug!(namespace = %id.namespace, pod = %id.pod, ?withheld, "upstreams withheld from a sidecar that does not announce what they need (TLS, DNS names): upgrade it");
-        }
-        let mut line = serde_json::to_vec(&snapshot).unwrap_or_default();
-        line.push(b'\n');
-        let encoded = Arc::new(Encoded {
-            policies: policies_of(&snapshot),
-            version: snapshot.version,
-            line: Bytes::from(line),
-        });
-        let mut cache = self.lock_cache();
-        if cache.generation == generation {
-            cache.entries.insert(key, Arc::clone(&encoded));
-        }
-        encoded
-    }
-
-    fn lock_cache(&self) -> std::sync::MutexGuard<'_, SnapshotCache> {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), PushSpan>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// The policies of a snapshot, `namespace/name` → generation.
-fn policies_of(s: &Snapshot) -> HashMap<String, i64> {
-    s.policies
-        .iter()
-        .map(|p| (format!("{}/{}", p.namespace, p.name), p.generation))
-        .collect()
 }
 
 /// A plain-text answer.

@@ -1,11 +1,23 @@
 //! What a sidecar is pushed: the snapshot of the valid policies that select
 //! its pod, with the endpoints of their targets, computed from the shared
 //! [`Cache`] the reconciler also reads.
+//!
+//! The cache source keeps each policy's entries (the policy and its
+//! target's endpoints, with their digests) between changes and computes
+//! again only those a change touched: an EndpointSlice event recomputes the
+//! policies targeting its Service, in its namespace; a policy event, that
+//! policy. A sidecar's snapshot is then the entries of its namespace's
+//! policies that select it, shared, not copied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
-use reprise_crds::snapshot::{Snapshot, SnapshotPolicy};
+use reprise_crds::resource::RetryPolicy;
+use reprise_crds::snapshot::{
+    Entries, PolicyEntry, PolicyRef, Snapshot, SnapshotPolicy, UpstreamEntry,
+};
 use tokio::sync::watch;
 
 use super::auth::Identity;
@@ -19,47 +31,233 @@ pub trait SnapshotSource: Send + Sync + 'static {
     /// namespace and labels: the server shares it between sidecars alike.
     fn snapshot_for(&self, id: &Identity) -> Snapshot;
 
+    /// The same snapshot as entries (a source that keeps them between
+    /// changes shares them instead of computing their digests again).
+    fn entries_for(&self, id: &Identity) -> Entries {
+        Entries::from_snapshot(self.snapshot_for(id))
+    }
+
     /// Bumped on every change to anything snapshots are made of.
     fn changes(&self) -> watch::Receiver<u64>;
+
+    /// Whose snapshots the changes since the last call may have changed
+    /// (called once per batch of changes, by one task).
+    fn take_changed(&self) -> Changed {
+        Changed::All
+    }
+}
+
+/// Whose snapshots a batch of changes may have changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Changed {
+    /// Nobody's.
+    #[default]
+    Nothing,
+    /// Those of sidecars in these namespaces.
+    Namespaces(BTreeSet<String>),
+    /// Anybody's.
+    All,
+}
+
+impl Changed {
+    /// True when sidecars of `namespace` may be affected.
+    pub fn includes(&self, namespace: &str) -> bool {
+        match self {
+            Changed::Nothing => false,
+            Changed::Namespaces(set) => set.contains(namespace),
+            Changed::All => true,
+        }
+    }
+
+    fn add(&mut self, namespace: &str) {
+        match self {
+            Changed::All => {}
+            Changed::Namespaces(set) => {
+                set.insert(namespace.to_string());
+            }
+            Changed::Nothing => *self = Changed::Namespaces([namespace.to_string()].into()),
+        }
+    }
 }
 
 /// Snapshots from the cache.
-#[derive(Clone, Debug)]
-pub(crate) struct CacheSource(pub(crate) Cache);
+pub(crate) struct CacheSource {
+    cache: Cache,
+    memo: Mutex<Memo>,
+}
+
+/// A pushed policy's entries: itself and its target.
+type Pushed = (Arc<PolicyEntry>, Arc<UpstreamEntry>);
+
+/// What the cache source keeps between changes.
+#[derive(Default)]
+struct Memo {
+    /// Policy names by namespace (a sidecar's snapshot only holds policies
+    /// of its own namespace, and a policy targets a Service of its own).
+    by_namespace: HashMap<String, BTreeSet<String>>,
+    /// Each policy's entries, or `None` when it is not pushed (invalid, or
+    /// its target does not resolve); computed on first use.
+    entries: HashMap<PolicyRef, Option<Pushed>>,
+    /// Namespaces touched since [`SnapshotSource::take_changed`] last said.
+    unreported: Changed,
+    /// Set once the index was built from the whole store.
+    indexed: bool,
+}
+
+impl std::fmt::Debug for CacheSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheSource").finish_non_exhaustive()
+    }
+}
+
+impl CacheSource {
+    /// The source of snapshots from `cache`.
+    pub(crate) fn new(cache: Cache) -> Self {
+        CacheSource {
+            cache,
+            memo: Mutex::default(),
+        }
+    }
+
+    /// Brings the memo up to date with what events touched: forgets the
+    /// entries they may have changed and notes their namespaces.
+    fn sync(&self, memo: &mut Memo) {
+        let touched = self.cache.take_touched();
+        if touched.all || !memo.indexed {
+            memo.entries.clear();
+            memo.by_namespace.clear();
+            for p in self.cache.policies() {
+                memo.by_namespace
+                    .entry(p.namespace().unwrap_or_default())
+                    .or_default()
+                    .insert(p.name_any());
+            }
+            memo.indexed = true;
+            memo.unreported = Changed::All;
+            return;
+        }
+        for (ns, name) in touched.policies {
+            let key = ObjectRef::<RetryPolicy>::new(&name).within(&ns);
+            let names = memo.by_namespace.entry(ns.clone()).or_default();
+            if self.cache.policies.store.get(&key).is_some() {
+                names.insert(name.clone());
+            } else {
+                names.remove(&name);
+            }
+            memo.entries.remove(&PolicyRef {
+                namespace: ns.clone(),
+                name,
+            });
+            memo.unreported.add(&ns);
+        }
+        for (ns, service) in touched.services {
+            let names = memo.by_namespace.get(&ns).cloned().unwrap_or_default();
+            for name in names {
+                let targets = self
+                    .cache
+                    .policies
+                    .store
+                    .get(&ObjectRef::new(&name).within(&ns))
+                    .is_some_and(|p| p.spec.target_ref.name == service);
+                if targets {
+                    memo.entries.remove(&PolicyRef {
+                        namespace: ns.clone(),
+                        name,
+                    });
+                    memo.unreported.add(&ns);
+                }
+            }
+        }
+    }
+
+    /// A policy's entries, when it is pushed.
+    fn compute(&self, p: &RetryPolicy) -> Option<Pushed> {
+        if !policy::validate(p).is_empty() {
+            return None;
+        }
+        let upstream = self.cache.target(p).ok()?;
+        let policy = SnapshotPolicy {
+            namespace: p.namespace().unwrap_or_default(),
+            name: p.name_any(),
+            generation: policy::generation(p),
+            upstream: upstream.name.clone(),
+            rule: p.spec.rule.clone(),
+        };
+        Some((
+            Arc::new(PolicyEntry::new(policy)),
+            Arc::new(UpstreamEntry::new(upstream)),
+        ))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memo> {
+        self.memo.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 impl SnapshotSource for CacheSource {
     fn snapshot_for(&self, id: &Identity) -> Snapshot {
-        let mut upstreams = BTreeMap::new();
-        let mut policies = Vec::new();
-        for p in self.0.policies() {
-            if p.namespace().as_deref() != Some(id.namespace.as_str())
-                || !selection::selects(&p, &id.labels)
-                || !policy::validate(&p).is_empty()
-            {
-                continue;
-            }
-            let Ok(upstream) = self.0.target(&p) else {
+        let s = self.entries_for(id).to_snapshot();
+        Snapshot::new(s.upstreams, s.policies)
+    }
+
+    fn entries_for(&self, id: &Identity) -> Entries {
+        let mut memo = self.lock();
+        self.sync(&mut memo);
+        let names = memo
+            .by_namespace
+            .get(&id.namespace)
+            .cloned()
+            .unwrap_or_default();
+        let mut entries = Entries::default();
+        for name in names {
+            let Some(p) = self
+                .cache
+                .policies
+                .store
+                .get(&ObjectRef::new(&name).within(&id.namespace))
+            else {
                 continue;
             };
-            policies.push(SnapshotPolicy {
+            if !selection::selects(&p, &id.labels) {
+                continue;
+            }
+            let key = PolicyRef {
                 namespace: id.namespace.clone(),
-                name: p.name_any(),
-                generation: policy::generation(&p),
-                upstream: upstream.name.clone(),
-                rule: p.spec.rule.clone(),
-            });
-            upstreams.insert(upstream.name.clone(), upstream);
+                name,
+            };
+            let computed = match memo.entries.get(&key) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = self.compute(&p);
+                    memo.entries.insert(key.clone(), c.clone());
+                    c
+                }
+            };
+            if let Some((policy, upstream)) = computed {
+                entries
+                    .upstreams
+                    .insert(upstream.upstream.name.clone(), upstream);
+                entries.policies.insert(key, policy);
+            }
         }
-        Snapshot::new(upstreams.into_values().collect(), policies)
+        entries
     }
 
     fn changes(&self) -> watch::Receiver<u64> {
-        self.0.changes()
+        self.cache.changes()
+    }
+
+    fn take_changed(&self) -> Changed {
+        let mut memo = self.lock();
+        self.sync(&mut memo);
+        std::mem::take(&mut memo.unreported)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use reprise_crds::retry_rule::RetryRule;
 
     use super::*;
@@ -96,7 +294,7 @@ mod tests {
             labels: BTreeMap::from([("app".to_string(), "batch".to_string())]),
             capabilities: Default::default(),
         };
-        let snapshot = CacheSource(cache.clone()).snapshot_for(&id);
+        let snapshot = CacheSource::new(cache.clone()).snapshot_for(&id);
         let names: Vec<&str> = snapshot.policies.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(
             names,

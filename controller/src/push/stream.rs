@@ -1,8 +1,10 @@
 //! One sidecar's snapshot stream (README: "Push protocol"): the current
-//! snapshot first, then one per change (debounced), a heartbeat line when
-//! nothing changed. Upgraded to `reprise-push/1`, the same connection carries
-//! the ACK lines back; otherwise the snapshots are a streamed response body
-//! and ACKs come as `POST /v1/acks`. Either way the sidecar counts as
+//! snapshot first, then, each time its group's snapshot changes, the new one
+//! (or, to a sidecar that takes deltas on the upgraded stream, what changed
+//! since the version it last received), a heartbeat line when nothing
+//! changed. Upgraded to `reprise-push/1`, the same connection carries the
+//! ACK, traffic and resync lines back; otherwise the snapshots are a
+//! streamed response body and ACKs come as `POST /v1/acks`. Either way the sidecar counts as
 //! connected exactly as long as its [`Registration`] lives, so a stream
 //! dropped at any point (closed, reset, its task aborted) leaves no count and
 //! no registry entry behind.
@@ -16,17 +18,15 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use reprise_crds::protocol::{self, HEARTBEAT_SECS, VERSION_PARAM};
+use reprise_crds::protocol::{self, CAPABILITY_DELTA, HEARTBEAT_SECS, VERSION_PARAM};
 use reprise_crds::traffic::{SidecarLine, CAPABILITY_TRAFFIC};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::auth::Identity;
+use super::groups::{Group, Published};
 use super::server::{PushBody, PushServer, MAX_ACK_BYTES};
 use crate::metrics::Counter;
-
-/// Changes closer together than this are pushed once.
-const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// ACK lines are short: a small read buffer keeps thousands of idle streams cheap.
 const ACK_READ_BUFFER: usize = 1024;
@@ -92,33 +92,38 @@ pub(super) fn open(
     });
     let registration = Registration::new(&server, &id);
     tracing::info!(namespace = %id.namespace, pod = %id.pod, resume = ?resume, "sidecar connected");
-    let changes = server.source.changes();
+    let group = server.groups.join(&id, &*server.source);
+    let mut snapshots = group.subscribe();
+    let current = Arc::clone(&snapshots.borrow_and_update());
     // Resume: when the sidecar already runs the current version, it is in sync without a push.
-    let current = server.encoded(&id, *changes.borrow());
     let mut last = None;
     if resume.as_deref() == Some(current.version.as_str()) {
         server.registry.sent(
             &id.namespace,
             &id.pod,
             &current.version,
-            current.policies.clone(),
+            (*current.policies).clone(),
         );
         let touched = server
             .registry
             .ack(&id.namespace, &id.pod, &current.version)
             .unwrap_or_default();
         server.notify(touched);
-        last = Some(current.version.clone());
+        last = Some(current);
     }
+    let upgrade = protocol::is_upgrade(req.headers());
     let state = StreamState {
+        deltas: upgrade && id.capabilities.contains(CAPABILITY_DELTA),
         server,
         id,
         last,
-        changes,
+        snapshots,
         first: true,
+        resync: Arc::default(),
+        _group: group,
         _registration: registration,
     };
-    if protocol::is_upgrade(req.headers()) {
+    if upgrade {
         let on_upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
             match on_upgrade.await {
@@ -149,12 +154,27 @@ pub(super) fn open(
 struct StreamState {
     server: Arc<PushServer>,
     id: Identity,
-    /// The version last sent (or resumed).
-    last: Option<String>,
-    changes: watch::Receiver<u64>,
+    /// The snapshot last sent (or resumed): what a delta starts from.
+    last: Option<Arc<Published>>,
+    /// Its group's snapshots.
+    snapshots: watch::Receiver<Arc<Published>>,
     /// The current snapshot is still to be sent.
     first: bool,
+    /// Deltas may be sent (the sidecar takes them, on the upgraded stream).
+    deltas: bool,
+    /// Set when the sidecar asked for the whole snapshot again.
+    resync: Arc<Resync>,
+    /// Keeps the group alive while the stream is.
+    _group: Arc<Group>,
     _registration: Registration,
+}
+
+/// A sidecar's request for the whole snapshot, from the reading half of
+/// the stream to the writing one.
+#[derive(Default)]
+struct Resync {
+    asked: std::sync::atomic::AtomicBool,
+    wake: tokio::sync::Notify,
 }
 
 async fn next_frame(
@@ -165,38 +185,49 @@ async fn next_frame(
 }
 
 impl StreamState {
-    /// The next line to send: the snapshot when it changed, else a heartbeat.
-    /// `None` when the change source is gone.
+    /// The next line to send: the snapshot (or the delta to it) when it
+    /// changed, else a heartbeat. `None` when the group's publisher is gone.
     async fn next_line(&mut self) -> Option<Bytes> {
         loop {
             if !self.first {
                 tokio::select! {
-                    changed = self.changes.changed() => {
-                        changed.ok()?;
-                        tokio::time::sleep(DEBOUNCE).await;
-                        self.changes.borrow_and_update();
-                    }
+                    changed = self.snapshots.changed() => changed.ok()?,
+                    () = self.resync.wake.notified() => {}
                     () = tokio::time::sleep(Duration::from_secs(HEARTBEAT_SECS)) => {
                         return Some(Bytes::from_static(b"\n"));
                     }
                 }
             }
             self.first = false;
-            let generation = *self.changes.borrow();
-            let encoded = self.server.encoded(&self.id, generation);
-            if self.last.as_deref() == Some(encoded.version.as_str()) {
-                continue;
+            if self
+                .resync
+                .asked
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+            {
+                self.last = None;
             }
+            let current = Arc::clone(&self.snapshots.borrow_and_update());
+            let line = match &self.last {
+                Some(last) if last.version == current.version => continue,
+                Some(last) if self.deltas => {
+                    self.server.metrics.add(Counter::DeltaPushes);
+                    current.delta_line(last)
+                }
+                _ => current.full_line(),
+            };
             self.server.registry.sent(
                 &self.id.namespace,
                 &self.id.pod,
-                &encoded.version,
-                encoded.policies.clone(),
+                &current.version,
+                (*current.policies).clone(),
             );
             self.server.metrics.add(Counter::Pushes);
-            self.server.push_started(&self.id, &encoded.version);
-            self.last = Some(encoded.version.clone());
-            return Some(encoded.line.clone());
+            self.server
+                .metrics
+                .add_n(Counter::PushBytes, line.len() as u64);
+            self.server.push_started(&self.id, &current.version);
+            self.last = Some(current);
+            return Some(line);
         }
     }
 }
@@ -206,7 +237,11 @@ impl StreamState {
 /// neither loses a wake-up; when either ends the connection is done.
 async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
     let (read, mut write) = tokio::io::split(io);
-    let (server, id) = (Arc::clone(&st.server), st.id.clone());
+    let (server, id, resync) = (
+        Arc::clone(&st.server),
+        st.id.clone(),
+        Arc::clone(&st.resync),
+    );
     let writer = async move {
         while let Some(line) = st.next_line().await {
             if write.write_all(&line).await.is_err() || write.flush().await.is_err() {
@@ -237,6 +272,13 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
             match serde_json::from_slice::<SidecarLine>(&line) {
                 Ok(SidecarLine::Ack(ack)) => server.record_ack(&id, &ack),
                 Ok(SidecarLine::Traffic(report)) => server.record_traffic(&id, report),
+                Ok(SidecarLine::Resync { resync: r }) => {
+                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, version = %r.version, reason = %r.reason, "a delta did not apply; sending the whole snapshot");
+                    resync
+                        .asked
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    resync.wake.notify_one();
+                }
                 Err(e) => {
                     tracing::warn!(namespace = %id.namespace, pod = %id.pod, error = %e, "invalid ACK or traffic line; closing");
                     break;

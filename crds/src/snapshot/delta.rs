@@ -16,7 +16,7 @@
 //! constant time. Both ends run [`Entries::apply`]: the sidecar checks that
 //! the result has the version the controller announced, so an ACK means the
 //! sidecar runs exactly what a full recomputation would give it, and asks for
-//! the whole snapshot again (a [`Resync`] line) when it does not.
+//! the whole snapshot again (a [`Resync`](crate::protocol::Resync) line) when it does not.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -84,18 +84,6 @@ pub struct PolicyRef {
     pub namespace: String,
     /// Its name.
     pub name: String,
-}
-
-/// A sidecar's request for its whole snapshot again: a delta did not apply
-/// to what it runs (another base, an unknown upstream, another version once
-/// applied). Sent on the upgraded stream as `{"resync": …}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Resync {
-    /// The version the sidecar runs.
-    pub version: String,
-    /// Why the delta did not apply.
-    pub reason: String,
 }
 
 /// An upstream's digest: its head's (every field but the endpoints) and

@@ -13,12 +13,12 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rand::Rng;
 use reprise_crds::protocol::{
-    self, Ack, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
-    VERSION_PARAM,
+    self, Ack, Resync, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER,
+    SNAPSHOTS_PATH, VERSION_PARAM,
 };
 use reprise_crds::sidecar_env as env;
-use reprise_crds::snapshot::Snapshot;
-use reprise_crds::traffic::{CAPABILITY_TRAFFIC, REPORT_SECS};
+use reprise_crds::snapshot::{DeltaLine, Entries, Snapshot, DELTA_PREFIX};
+use reprise_crds::traffic::{SidecarLine, CAPABILITY_TRAFFIC, REPORT_SECS};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -26,6 +26,34 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use super::address_map::AddressMap;
 use crate::proxy::Proxy;
 use crate::Error;
+
+/// What a subscription runs, across its connections.
+#[derive(Clone, Debug, Default)]
+pub struct Running {
+    /// The version the proxy runs (resumed on reconnection).
+    pub version: Option<String>,
+    /// The snapshot last received, as entries: what a delta applies to.
+    entries: Option<Entries>,
+}
+
+impl Running {
+    /// Running `version` (its entries unknown: a delta then asks for the
+    /// whole snapshot).
+    pub fn version(version: Option<String>) -> Self {
+        Running {
+            version,
+            entries: None,
+        }
+    }
+
+    /// Running `snapshot`.
+    pub fn snapshot(snapshot: Snapshot) -> Self {
+        Running {
+            version: Some(snapshot.version.clone()),
+            entries: Some(Entries::from_snapshot(snapshot)),
+        }
+    }
+}
 
 /// Where and as whom to subscribe (from the environment; see the README).
 #[derive(Clone, Debug)]
@@ -160,12 +188,23 @@ impl Subscription {
         }
     }
 
-    /// Keeps subscribing forever, reconnecting with jittered exponential backoff.
-    pub async fn run(self, proxy: Arc<Proxy>, mut version: Option<String>) {
+    /// Keeps subscribing forever, reconnecting with jittered exponential
+    /// backoff; `version` is the snapshot the proxy runs, to resume from.
+    pub async fn run(self, proxy: Arc<Proxy>, version: Option<String>) {
+        self.run_from(proxy, Running::version(version)).await;
+    }
+
+    /// [`Subscription::run`], from the snapshot the proxy runs (the saved
+    /// one): deltas apply to it without a whole snapshot first.
+    pub async fn resume(self, proxy: Arc<Proxy>, saved: Snapshot) {
+        self.run_from(proxy, Running::snapshot(saved)).await;
+    }
+
+    async fn run_from(self, proxy: Arc<Proxy>, mut running: Running) {
         let mut delay = Duration::from_millis(200);
         loop {
             let started = tokio::time::Instant::now();
-            let result = self.session(&proxy, &mut version).await;
+            let result = self.session(&proxy, &mut running).await;
             if started.elapsed() > Duration::from_secs(10) {
                 // A session that lived a while was healthy: start backing off afresh.
                 delay = Duration::from_millis(200);
@@ -188,14 +227,11 @@ impl Subscription {
     /// One connection: an upgraded bidirectional stream (see
     /// [`reprise_crds::protocol`]): snapshot lines in, one ACK line out per
     /// snapshot, until it ends.
-    pub async fn session(
-        &self,
-        proxy: &Arc<Proxy>,
-        version: &mut Option<String>,
-    ) -> Result<(), Error> {
+    pub async fn session(&self, proxy: &Arc<Proxy>, running: &mut Running) -> Result<(), Error> {
         let token = read(&self.token_path)?.trim().to_string();
         let mut sender = self.connect().await?;
         let mut uri = format!("{}{SNAPSHOTS_PATH}", self.base());
+        let version = &running.version;
         if let Some(v) = version.as_deref() {
             uri.push_str(&format!("?{VERSION_PARAM}={v}"));
         }
@@ -260,7 +296,7 @@ impl Subscription {
                 }
             }
         };
-        let reader = self.read_snapshots(proxy, read, version, lines);
+        let reader = self.read_snapshots(proxy, read, running, lines);
         tokio::select! {
             r = reader => r,
             r = writer => r.map_err(|e| connection_failed("sending on the push stream", e)),
@@ -274,7 +310,7 @@ impl Subscription {
         &self,
         proxy: &Arc<Proxy>,
         read: tokio::io::ReadHalf<TokioIo<hyper::upgrade::Upgraded>>,
-        version: &mut Option<String>,
+        running: &mut Running,
         acks: tokio::sync::mpsc::Sender<Vec<u8>>,
     ) -> Result<(), Error> {
         let mut reader = tokio::io::BufReader::new(read);
@@ -309,8 +345,12 @@ impl Subscription {
             if text.iter().all(u8::is_ascii_whitespace) {
                 continue; // heartbeat
             }
-            let ack = self.apply(proxy, text, version);
-            let mut out = serde_json::to_vec(&ack).unwrap_or_default();
+            let answer = if text.starts_with(DELTA_PREFIX) {
+                self.apply_delta(proxy, text, running)
+            } else {
+                SidecarLine::Ack(self.apply(proxy, text, running))
+            };
+            let mut out = serde_json::to_vec(&answer).unwrap_or_default();
             out.push(b'\n');
             if acks.send(out).await.is_err() {
                 return Ok(()); // the writer ended: its error is the session's
@@ -319,7 +359,7 @@ impl Subscription {
     }
 
     /// Validates and applies one snapshot line; returns the ACK or NACK to send.
-    fn apply(&self, proxy: &Arc<Proxy>, line: &[u8], version: &mut Option<String>) -> Ack {
+    fn apply(&self, proxy: &Arc<Proxy>, line: &[u8], running: &mut Running) -> Ack {
         let snapshot: Snapshot = match serde_json::from_slice(line) {
             Ok(s) => s,
             Err(e) => {
@@ -329,7 +369,66 @@ impl Subscription {
                 }
             }
         };
-        match snapshot.resolve() {
+        // What deltas will apply to: what was sent, even if refused (the
+        // controller's next delta starts from it).
+        running.entries = Some(Entries::from_snapshot(snapshot.clone()));
+        self.install(proxy, snapshot.resolve(), &snapshot, line, running)
+    }
+
+    /// Applies one delta line to the snapshot last received; returns the ACK
+    /// or NACK to send, or, when the delta does not fit that snapshot, the
+    /// request for the whole one.
+    fn apply_delta(&self, proxy: &Arc<Proxy>, line: &[u8], running: &mut Running) -> SidecarLine {
+        let resync = |version: Option<&str>, reason: String| {
+            tracing::warn!(reason = %reason, "snapshot delta does not apply; asking for the whole snapshot");
+            SidecarLine::Resync {
+                resync: Resync {
+                    version: version.unwrap_or_default().to_string(),
+                    reason,
+                },
+            }
+        };
+        let delta = match serde_json::from_slice::<DeltaLine>(line) {
+            Ok(d) => d.delta,
+            Err(e) => {
+                return resync(
+                    running.version.as_deref(),
+                    format!("not a valid delta: {e}"),
+                )
+            }
+        };
+        let Some(entries) = running.entries.as_mut() else {
+            return resync(
+                running.version.as_deref(),
+                "no snapshot received on this stream to apply it to".into(),
+            );
+        };
+        if let Err(e) = entries.apply(&delta) {
+            // Applied to nothing: the next delta would not fit either.
+            running.entries = None;
+            return resync(running.version.as_deref(), e.to_string());
+        }
+        let snapshot = entries.to_snapshot();
+        let line = serde_json::to_vec(&snapshot).unwrap_or_default();
+        SidecarLine::Ack(self.install(
+            proxy,
+            snapshot.resolve_unversioned(),
+            &snapshot,
+            &line,
+            running,
+        ))
+    }
+
+    /// Swaps in a resolved snapshot and keeps it on disk, or refuses it.
+    fn install(
+        &self,
+        proxy: &Arc<Proxy>,
+        resolved: Result<reprise_crds::Config, reprise_crds::ValidationErrors>,
+        snapshot: &Snapshot,
+        line: &[u8],
+        running: &mut Running,
+    ) -> Ack {
+        match resolved {
             Ok(mut config) => {
                 self.adjust(&mut config);
                 proxy.reload(config);
@@ -339,9 +438,9 @@ impl Subscription {
                     tracing::warn!(path = %self.snapshot_path.display(), error = %e, "cannot save the snapshot");
                 }
                 tracing::info!(version = %snapshot.version, upstreams = snapshot.upstreams.len(), policies = snapshot.policies.len(), "snapshot applied");
-                *version = Some(snapshot.version.clone());
+                running.version = Some(snapshot.version.clone());
                 Ack {
-                    version: snapshot.version,
+                    version: snapshot.version.clone(),
                     error: None,
                 }
             }
@@ -352,7 +451,7 @@ impl Subscription {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::error!(version = %snapshot.version, error = %e, "snapshot refused; keeping the running configuration");
                 Ack {
-                    version: snapshot.version,
+                    version: snapshot.version.clone(),
                     error: Some(e.to_string()),
                 }
             }

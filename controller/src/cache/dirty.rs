@@ -1,0 +1,66 @@
+//! What changed since the push source last looked: the policies and
+//! Services (with their EndpointSlices) events touched, or everything (a
+//! fresh list, a BackendTLSPolicy, a CA bundle). The push source reads and
+//! clears it to compute again only what a change can reach.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+/// Objects touched since the last [`Dirty::take`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Everything may have changed.
+    pub all: bool,
+    /// RetryPolicies, by namespace and name.
+    pub policies: HashSet<(String, String)>,
+    /// Services (themselves or their EndpointSlices), by namespace and name.
+    pub services: HashSet<(String, String)>,
+}
+
+/// What one event touched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Touch {
+    /// A RetryPolicy.
+    Policy(String, String),
+    /// A Service, or one of its EndpointSlices.
+    Service(String, String),
+    /// Something every snapshot may depend on.
+    All,
+    /// Nothing snapshots are made of.
+    Nothing,
+}
+
+/// The shared record of what was touched. Cheap to clone: clones share it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Dirty(Arc<Mutex<Touched>>);
+
+impl Dirty {
+    /// Records `touch`.
+    pub(crate) fn touch(&self, touch: Touch) {
+        let mut t = self.lock();
+        match touch {
+            Touch::Policy(ns, name) if !t.all => {
+                t.policies.insert((ns, name));
+            }
+            Touch::Service(ns, name) if !t.all => {
+                t.services.insert((ns, name));
+            }
+            Touch::All => {
+                *t = Touched {
+                    all: true,
+                    ..Touched::default()
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// What was touched since the last call, cleared.
+    pub(crate) fn take(&self) -> Touched {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Touched> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
