@@ -64,6 +64,11 @@ pub struct Context {
     pub(crate) tracing: Tracing,
     /// The traffic each policy's status reports.
     pub(crate) traffic: traffic::Published,
+    /// The status last written for each policy, with the resourceVersion
+    /// of the object it was computed from: until the cache holds the write,
+    /// a reconcile of the same object computes the same status again, and
+    /// must not write it again.
+    pub(crate) written: Mutex<HashMap<String, (Option<String>, RetryPolicyStatus)>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -86,6 +91,7 @@ impl Context {
             failures: Mutex::default(),
             tracing,
             traffic: traffic::Published::default(),
+            written: Mutex::default(),
         }
     }
 
@@ -128,8 +134,23 @@ async fn reconcile_policy(
     let mut eval = status::evaluate(policy, &target, counts, now.clone());
     eval.status.traffic = ctx.traffic.get(&policy::id(policy));
     span.evaluated(eval.accepted, eval.status.endpoints, counts);
-    if policy.status.as_ref() != Some(&eval.status) {
+    let id = policy::id(policy);
+    let version = policy.resource_version();
+    let pending = {
+        let mut written = ctx.written.lock().unwrap_or_else(|e| e.into_inner());
+        if policy.status.as_ref() == Some(&eval.status) {
+            written.remove(&id);
+        }
+        written
+            .get(&id)
+            .is_some_and(|(seen, status)| *seen == version && *status == eval.status)
+    };
+    if policy.status.as_ref() != Some(&eval.status) && !pending {
         write_status(ctx, &namespace, &policy.name_any(), &eval.status).await?;
+        ctx.written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, (version, eval.status.clone()));
         ctx.metrics.add(Counter::StatusWrites);
         span.status_written();
         events::status_changed(ctx, policy, &eval, span).await;

@@ -218,6 +218,40 @@ async fn reconcile_is_idempotent() {
     assert_eq!(ctx.metrics().get(Counter::Reconciles), 1);
 }
 
+#[tokio::test]
+async fn a_status_written_is_not_written_again_before_the_cache_holds_it() {
+    // The cache still holds the object the write was computed from (its
+    // watch event has not arrived): a second reconcile of it computes the
+    // same status and writes nothing.
+    let (ctx, handle) = context(true);
+    let server = tokio::spawn(serve(handle));
+    let p = policy(json!({ "targetRef": { "name": "api" } }), None);
+    reconcile(Arc::new(p), ctx).await.expect("reconcile");
+    let patch = server.await.expect("server").expect("patch");
+    let mut stale: RetryPolicyStatus =
+        serde_json::from_value(patch["status"].clone()).expect("status");
+    stale.endpoints = 9; // what the object said before the slice changed
+
+    let (ctx, mut handle) = context(true);
+    let mut p = policy(json!({ "targetRef": { "name": "api" } }), Some(stale));
+    p.metadata.resource_version = Some("7".into());
+    let p = Arc::new(p);
+    let first = tokio::spawn(reconcile(Arc::clone(&p), Arc::clone(&ctx)));
+    assert!(serve_on(&mut handle).await.is_some(), "the first write");
+    first.await.expect("task").expect("reconcile");
+    let second = tokio::spawn(reconcile(Arc::clone(&p), Arc::clone(&ctx)));
+    assert!(serve_on(&mut handle).await.is_none(), "no second write");
+    second.await.expect("task").expect("reconcile");
+    assert_eq!(ctx.metrics().get(Counter::StatusWrites), 1);
+    // Another version of the object (someone else wrote its status) is written again.
+    let mut newer = (*p).clone();
+    newer.metadata.resource_version = Some("8".into());
+    let third = tokio::spawn(reconcile(Arc::new(newer), Arc::clone(&ctx)));
+    assert!(serve_on(&mut handle).await.is_some(), "written again");
+    third.await.expect("task").expect("reconcile");
+    assert_eq!(ctx.metrics().get(Counter::StatusWrites), 2);
+}
+
 /// Tracing into memory, exporting only when flushed.
 fn in_memory_pipeline() -> (Pipeline, InMemorySpanExporter) {
     let exporter = InMemorySpanExporter::default();
