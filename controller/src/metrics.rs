@@ -33,10 +33,13 @@ pub enum Counter {
     InjectionSkips,
     /// Pods the webhook refused (an invalid override annotation).
     InjectionRefusals,
+    /// Bytes written on push streams: snapshot lines and heartbeats, before
+    /// TLS. What a change costs in traffic (issue 45's benchmark reads it).
+    PushBytes,
 }
 
 /// How many [`Counter`]s there are.
-const COUNTERS: usize = 8;
+const COUNTERS: usize = 9;
 
 const RECONCILE_ERRORS: &str = "reprise_controller_reconcile_errors_total";
 const CONNECTED_SIDECARS: &str = "reprise_controller_connected_sidecars";
@@ -73,6 +76,10 @@ const FAMILIES: &[Family] = &[
     counter(
         "reprise_controller_injection_refusals_total",
         "Pods the webhook refused for an invalid override annotation.",
+    ),
+    counter(
+        "reprise_controller_push_bytes_total",
+        "Bytes written to sidecars on push streams (snapshot lines and heartbeats, before TLS).",
     ),
     counter(
         RECONCILE_ERRORS,
@@ -142,6 +149,11 @@ impl Metrics {
     /// Adds one to `counter`.
     pub(crate) fn add(&self, counter: Counter) {
         self.counters[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n` to `counter`.
+    pub(crate) fn add_by(&self, counter: Counter, n: u64) {
+        self.counters[counter as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     /// The value of `counter`.

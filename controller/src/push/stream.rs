@@ -161,6 +161,9 @@ async fn next_frame(
     mut st: StreamState,
 ) -> Option<(Result<Frame<Bytes>, Infallible>, StreamState)> {
     let line = st.next_line().await?;
+    st.server
+        .metrics
+        .add_by(Counter::PushBytes, line.len() as u64);
     Some((Ok(Frame::data(line)), st))
 }
 
@@ -212,6 +215,9 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
             if write.write_all(&line).await.is_err() || write.flush().await.is_err() {
                 break;
             }
+            st.server
+                .metrics
+                .add_by(Counter::PushBytes, line.len() as u64);
         }
     };
     let reader = async move {
