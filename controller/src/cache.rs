@@ -18,9 +18,13 @@
 //! function ([`Cache::target`]), so they cannot disagree. Every change to a
 //! policy, Service or EndpointSlice bumps the counter push streams wait on;
 //! what each event touched is relayed to the reconciler while one runs.
+//!
+//! Benchmarks and tests fill a cache without an API server through a
+//! [`Feed`] ([`Cache::fed`]), whose events take the watches' path.
 
 mod backend_tls;
 mod dirty;
+mod feed;
 mod relay;
 mod watch;
 
@@ -42,6 +46,7 @@ use backend_tls::{keep_ca_bundles, CaBundles};
 pub(crate) use backend_tls::{TlsProblem, TlsProblemKind};
 pub use dirty::Touched;
 use dirty::{Dirty, Touch};
+pub use feed::Feed;
 pub(crate) use relay::Relay;
 pub(crate) use watch::Watched;
 

@@ -35,7 +35,8 @@ pub enum Counter {
     InjectionRefusals,
     /// Pushes sent as deltas (counted in [`Counter::Pushes`] too).
     DeltaPushes,
-    /// Bytes of snapshot and delta lines sent.
+    /// Bytes written on push streams: snapshot and delta lines and
+    /// heartbeats, before TLS.
     PushBytes,
     /// Group snapshots computed again after a change.
     SnapshotComputations,
@@ -89,7 +90,7 @@ const FAMILIES: &[Family] = &[
     ),
     counter(
         "reprise_controller_push_bytes_total",
-        "Bytes of snapshot and delta lines sent to sidecars.",
+        "Bytes written to sidecars on push streams (snapshot and delta lines and heartbeats, before TLS).",
     ),
     counter(
         "reprise_controller_snapshot_computations_total",

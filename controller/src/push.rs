@@ -28,3 +28,9 @@ pub use auth::{AuthError, Authenticating, Authenticator, Identity};
 pub use server::PushServer;
 pub(crate) use source::CacheSource;
 pub use source::{Changed, SnapshotSource};
+
+/// The snapshot source the controller pushes from, reading `cache`: for
+/// benchmarks and tests that drive the real push path (`examples/cluster_scale.rs`).
+pub fn cache_source(cache: crate::cache::Cache) -> std::sync::Arc<dyn SnapshotSource> {
+    std::sync::Arc::new(CacheSource::new(cache))
+}

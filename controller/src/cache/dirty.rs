@@ -6,6 +6,13 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
+use reprise_crds::resource::RetryPolicy;
+
+use crate::policy::target::SERVICE_NAME_LABEL;
+
 /// Objects touched since the last [`Dirty::take`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Touched {
@@ -62,5 +69,23 @@ impl Dirty {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Touched> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What an event on a RetryPolicy touched.
+pub(crate) fn policy(p: &RetryPolicy) -> Touch {
+    Touch::Policy(p.namespace().unwrap_or_default(), p.name_any())
+}
+
+/// What an event on a Service touched.
+pub(crate) fn service(s: &Service) -> Touch {
+    Touch::Service(s.namespace().unwrap_or_default(), s.name_any())
+}
+
+/// What an event on an EndpointSlice touched: its Service.
+pub(crate) fn slice(s: &EndpointSlice) -> Touch {
+    match s.labels().get(SERVICE_NAME_LABEL) {
+        Some(service) => Touch::Service(s.namespace().unwrap_or_default(), service.clone()),
+        None => Touch::Nothing,
     }
 }

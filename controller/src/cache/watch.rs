@@ -5,7 +5,9 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
-use kube::runtime::reflector::{self, Store};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
@@ -32,7 +34,7 @@ pub(crate) struct Watched<K: Kind> {
     touched: Arc<Relay<K>>,
     /// Set while the API server does not serve the kind (its CRD is not
     /// installed): the store will not fill, and nothing is waited for.
-    missing: Arc<std::sync::atomic::AtomicBool>,
+    missing: Arc<AtomicBool>,
 }
 
 impl<K: Kind> Clone for Watched<K> {
@@ -57,6 +59,17 @@ pub(crate) struct Signals {
     pub(crate) dirty: Dirty,
 }
 
+/// The first wait before watching again a kind the API server does not
+/// serve (or does not let the controller list), doubled at each failure up
+/// to [`MISSING_MAX`]. kube's own backoff starts again at 0.8 s after every
+/// attempt (the attempt's first event resets it): without this, a cluster
+/// without Gateway API would be asked for BackendTLSPolicies every second
+/// by every replica.
+const MISSING_FIRST: std::time::Duration = std::time::Duration::from_secs(5);
+/// The longest wait before watching a missing kind again: how late a
+/// Gateway API installed afterwards is noticed.
+const MISSING_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl<K: Kind> Watched<K> {
     /// Starts watching `api` (with `config`) on a task of its own, retrying
     /// with backoff when the watch fails, for as long as the process runs.
@@ -67,49 +80,26 @@ impl<K: Kind> Watched<K> {
         signals: Signals,
         touch: fn(&K) -> Touch,
     ) -> Self {
-        let (store, writer) = reflector::store();
+        let (store, mut writer) = reflector::store();
         let touched = Arc::new(Relay::default());
-        let relay = Arc::clone(&touched);
-        let missing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let absent = Arc::clone(&missing);
+        let missing = Arc::new(AtomicBool::new(false));
+        let (relay, absent) = (Arc::clone(&touched), Arc::clone(&missing));
         tokio::spawn(async move {
+            let mut pause = MISSING_FIRST;
             watcher(api, config)
                 .default_backoff()
-                .reflect(writer)
                 .for_each(|event| {
-                    match event {
-                        // The store already holds the change when the event arrives here.
-                        Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
-                            signals.touch(touch(&obj));
-                            signals.bump();
-                            relay.send(obj);
-                        }
-                        // A list is buffered until it is complete, then swapped in at once.
-                        Ok(watcher::Event::InitDone) => {
-                            absent.store(false, std::sync::atomic::Ordering::Release);
-                            signals.touch(Touch::All);
-                            signals.bump();
-                            signals.relisted.send(());
-                        }
-                        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
-                        // A kind whose CRD is not installed (Gateway API's,
-                        // optional): watched again with backoff until it is.
-                        Err(e) if kind_missing(&e) => {
-                            absent.store(true, std::sync::atomic::Ordering::Release);
-                            tracing::debug!(kind = %K::kind(&()), "kind not served (CRD not installed); watching again later");
-                        }
-                        // Not allowed to list it (RBAC from an older chart):
-                        // counted as absent so that the controller still
-                        // starts, and said at every retry.
-                        Err(e) if status_code(&e) == Some(403) => {
-                            absent.store(true, std::sync::atomic::Ordering::Release);
-                            tracing::warn!(kind = %K::kind(&()), error = %e, "not allowed to watch this kind (update the chart's RBAC); treated as absent");
-                        }
-                        Err(e) => {
-                            tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying");
-                        }
+                    let failed = event.is_err();
+                    on_event(&mut writer, event, &signals, &relay, &absent, touch);
+                    if !absent.load(Ordering::Acquire) {
+                        pause = MISSING_FIRST;
+                    } else if failed {
+                        // The stream is not polled again until this ends.
+                        let wait = pause;
+                        pause = (pause * 2).min(MISSING_MAX);
+                        return futures_util::future::Either::Left(tokio::time::sleep(wait));
                     }
-                    std::future::ready(())
+                    futures_util::future::Either::Right(std::future::ready(()))
                 })
                 .await;
         });
@@ -118,6 +108,36 @@ impl<K: Kind> Watched<K> {
             touched,
             missing,
         }
+    }
+
+    /// A store filled by hand instead of by a watch (a
+    /// [`Feed`](super::Feed)): it starts as the complete list `objects`,
+    /// and every event sent to the returned [`Fed`] takes the live watch's
+    /// path.
+    pub(super) fn fed(
+        signals: Signals,
+        objects: impl IntoIterator<Item = K>,
+        touch: fn(&K) -> Touch,
+    ) -> (Self, Fed<K>) {
+        let (store, writer) = reflector::store();
+        let mut fed = Fed {
+            writer,
+            signals,
+            touch,
+            relay: Arc::default(),
+            missing: Arc::default(),
+        };
+        fed.send(watcher::Event::Init);
+        for obj in objects {
+            fed.send(watcher::Event::InitApply(obj));
+        }
+        fed.send(watcher::Event::InitDone);
+        let watched = Watched {
+            store,
+            touched: Arc::clone(&fed.relay),
+            missing: Arc::clone(&fed.missing),
+        };
+        (watched, fed)
     }
 
     /// A complete store of `objects` that never changes.
@@ -139,7 +159,7 @@ impl<K: Kind> Watched<K> {
     /// it does not serve the kind. `false` when the watch is gone.
     pub(crate) async fn ready_or_missing(&self) -> bool {
         loop {
-            if self.missing.load(std::sync::atomic::Ordering::Acquire) {
+            if self.missing.load(Ordering::Acquire) {
                 return true;
             }
             match tokio::time::timeout(
@@ -159,6 +179,80 @@ impl<K: Kind> Watched<K> {
     /// subscription.
     pub(crate) fn touched(&self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
         self.touched.subscribe().map(Ok)
+    }
+}
+
+/// The writing end of a store that [`Watched::fed`] made.
+pub(super) struct Fed<K: Kind> {
+    writer: Writer<K>,
+    signals: Signals,
+    touch: fn(&K) -> Touch,
+    relay: Arc<Relay<K>>,
+    missing: Arc<AtomicBool>,
+}
+
+impl<K: Kind> Fed<K> {
+    /// Handles `event` as if the watch had received it.
+    pub(super) fn send(&mut self, event: watcher::Event<K>) {
+        on_event(
+            &mut self.writer,
+            Ok(event),
+            &self.signals,
+            &self.relay,
+            &self.missing,
+            self.touch,
+        );
+    }
+}
+
+/// What every event of a watch does, the live watch's and a
+/// [`Feed`](super::Feed)'s alike: the event goes into the store, then the
+/// push streams are told (`signals`) and the reconciler is handed what it
+/// touched (`relay`); `missing` says whether the kind is served at all.
+/// Anything that must see every change (an index of what each event
+/// touched) belongs here, so that both paths run it.
+pub(super) fn on_event<K: Kind>(
+    writer: &mut Writer<K>,
+    event: Result<watcher::Event<K>, watcher::Error>,
+    signals: &Signals,
+    relay: &Relay<K>,
+    missing: &AtomicBool,
+    touch: fn(&K) -> Touch,
+) {
+    if let Ok(event) = &event {
+        writer.apply_watcher_event(event);
+    }
+    match event {
+        // The store already holds the change here.
+        Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
+            signals.touch(touch(&obj));
+            signals.bump();
+            relay.send(obj);
+        }
+        // A list is buffered until it is complete, then swapped in at once.
+        Ok(watcher::Event::InitDone) => {
+            missing.store(false, Ordering::Release);
+            signals.touch(Touch::All);
+            signals.bump();
+            signals.relisted.send(());
+        }
+        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+        // A kind whose CRD is not installed (Gateway API's,
+        // optional): watched again with backoff until it is.
+        Err(e) if kind_missing(&e) => {
+            missing.store(true, Ordering::Release);
+            tracing::debug!(kind = %K::kind(&()), "kind not served (CRD not installed); watching again later");
+        }
+        // Not allowed to list it (RBAC from an older chart):
+        // counted as absent so that the controller still
+        // starts, and said at every retry.
+        Err(e) if status_code(&e) == Some(403) => {
+            missing.store(true, Ordering::Release);
+            tracing::warn!(kind = %K::kind(&()), error = %e, "not allowed to watch this kind (update the chart's RBAC); treated as absent");
+        }
+        Err(e) => {
+            tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying");
+        }
     }
 }
 

@@ -321,4 +321,141 @@ mod tests {
         assert_eq!(eval.status.endpoints, 2);
         assert!(eval.accepted);
     }
+
+    /// The cluster the property test changes at random: in each of two
+    /// namespaces, Services `api` and `db`, their slices, and policies
+    /// selecting `app=a` or `app=b`.
+    mod random {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+
+        use super::*;
+        use crate::cache::Feed;
+
+        const NAMESPACES: [&str; 2] = ["shop", "web"];
+        const SERVICES: [&str; 2] = ["api", "db"];
+
+        fn service(ns: &str, name: &str, port: u16) -> k8s_openapi::api::core::v1::Service {
+            let mut s = fixtures::service(serde_json::json!([{ "name": "http", "port": port }]));
+            s.metadata.namespace = Some(ns.into());
+            s.metadata.name = Some(name.into());
+            s
+        }
+
+        fn slice(
+            ns: &str,
+            service: &str,
+            n: usize,
+            ips: &[u8],
+        ) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+            let endpoints: Vec<serde_json::Value> = ips
+                .iter()
+                .map(|i| serde_json::json!({ "addresses": [format!("10.0.0.{i}")], "conditions": { "ready": true } }))
+                .collect();
+            let mut s = fixtures::slice(
+                &format!("{service}-{n}"),
+                serde_json::Value::Array(endpoints),
+            );
+            s.metadata.namespace = Some(ns.into());
+            s.metadata.labels = Some(
+                [(
+                    crate::policy::target::SERVICE_NAME_LABEL.to_string(),
+                    service.to_string(),
+                )]
+                .into(),
+            );
+            s
+        }
+
+        fn policy(rng: &mut StdRng, ns: &str, name: &str) -> RetryPolicy {
+            let mut rule = RetryRule::default();
+            // Now and then an invalid one, which is not pushed.
+            rule.retries.attempts = rng.random_range(1..12);
+            let mut p = fixtures::policy()
+                .named(name)
+                .selecting("app", ["a", "b"][rng.random_range(0..2)])
+                .generation(rng.random_range(1..5))
+                .rule(rule)
+                .build();
+            p.metadata.namespace = Some(ns.into());
+            p.spec.target_ref.name = SERVICES[rng.random_range(0..2)].into();
+            p
+        }
+
+        fn step(rng: &mut StdRng, feed: &mut Feed) {
+            let ns = NAMESPACES[rng.random_range(0..2)];
+            let svc = SERVICES[rng.random_range(0..2)];
+            match rng.random_range(0..10) {
+                0..=3 => {
+                    let ips: Vec<u8> = (0..rng.random_range(0..5))
+                        .map(|_| rng.random_range(1..20))
+                        .collect();
+                    feed.apply_slice(slice(ns, svc, rng.random_range(0..2), &ips));
+                }
+                4 => feed.delete_slice(slice(ns, svc, rng.random_range(0..2), &[])),
+                5 => feed.apply_service(service(ns, svc, [80, 81][rng.random_range(0..2)])),
+                6 => feed.delete_service(service(ns, svc, 80)),
+                7 | 8 => {
+                    let name = format!("p{}", rng.random_range(0..3));
+                    feed.apply_policy(policy(rng, ns, &name));
+                }
+                _ => {
+                    let name = format!("p{}", rng.random_range(0..3));
+                    feed.delete_policy(policy(rng, ns, &name));
+                }
+            }
+        }
+
+        #[test]
+        fn kept_entries_give_what_a_full_recomputation_gives_and_changes_name_their_namespace() {
+            let ids: Vec<Identity> = NAMESPACES
+                .iter()
+                .flat_map(|ns| {
+                    ["a", "b", "c"].map(|app| Identity {
+                        namespace: ns.to_string(),
+                        pod: format!("{app}-1"),
+                        labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+                        capabilities: Default::default(),
+                    })
+                })
+                .collect();
+            let (mut pushed, mut changes) = (0, 0);
+            for seed in 0..30u64 {
+                let mut rng = StdRng::seed_from_u64(seed);
+                let (cache, mut feed) = Cache::fed([], [], []);
+                let kept = CacheSource::new(cache.clone());
+                let mut before: Vec<Entries> = ids.iter().map(|id| kept.entries_for(id)).collect();
+                kept.take_changed();
+                for round in 0..80 {
+                    for _ in 0..rng.random_range(1..4) {
+                        step(&mut rng, &mut feed);
+                    }
+                    let changed = kept.take_changed();
+                    let fresh = CacheSource::new(cache.clone());
+                    for (i, id) in ids.iter().enumerate() {
+                        let now = kept.entries_for(id);
+                        assert_eq!(
+                            now.version(),
+                            fresh.entries_for(id).version(),
+                            "seed {seed} round {round}: {}/{:?}",
+                            id.namespace,
+                            id.labels
+                        );
+                        pushed += usize::from(!now.upstreams.is_empty());
+                        if now.version() != before[i].version() {
+                            changes += 1;
+                            assert!(
+                                changed.includes(&id.namespace),
+                                "seed {seed} round {round}: {}'s snapshot changed, unannounced ({changed:?})",
+                                id.namespace
+                            );
+                        }
+                        before[i] = now;
+                    }
+                }
+            }
+            // Not vacuous: snapshots had endpoints and changed often.
+            assert!(pushed > 3000 && changes > 1000, "{pushed} {changes}");
+        }
+    }
 }

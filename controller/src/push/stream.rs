@@ -181,6 +181,9 @@ async fn next_frame(
     mut st: StreamState,
 ) -> Option<(Result<Frame<Bytes>, Infallible>, StreamState)> {
     let line = st.next_line().await?;
+    st.server
+        .metrics
+        .add_n(Counter::PushBytes, line.len() as u64);
     Some((Ok(Frame::data(line)), st))
 }
 
@@ -222,9 +225,6 @@ impl StreamState {
                 (*current.policies).clone(),
             );
             self.server.metrics.add(Counter::Pushes);
-            self.server
-                .metrics
-                .add_n(Counter::PushBytes, line.len() as u64);
             self.server.push_started(&self.id, &current.version);
             self.last = Some(current);
             return Some(line);
@@ -247,6 +247,9 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
             if write.write_all(&line).await.is_err() || write.flush().await.is_err() {
                 break;
             }
+            st.server
+                .metrics
+                .add_n(Counter::PushBytes, line.len() as u64);
         }
     };
     let reader = async move {

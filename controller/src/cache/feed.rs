@@ -1,0 +1,167 @@
+//! A [`Cache`] filled by hand instead of by watches, for benchmarks and
+//! tests (`examples/cluster_scale.rs`): a model cluster of thousands of
+//! Services and pods needs no API server.
+//!
+//! Why not [`Cache::fixed`]: a fed cache changes, and each change takes the
+//! live watch's path (`watch::on_event`: store, change counter, relay to
+//! the reconciler), so whatever the controller does per event is exercised
+//! and measured as in a cluster. Its stores start complete (a list, as a
+//! watch's first one), so [`Cache::ready`] holds at once; BackendTLSPolicies
+//! and the replicas' sync counts are not fed (none).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher::Event;
+use reprise_crds::resource::RetryPolicy;
+use tokio::sync::watch as change;
+
+use super::relay::Relay;
+use super::watch::{self, Fed, Kind, Watched};
+use super::Cache;
+
+/// Applies and deletes the objects of a [`Cache::fed`] cache, each as a
+/// watch event. For benchmarks and tests.
+pub struct Feed {
+    policies: Fed<RetryPolicy>,
+    services: Fed<Service>,
+    slices: Fed<EndpointSlice>,
+}
+
+impl std::fmt::Debug for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Feed").finish_non_exhaustive()
+    }
+}
+
+impl Cache {
+    /// A complete cache of these objects and the [`Feed`] that changes it
+    /// (for benchmarks and tests).
+    pub fn fed(
+        policies: impl IntoIterator<Item = RetryPolicy>,
+        services: impl IntoIterator<Item = Service>,
+        slices: impl IntoIterator<Item = EndpointSlice>,
+    ) -> (Cache, Feed) {
+        let (tx, changes) = change::channel(0u64);
+        let relisted = Arc::new(Relay::default());
+        let dirty = super::Dirty::default();
+        let signals = watch::Signals {
+            changes: Some(Arc::new(tx)),
+            relisted: Arc::clone(&relisted),
+            dirty: dirty.clone(),
+        };
+        let (policies, policies_fed) =
+            Watched::fed(signals.clone(), policies, super::dirty::policy);
+        let (services, services_fed) =
+            Watched::fed(signals.clone(), services, super::dirty::service);
+        let (slices, slices_fed) = Watched::fed(signals, slices, super::dirty::slice);
+        let cache = Cache {
+            policies,
+            services,
+            slices,
+            peers: None,
+            backend_tls: Watched::fixed([]),
+            ca_bundles: Arc::default(),
+            ca_read: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            changes,
+            relisted,
+            dirty,
+        };
+        let feed = Feed {
+            policies: policies_fed,
+            services: services_fed,
+            slices: slices_fed,
+        };
+        (cache, feed)
+    }
+}
+
+impl Feed {
+    /// Adds or replaces a RetryPolicy.
+    pub fn apply_policy(&mut self, policy: RetryPolicy) {
+        apply(&mut self.policies, policy);
+    }
+
+    /// Deletes a RetryPolicy.
+    pub fn delete_policy(&mut self, policy: RetryPolicy) {
+        delete(&mut self.policies, policy);
+    }
+
+    /// Adds or replaces a Service.
+    pub fn apply_service(&mut self, service: Service) {
+        apply(&mut self.services, service);
+    }
+
+    /// Deletes a Service.
+    pub fn delete_service(&mut self, service: Service) {
+        delete(&mut self.services, service);
+    }
+
+    /// Adds or replaces an EndpointSlice.
+    pub fn apply_slice(&mut self, slice: EndpointSlice) {
+        apply(&mut self.slices, slice);
+    }
+
+    /// Deletes an EndpointSlice.
+    pub fn delete_slice(&mut self, slice: EndpointSlice) {
+        delete(&mut self.slices, slice);
+    }
+}
+
+fn apply<K: Kind>(fed: &mut Fed<K>, obj: K) {
+    fed.send(Event::Apply(obj));
+}
+
+fn delete<K: Kind>(fed: &mut Fed<K>, obj: K) {
+    fed.send(Event::Delete(obj));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::fixtures::{self, service, slice};
+    use crate::push::{CacheSource, Identity, SnapshotSource};
+
+    #[tokio::test]
+    async fn a_fed_cache_is_ready_and_each_change_is_announced_and_seen() {
+        let endpoints = |ips: &[&str]| {
+            serde_json::Value::Array(
+                ips.iter()
+                    .map(|ip| serde_json::json!({ "addresses": [ip], "conditions": { "ready": true } }))
+                    .collect(),
+            )
+        };
+        let (cache, mut feed) = Cache::fed(
+            [fixtures::policy().build()],
+            [service(serde_json::json!([{ "name": "http", "port": 80 }]))],
+            [slice("api-1", endpoints(&["127.0.0.11"]))],
+        );
+        assert!(cache.ready().await, "the stores start complete");
+        let source = CacheSource::new(cache.clone());
+        let mut changes = source.changes();
+        changes.borrow_and_update();
+        let id = Identity {
+            namespace: "shop".into(),
+            pod: "web-1".into(),
+            labels: BTreeMap::new(),
+            capabilities: Default::default(),
+        };
+        let count = |s: &CacheSource| s.snapshot_for(&id).upstreams[0].endpoints.len();
+        assert_eq!(count(&source), 1);
+
+        feed.apply_slice(slice("api-1", endpoints(&["127.0.0.11", "127.0.0.12"])));
+        assert!(
+            changes.has_changed().unwrap_or(false),
+            "push streams are woken"
+        );
+        assert_eq!(count(&source), 2);
+
+        feed.delete_slice(slice("api-1", endpoints(&[])));
+        assert_eq!(count(&source), 0);
+        feed.delete_policy(fixtures::policy().build());
+        assert!(source.snapshot_for(&id).policies.is_empty());
+    }
+}
