@@ -493,6 +493,9 @@ fn markers(config: &reprise_crds::Config) -> (i64, i64) {
     (restart, edit)
 }
 
+/// A configuration swap a sidecar made: (sidecar, Unix µs, restart marker, edit marker).
+type Swap = (u32, u64, i64, i64);
+
 /// Second process: N sidecars running the real subscription code, sidecar
 /// i subscribed to replica i mod R. Commands on stdin: `record` (from now
 /// on, note every configuration a sidecar swaps in), `dump FILE`.
@@ -527,7 +530,7 @@ async fn clients(dir: &str, n: usize, addrs: &str) -> anyhow::Result<()> {
         }
     }
     // (sidecar, Unix µs, restart marker, edit marker) of every swap while recording.
-    let events: Arc<Mutex<Option<Vec<(u32, u64, i64, i64)>>>> = Arc::default();
+    let events: Arc<Mutex<Option<Vec<Swap>>>> = Arc::default();
     let watcher = {
         let events = Arc::clone(&events);
         async move {
