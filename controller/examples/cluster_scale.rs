@@ -493,6 +493,10 @@ fn markers(config: &reprise_crds::Config) -> (i64, i64) {
     (restart, edit)
 }
 
+/// A configuration a sidecar swapped in: the sidecar, when (Unix µs), its
+/// restart and edit markers.
+type Swap = (u32, u64, i64, i64);
+
 /// Second process: N sidecars running the real subscription code, sidecar
 /// i subscribed to replica i mod R. Commands on stdin: `record` (from now
 /// on, note every configuration a sidecar swaps in), `dump FILE`.
@@ -526,8 +530,7 @@ async fn clients(dir: &str, n: usize, addrs: &str) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    // (sidecar, Unix µs, restart marker, edit marker) of every swap while recording.
-    let events: Arc<Mutex<Option<Vec<(u32, u64, i64, i64)>>>> = Arc::default();
+    let events: Arc<Mutex<Option<Vec<Swap>>>> = Arc::default();
     let watcher = {
         let events = Arc::clone(&events);
         async move {

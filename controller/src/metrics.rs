@@ -283,6 +283,7 @@ mod tests {
                 Counter::InjectionRefusals,
                 "reprise_controller_injection_refusals_total",
             ),
+            (Counter::PushBytes, "reprise_controller_push_bytes_total"),
         ];
         assert_eq!(names.len(), COUNTERS);
         for (i, (counter, _)) in names.iter().enumerate() {
