@@ -493,7 +493,8 @@ fn markers(config: &reprise_crds::Config) -> (i64, i64) {
     (restart, edit)
 }
 
-/// A configuration swap a sidecar made: (sidecar, Unix µs, restart marker, edit marker).
+/// A configuration a sidecar swapped in: the sidecar, when (Unix µs), its
+/// restart and edit markers.
 type Swap = (u32, u64, i64, i64);
 
 /// Second process: N sidecars running the real subscription code, sidecar
@@ -529,7 +530,6 @@ async fn clients(dir: &str, n: usize, addrs: &str) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    // (sidecar, Unix µs, restart marker, edit marker) of every swap while recording.
     let events: Arc<Mutex<Option<Vec<Swap>>>> = Arc::default();
     let watcher = {
         let events = Arc::clone(&events);

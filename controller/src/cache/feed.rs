@@ -119,11 +119,8 @@ fn delete<K: Kind>(fed: &mut Fed<K>, obj: K) {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
     use crate::fixtures::{self, service, slice};
-    use crate::push::{CacheSource, Identity, SnapshotSource};
 
     #[tokio::test]
     async fn a_fed_cache_is_ready_and_each_change_is_announced_and_seen() {
@@ -140,28 +137,26 @@ mod tests {
             [slice("api-1", endpoints(&["127.0.0.11"]))],
         );
         assert!(cache.ready().await, "the stores start complete");
-        let source = CacheSource::new(cache.clone());
-        let mut changes = source.changes();
+        let mut changes = cache.changes();
         changes.borrow_and_update();
-        let id = Identity {
-            namespace: "shop".into(),
-            pod: "web-1".into(),
-            labels: BTreeMap::new(),
-            capabilities: Default::default(),
+        let count = |c: &Cache| {
+            let p = fixtures::policy().build();
+            c.target(&p)
+                .map(|u| u.endpoints.len())
+                .unwrap_or(usize::MAX)
         };
-        let count = |s: &CacheSource| s.snapshot_for(&id).upstreams[0].endpoints.len();
-        assert_eq!(count(&source), 1);
+        assert_eq!(count(&cache), 1);
 
         feed.apply_slice(slice("api-1", endpoints(&["127.0.0.11", "127.0.0.12"])));
         assert!(
             changes.has_changed().unwrap_or(false),
             "push streams are woken"
         );
-        assert_eq!(count(&source), 2);
+        assert_eq!(count(&cache), 2);
 
         feed.delete_slice(slice("api-1", endpoints(&[])));
-        assert_eq!(count(&source), 0);
+        assert_eq!(count(&cache), 0);
         feed.delete_policy(fixtures::policy().build());
-        assert!(source.snapshot_for(&id).policies.is_empty());
+        assert!(cache.policies().is_empty());
     }
 }

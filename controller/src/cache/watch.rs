@@ -2,11 +2,10 @@
 //! objects each event touched, relayed to the reconciler.
 
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
@@ -84,6 +83,8 @@ impl<K: Kind> Watched<K> {
         let touched = Arc::new(Relay::default());
         let missing = Arc::new(AtomicBool::new(false));
         let (relay, absent) = (Arc::clone(&touched), Arc::clone(&missing));
+        // `on_event` writes the store (rather than `.reflect()`), so that a
+        // Feed's events take exactly this path.
         tokio::spawn(async move {
             let mut pause = MISSING_FIRST;
             watcher(api, config)
