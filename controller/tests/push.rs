@@ -710,3 +710,52 @@ async fn upstreams_over_tls_reach_only_sidecars_that_announce_tls() {
     );
     task.abort();
 }
+
+#[tokio::test]
+async fn changes_while_a_push_awaits_its_ack_are_one_delta_after_it() {
+    use reprise_crds::protocol::{self, CAPABILITIES_HEADER};
+    use reprise_crds::snapshot::DeltaLine;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let h = harness("one-at-a-time").await;
+    let tls = tls_connect(&h, b"http/1.1").await;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("http/1.1 handshake");
+    tokio::spawn(connection.with_upgrades());
+    let mut request = snapshot_request();
+    protocol::insert_upgrade_headers(request.headers_mut());
+    request.headers_mut().insert(
+        CAPABILITIES_HEADER,
+        http::HeaderValue::from_static("tls,dns,delta"),
+    );
+    let response = sender.send_request(request).await.expect("response");
+    assert_eq!(response.status(), 101);
+    let io = hyper::upgrade::on(response).await.expect("upgrade");
+    let (read, mut write) = tokio::io::split(hyper_util::rt::TokioIo::new(io));
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    let first: Snapshot =
+        serde_json::from_str(&lines.next_line().await.expect("read").expect("line"))
+            .expect("whole");
+    // Three changes, the first push not yet answered: nothing more comes.
+    for ports in [[1001, 1002], [1001, 1003], [1001, 1004]] {
+        h.source.set(snapshot(&ports, 1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let early = tokio::time::timeout(Duration::from_millis(300), lines.next_line()).await;
+    assert!(early.is_err(), "a line before the ACK: {early:?}");
+    // The ACK: one delta from what was answered to what is current.
+    let ack = format!("{{\"version\":\"{}\"}}\n", first.version);
+    write.write_all(ack.as_bytes()).await.expect("ack");
+    let line = lines.next_line().await.expect("read").expect("line");
+    let delta: DeltaLine = serde_json::from_str(&line).expect("a delta");
+    assert_eq!(delta.delta.base, first.version);
+    assert_eq!(delta.delta.version, snapshot_version(&h));
+    let added: Vec<u16> = delta.delta.endpoints[0]
+        .added
+        .iter()
+        .map(|e| e.port)
+        .collect();
+    assert_eq!(added, [1004]);
+    assert_eq!(h.metrics.get(Counter::Pushes), 2, "three changes, one push");
+}

@@ -119,7 +119,8 @@ pub(super) fn open(
         last,
         snapshots,
         first: true,
-        resync: Arc::default(),
+        upgraded: upgrade,
+        sidecar: Arc::default(),
         _group: group,
         _registration: registration,
     };
@@ -162,19 +163,46 @@ struct StreamState {
     first: bool,
     /// Deltas may be sent (the sidecar takes them, on the upgraded stream).
     deltas: bool,
-    /// Set when the sidecar asked for the whole snapshot again.
-    resync: Arc<Resync>,
+    /// ACKs come on this stream (upgraded), so pushes wait for them.
+    upgraded: bool,
+    /// What the reading half heard: answers, requests for the whole snapshot.
+    sidecar: Arc<Heard>,
     /// Keeps the group alive while the stream is.
     _group: Arc<Group>,
     _registration: Registration,
 }
 
-/// A sidecar's request for the whole snapshot, from the reading half of
-/// the stream to the writing one.
+/// What the reading half of an upgraded stream tells the writing half.
+///
+/// One push at a time: after a line, the writer waits for the sidecar's
+/// answer (ACK, NACK or resync) before the next, and then sends what is
+/// current, a delta from what the sidecar answered. Changes that came
+/// meanwhile are one push, however many there were: a slow sidecar is
+/// never behind a queue of lines in its socket buffer (as xDS servers wait
+/// for the ACK of a type before pushing it again).
 #[derive(Default)]
-struct Resync {
-    asked: std::sync::atomic::AtomicBool,
+struct Heard {
+    /// The sidecar asked for the whole snapshot again.
+    resync: std::sync::atomic::AtomicBool,
+    /// A push awaits its answer.
+    awaiting: std::sync::atomic::AtomicBool,
     wake: tokio::sync::Notify,
+}
+
+impl Heard {
+    /// The sidecar answered the push (and perhaps asked for a resync).
+    fn answered(&self, resync: bool) {
+        use std::sync::atomic::Ordering::Release;
+        if resync {
+            self.resync.store(true, Release);
+        }
+        self.awaiting.store(false, Release);
+        self.wake.notify_one();
+    }
+
+    fn awaiting(&self) -> bool {
+        self.awaiting.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 async fn next_frame(
@@ -193,18 +221,22 @@ impl StreamState {
     async fn next_line(&mut self) -> Option<Bytes> {
         loop {
             if !self.first {
+                let awaiting = self.sidecar.awaiting();
                 tokio::select! {
-                    changed = self.snapshots.changed() => changed.ok()?,
-                    () = self.resync.wake.notified() => {}
+                    changed = self.snapshots.changed(), if !awaiting => changed.ok()?,
+                    () = self.sidecar.wake.notified() => {}
                     () = tokio::time::sleep(Duration::from_secs(HEARTBEAT_SECS)) => {
                         return Some(Bytes::from_static(b"\n"));
                     }
                 }
             }
             self.first = false;
+            if self.sidecar.awaiting() {
+                continue;
+            }
             if self
+                .sidecar
                 .resync
-                .asked
                 .swap(false, std::sync::atomic::Ordering::AcqRel)
             {
                 self.last = None;
@@ -227,6 +259,11 @@ impl StreamState {
             self.server.metrics.add(Counter::Pushes);
             self.server.push_started(&self.id, &current.version);
             self.last = Some(current);
+            if self.upgraded {
+                self.sidecar
+                    .awaiting
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
             return Some(line);
         }
     }
@@ -237,10 +274,10 @@ impl StreamState {
 /// neither loses a wake-up; when either ends the connection is done.
 async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
     let (read, mut write) = tokio::io::split(io);
-    let (server, id, resync) = (
+    let (server, id, sidecar) = (
         Arc::clone(&st.server),
         st.id.clone(),
-        Arc::clone(&st.resync),
+        Arc::clone(&st.sidecar),
     );
     let writer = async move {
         while let Some(line) = st.next_line().await {
@@ -273,14 +310,14 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
                 continue;
             }
             match serde_json::from_slice::<SidecarLine>(&line) {
-                Ok(SidecarLine::Ack(ack)) => server.record_ack(&id, &ack),
+                Ok(SidecarLine::Ack(ack)) => {
+                    server.record_ack(&id, &ack);
+                    sidecar.answered(false);
+                }
                 Ok(SidecarLine::Traffic(report)) => server.record_traffic(&id, report),
                 Ok(SidecarLine::Resync { resync: r }) => {
                     tracing::warn!(namespace = %id.namespace, pod = %id.pod, version = %r.version, reason = %r.reason, "a delta did not apply; sending the whole snapshot");
-                    resync
-                        .asked
-                        .store(true, std::sync::atomic::Ordering::Release);
-                    resync.wake.notify_one();
+                    sidecar.answered(true);
                 }
                 Err(e) => {
                     tracing::warn!(namespace = %id.namespace, pod = %id.pod, error = %e, "invalid ACK or traffic line; closing");
