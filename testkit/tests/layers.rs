@@ -1,7 +1,7 @@
 //! The floors of every library crate, top to bottom: a module may name
 //! modules on floors below its own, and nothing on its own floor or above
 //! (`reprise_testkit::layers` says how the edges are read). A failure names
-//! the file, the line and the arrow; `docs/architecture.md` draws the same
+//! the file, the line and the arrow; `docs/src/concepts/architecture.md` draws the same
 //! floors.
 //!
 //! To see a crate's edges as they are: `REPRISE_LAYERS_PRINT=1 cargo test

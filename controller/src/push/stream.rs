@@ -1,4 +1,4 @@
-//! One sidecar's snapshot stream (README: "Push protocol"): the current
+//! One sidecar's snapshot stream (`docs/src/concepts/controller.md`): the current
 //! snapshot first, then one per change (debounced), a heartbeat line when
 //! nothing changed. Upgraded to `reprise-push/1`, the same connection carries
 //! the ACK lines back; otherwise the snapshots are a streamed response body

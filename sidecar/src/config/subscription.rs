@@ -27,7 +27,7 @@ use super::address_map::AddressMap;
 use crate::proxy::Proxy;
 use crate::Error;
 
-/// Where and as whom to subscribe (from the environment; see the README).
+/// Where and as whom to subscribe (from the environment; `docs/src/reference/environment.md`).
 #[derive(Clone, Debug)]
 pub struct Subscription {
     /// `https://host:port` of the controller's push endpoint.
