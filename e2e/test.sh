@@ -137,6 +137,8 @@ export HELM
 # binary fails them): ignored by the workspace run above.
 echo "== OTLP over TLS to Jaeger (telemetry/tests/otlp_tls.rs)"
 cargo test -p reprise-telemetry --test otlp_tls --locked -- --ignored 2>&1 | tee -a "$log"
+echo "== docs: the user guide built with mdBook, every link checked offline (docs/build.sh)"
+bash docs/build.sh
 echo "== chart: lint, render every documented combination, schema refusals, promtool on the alerts"
 bash charts/test.sh
 REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test -p reprise-e2e --test cluster --locked -- --ignored --test-threads=1 "${skip[@]}" 2>&1 | tee -a "$log"

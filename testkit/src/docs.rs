@@ -141,6 +141,10 @@ fn render_command(name: &str, cmd: &clap::Command, level: usize, top: bool) -> S
                 .map(|e| format!("`{}`", e.to_string_lossy()))
                 .unwrap_or_default();
             let mut description = help(a);
+            // clap's help has no final period; the extras below are sentences.
+            if !description.is_empty() && !description.ends_with('.') {
+                description.push('.');
+            }
             let possible: Vec<String> = a
                 .get_possible_values()
                 .iter()
@@ -150,7 +154,9 @@ fn render_command(name: &str, cmd: &clap::Command, level: usize, top: bool) -> S
             if takes_value && !possible.is_empty() {
                 description.push_str(&format!(" One of {}.", possible.join(", ")));
             }
-            if matches!(a.get_action(), clap::ArgAction::Append) {
+            if matches!(a.get_action(), clap::ArgAction::Append)
+                && !description.to_lowercase().contains("repeatable")
+            {
                 description.push_str(" Repeatable.");
             }
             let _ = writeln!(
