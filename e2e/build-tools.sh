@@ -18,7 +18,8 @@
 # and, not built but downloaded (its CRD manifests, for the node's TLS test
 # and the guide's examples):
 #   Gateway API                              e2e/tools/gateway-api/  (sigs.k8s.io/gateway-api)
-# and, from crates.io with `cargo install --locked` (the user guide, docs/build.sh):
+# and, with --docs-only and nothing else, from crates.io with `cargo install
+# --locked` (the user guide's, for docs/build.sh):
 #   mdbook, mdbook-linkcheck                 pinned below (DOCS_TOOLS), a pair that builds together
 #
 # A binary already in the cache is not rebuilt, so running this again is cheap.
@@ -26,13 +27,13 @@
 # (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM, PROMTOOL, and KUBELET,
 # KUBE_PROXY, KUBE_SCHEDULER, COREDNS, PROMETHEUS, CRICTL unless --api-only;
 # GATEWAY_API_CRDS, the path of the pinned module's BackendTLSPolicy CRD,
-# always; MDBOOK and MDBOOK_LINKCHECK always) and a last line
-# REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file that exports them.
+# always) and a last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file
+# that exports them; with --docs-only, MDBOOK and MDBOOK_LINKCHECK only.
 #
 # Usage:
 #   e2e/build-tools.sh [--api-only]    # build what is missing, print NAME=path lines
 #   source "$(e2e/build-tools.sh --env-file [--api-only])"   # build, then export the variables
-#   e2e/build-tools.sh --docs-only     # only mdbook and mdbook-linkcheck (no Go needed)
+#   e2e/build-tools.sh --docs-only [--env-file]   # only mdbook and mdbook-linkcheck (no Go needed)
 #
 # Cold builds on 2 cores (empty Go caches) take about 20 minutes for the
 # control plane and helm, plus the node's tools, plus promtool (seconds after
@@ -85,9 +86,11 @@ fi
 
 HEARTBEAT_PID=""
 TMP_OUT=""
+CARGO_TMP_TARGET=""
 cleanup() {
   if [[ -n "$HEARTBEAT_PID" ]]; then kill "$HEARTBEAT_PID" 2>/dev/null || true; fi
   if [[ -n "$TMP_OUT" ]]; then rm -f "$TMP_OUT"; fi
+  if [[ -n "$CARGO_TMP_TARGET" ]]; then rm -rf "$CARGO_TMP_TARGET"; fi
 }
 trap cleanup EXIT
 
@@ -178,21 +181,23 @@ cargo_tool() {
     return 0
   fi
   command -v cargo >/dev/null 2>&1 || die "cargo is not on PATH (needed for $crate)"
-  local start=$SECONDS target="$CACHE_DIR/.cargo-target-$crate.$$"
-  log "$crate $version: cargo install --locked (a few minutes on 2 cores)"
+  local start=$SECONDS
+  CARGO_TMP_TARGET="$CACHE_DIR/.cargo-target-$crate.$$"
+  log "$crate $version: cargo install --locked (several minutes on 2 cores)"
   local rc=0
-  CARGO_TARGET_DIR="$target" nice -n 19 cargo install --quiet --locked --root "$dir" \
+  CARGO_TARGET_DIR="$CARGO_TMP_TARGET" nice -n 19 cargo install --quiet --locked --root "$dir" \
     "$crate" --version "$version" "$@" >&2 || rc=$?
-  rm -rf "$target"
+  rm -rf "$CARGO_TMP_TARGET"
+  CARGO_TMP_TARGET=""
   ((rc == 0)) || die "$crate $version: cargo install failed (exit $rc) after $((SECONDS - start))s"
   log "$crate $version: built in $((SECONDS - start))s -> $bin; $("$bin" --version 2>&1 | head -n 1)"
   BUILT+=("$crate")
 }
-for spec in "${DOCS_TOOLS[@]}"; do
-  # shellcheck disable=SC2086
-  cargo_tool $spec
-done
 if ((DOCS_ONLY)); then
+  for spec in "${DOCS_TOOLS[@]}"; do
+    # shellcheck disable=SC2086
+    cargo_tool $spec
+  done
   for v in MDBOOK MDBOOK_LINKCHECK; do
     if ((PRINT_ENV_FILE)); then :; else printf '%s=%s\n' "$v" "${PATHS[$v]}"; fi
   done
@@ -312,7 +317,7 @@ log "gateway-api $GATEWAY_API_VERSION: BackendTLSPolicy CRD at ${PATHS[GATEWAY_A
 # --- Output -------------------------------------------------------------------
 VARS=(KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD JAEGER HELM PROMTOOL)
 ((API_ONLY)) || VARS+=(KUBELET KUBE_PROXY KUBE_SCHEDULER COREDNS PROMETHEUS CRICTL)
-VARS+=(GATEWAY_API_CRDS MDBOOK MDBOOK_LINKCHECK)
+VARS+=(GATEWAY_API_CRDS)
 lines=""
 for v in "${VARS[@]}"; do
   lines+="$v=${PATHS[$v]}"$'\n'

@@ -23,10 +23,10 @@ prebuild_log="$(mktemp)"
 stop_prebuild() { if [ -n "$prebuild_pid" ]; then kill -TERM -- "-$prebuild_pid" 2>/dev/null || true; fi; }
 trap 'stop_prebuild; rm -f "$prebuild_log"' EXIT
 if [ "${REPRISE_E2E_API_ONLY:-0}" != 1 ]; then
-  setsid bash -c 'nice -n 19 bash e2e/build-tools.sh >/dev/null && nice -n 19 bash e2e/images.sh --binaries' \
+  setsid bash -c 'nice -n 19 bash e2e/build-tools.sh >/dev/null && nice -n 19 bash e2e/build-tools.sh --docs-only >/dev/null && nice -n 19 bash e2e/images.sh --binaries' \
     >"$prebuild_log" 2>&1 </dev/null &
   prebuild_pid=$!
-  echo "== background: e2e/build-tools.sh and e2e/images.sh --binaries (pid $prebuild_pid, nice 19)"
+  echo "== background: e2e/build-tools.sh (the Go tools, then the docs tools) and e2e/images.sh --binaries (pid $prebuild_pid, nice 19)"
 fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

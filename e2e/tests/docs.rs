@@ -19,16 +19,16 @@ use reprise_e2e::docs::{self, Example};
 
 /// A finding: where, and what is wrong.
 fn report(what: &str, findings: &[String]) {
-    assert!(
-        findings.is_empty(),
-        "{what}:\n  {}",
-        findings.join("\n  ")
-    );
+    assert!(findings.is_empty(), "{what}:\n  {}", findings.join("\n  "));
 }
 
 /// Tokens of `text` that start with `prefix` and go on with characters
 /// `more` accepts, not preceded by a word character.
-fn tokens<'a>(text: &'a str, prefix: &str, more: impl Fn(char) -> bool + Copy) -> Vec<(usize, &'a str)> {
+fn tokens<'a>(
+    text: &'a str,
+    prefix: &str,
+    more: impl Fn(char) -> bool + Copy,
+) -> Vec<(usize, &'a str)> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let mut from = 0;
@@ -57,7 +57,16 @@ fn source_text() -> String {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
             if path.is_dir() {
-                if !["target", ".git", "docs", "results", "corpus", "node_modules"].contains(&name.as_str()) {
+                if ![
+                    "target",
+                    ".git",
+                    "docs",
+                    "results",
+                    "corpus",
+                    "node_modules",
+                ]
+                .contains(&name.as_str())
+                {
                     walk(&path, out);
                 }
             } else if path.ends_with("e2e/tests/docs.rs") || path.ends_with("e2e/src/docs.rs") {
@@ -112,18 +121,41 @@ fn every_yaml_block_is_an_example_that_can_be_applied_or_is_marked() {
 /// flag of a Reprise binary.
 const FOREIGN_FLAGS: &[&str] = &[
     // kubectl
-    "as", "server-side", "ignore-not-found", "type", "replicas", "context", "kubeconfig",
-    "namespace", "all-namespaces", "manifest",
+    "as",
+    "server-side",
+    "ignore-not-found",
+    "type",
+    "replicas",
+    "context",
+    "kubeconfig",
+    "namespace",
+    "all-namespaces",
+    "manifest",
     // helm
-    "create-namespace", "set", "set-string", "wait",
+    "create-namespace",
+    "set",
+    "set-string",
+    "wait",
     // cargo and the test harness
-    "bin", "example", "locked", "path", "release", "test", "lib", "nocapture",
+    "bin",
+    "example",
+    "locked",
+    "path",
+    "release",
+    "test",
+    "lib",
+    "nocapture",
     // unshare
     "net",
     // iptables, in the transparent capture's rules
-    "to-ports", "uid-owner",
+    "to-ports",
+    "uid-owner",
     // the repository's scripts (e2e/cluster.sh, e2e/demo.sh, e2e/deny.sh)
-    "api-only", "fresh", "standalone", "advisories", "docs-only",
+    "api-only",
+    "fresh",
+    "standalone",
+    "advisories",
+    "docs-only",
 ];
 
 #[test]
@@ -131,13 +163,19 @@ fn every_flag_the_guide_names_exists() {
     // The generated pages are the binaries' flags (their tests compare them
     // with clap), so a flag named elsewhere must be on one of them.
     let mut ours = BTreeSet::new();
-    for page in ["docs/src/reference/cli-sidecar.md", "docs/src/reference/cli-controller.md"] {
+    for page in [
+        "docs/src/reference/cli-sidecar.md",
+        "docs/src/reference/cli-controller.md",
+    ] {
         let text = std::fs::read_to_string(docs::root().join(page)).expect(page);
         for (_, t) in tokens(&text, "`--", |c| c.is_ascii_alphanumeric() || c == '-') {
             ours.insert(t.trim_start_matches("`--").to_string());
         }
     }
-    assert!(ours.contains("config") && ours.contains("leader-election"), "flags pages not parsed: {ours:?}");
+    assert!(
+        ours.contains("config") && ours.contains("leader-election"),
+        "flags pages not parsed: {ours:?}"
+    );
     let mut findings = Vec::new();
     for page in docs::pages() {
         if page.path.contains("reference/cli-") {
@@ -166,7 +204,10 @@ const NOT_USER_FACING: &[&str] = &["REPRISE_OUTPUT", "REPRISE_ENDPOINT_ADDRESS_M
 
 /// Variables the guide names that a dependency reads rather than Reprise's
 /// own code: opentelemetry-otlp's exporter builders read the headers.
-const READ_BY_DEPENDENCY: &[&str] = &["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"];
+const READ_BY_DEPENDENCY: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+];
 
 fn is_var_char(c: char) -> bool {
     c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'
@@ -191,7 +232,9 @@ fn every_variable_is_named_in_the_guide_and_every_named_one_is_read() {
         if page.path.contains("reference/cli-") {
             continue;
         }
-        let text = page.text.replace("`…_TRACES_", "`OTEL_EXPORTER_OTLP_TRACES_");
+        let text = page
+            .text
+            .replace("`…_TRACES_", "`OTEL_EXPORTER_OTLP_TRACES_");
         for prefix in ["REPRISE_", "OTEL_"] {
             for (line, var) in tokens(&text, prefix, is_var_char) {
                 let var = var.trim_end_matches('_');
@@ -199,7 +242,10 @@ fn every_variable_is_named_in_the_guide_and_every_named_one_is_read() {
                     continue;
                 }
                 if !source.contains(var) && !READ_BY_DEPENDENCY.contains(&var) {
-                    findings.push(format!("{}:{line}: {var} is read nowhere in the code", page.path));
+                    findings.push(format!(
+                        "{}:{line}: {var} is read nowhere in the code",
+                        page.path
+                    ));
                 }
             }
         }
@@ -241,7 +287,14 @@ fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
 }
 
 /// Names that start like a metric but are crates or modules.
-const CRATES: &[&str] = &["reprise_crds", "reprise_sidecar", "reprise_controller", "reprise_telemetry", "reprise_testkit", "reprise_e2e"];
+const CRATES: &[&str] = &[
+    "reprise_crds",
+    "reprise_sidecar",
+    "reprise_controller",
+    "reprise_telemetry",
+    "reprise_testkit",
+    "reprise_e2e",
+];
 
 #[test]
 fn every_metric_the_guide_names_exists() {
@@ -254,7 +307,9 @@ fn every_metric_the_guide_names_exists() {
     let mut findings = Vec::new();
     let mut seen = 0;
     for page in docs::pages() {
-        for (line, name) in tokens(&page.text, "reprise_", |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+        for (line, name) in tokens(&page.text, "reprise_", |c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'
+        }) {
             let rest = &page.text.lines().nth(line - 1).unwrap_or_default();
             if CRATES.contains(&name) || rest.contains(&format!("{name}::")) {
                 continue;
@@ -265,7 +320,10 @@ fn every_metric_the_guide_names_exists() {
                 .unwrap_or(name);
             seen += 1;
             if !exposed.contains(&format!("\"{family}\"")) {
-                findings.push(format!("{}:{line}: {name} is no metric the sidecar or the controller exposes", page.path));
+                findings.push(format!(
+                    "{}:{line}: {name} is no metric the sidecar or the controller exposes",
+                    page.path
+                ));
             }
         }
     }
@@ -278,7 +336,19 @@ const OUTPUTS: &[&str] = &["docs/book", "fuzz/work", "fuzz/artifacts"];
 
 /// Top-level folders of the repository: a code span starting with one of
 /// them is a path the guide cites.
-const FOLDERS: &[&str] = &["crds/", "sidecar/", "controller/", "telemetry/", "testkit/", "e2e/", "charts/", "docs/", "fuzz/", "plugins/", "examples/"];
+const FOLDERS: &[&str] = &[
+    "crds/",
+    "sidecar/",
+    "controller/",
+    "telemetry/",
+    "testkit/",
+    "e2e/",
+    "charts/",
+    "docs/",
+    "fuzz/",
+    "plugins/",
+    "examples/",
+];
 
 #[test]
 fn every_repository_path_the_guide_cites_exists() {
@@ -295,7 +365,11 @@ fn every_repository_path_the_guide_cites_exists() {
                 continue;
             }
             // `file.rs:123`, a trailing comma or period.
-            let path = path.split(':').next().unwrap_or(path).trim_end_matches([',', '.', ')']);
+            let path = path
+                .split(':')
+                .next()
+                .unwrap_or(path)
+                .trim_end_matches([',', '.', ')']);
             if !root.join(path).exists() {
                 findings.push(format!("{}:{line}: {path} does not exist", page.path));
             }
@@ -307,7 +381,10 @@ fn every_repository_path_the_guide_cites_exists() {
 #[test]
 fn every_local_link_of_the_readme_leads_to_a_file() {
     let root = docs::root();
-    let readme = docs::pages().into_iter().find(|p| p.path == "README.md").expect("README.md");
+    let readme = docs::pages()
+        .into_iter()
+        .find(|p| p.path == "README.md")
+        .expect("README.md");
     let mut findings = Vec::new();
     let links = docs::local_links(&readme);
     for (line, target) in &links {
@@ -316,6 +393,9 @@ fn every_local_link_of_the_readme_leads_to_a_file() {
             findings.push(format!("README.md:{line}: {target} leads nowhere"));
         }
     }
-    assert!(!links.is_empty(), "the README links to no page of the guide");
+    assert!(
+        !links.is_empty(),
+        "the README links to no page of the guide"
+    );
     report("README links", &findings);
 }

@@ -91,7 +91,12 @@ fn render_command(name: &str, cmd: &clap::Command, level: usize, top: bool) -> S
         for a in positionals {
             let value = a
                 .get_value_names()
-                .map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "))
+                .map(|v| {
+                    v.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
                 .unwrap_or_else(|| a.get_id().to_string().to_uppercase());
             let _ = writeln!(out, "| `{value}` | {} |", cell(&help(a)));
         }
@@ -122,7 +127,12 @@ fn render_command(name: &str, cmd: &clap::Command, level: usize, top: bool) -> S
             if takes_value {
                 let value = a
                     .get_value_names()
-                    .map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "))
+                    .map(|v| {
+                        v.iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
                     .unwrap_or_else(|| a.get_id().to_string().to_uppercase().replace('-', "_"));
                 flag.push_str(&format!(" `{value}`"));
             }

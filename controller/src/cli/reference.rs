@@ -17,13 +17,20 @@ const TEST: &str = "cargo test -p reprise-controller --lib cli::reference";
 
 #[test]
 fn flags_page_matches_the_commands() {
-    let mut page = header("the clap commands of reprise-controller and kubectl-reprise", TEST);
+    let mut page = header(
+        "the clap commands of reprise-controller and kubectl-reprise",
+        TEST,
+    );
     page.push_str("# reprise-controller and kubectl-reprise flags\n\n");
     page.push_str(
         "Every flag of the controller binary and of the kubectl plugin, as `--help` \
          prints it. How the plugin is used: [Troubleshooting with kubectl reprise](../tasks/troubleshooting.md).\n\n",
     );
-    page.push_str(&clap_reference("reprise-controller", &super::Args::command(), 2));
+    page.push_str(&clap_reference(
+        "reprise-controller",
+        &super::Args::command(),
+        2,
+    ));
     page.push_str(&clap_reference(
         "kubectl reprise",
         &super::plugin::Args::command(),
@@ -72,7 +79,10 @@ fn fields(node: &Value, prefix: &str, rows: &mut String, rules: &mut Vec<(String
             }
         }
         if let Some(values) = prop["enum"].as_array().or(items["enum"].as_array()) {
-            let values: Vec<String> = values.iter().map(|v| format!("`{}`", v.as_str().unwrap_or_default())).collect();
+            let values: Vec<String> = values
+                .iter()
+                .map(|v| format!("`{}`", v.as_str().unwrap_or_default()))
+                .collect();
             bounds.push(format!("one of {}", values.join(", ")));
         }
         let description = prop["description"].as_str().unwrap_or_default();
@@ -82,8 +92,15 @@ fn fields(node: &Value, prefix: &str, rows: &mut String, rules: &mut Vec<(String
             cell(&bounds.join("; ")),
             cell(description)
         );
-        for rule in prop["x-kubernetes-validations"].as_array().into_iter().flatten() {
-            rules.push((path.clone(), rule["message"].as_str().unwrap_or_default().to_string()));
+        for rule in prop["x-kubernetes-validations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            rules.push((
+                path.clone(),
+                rule["message"].as_str().unwrap_or_default().to_string(),
+            ));
         }
         fields(prop, &format!("{path}."), rows, rules);
         if items.is_object() {
@@ -109,7 +126,8 @@ fn retrypolicy_page_matches_the_crd_schema() {
     let version = &crd["spec"]["versions"][0];
     let schema = &version["schema"]["openAPIV3Schema"];
     let mut page = header("the RetryPolicy CRD's schema (crds/src/resource.rs)", TEST);
-    let _ = write!(
+    let _ =
+        write!(
         page,
         "# RetryPolicy fields\n\n`{}/{}`, kind `{}`, short name `{}`. Every field of the CRD the \
          chart installs, with its type, default and the bounds the API server enforces at \
@@ -124,17 +142,35 @@ fn retrypolicy_page_matches_the_crd_schema() {
     for part in ["spec", "status"] {
         let mut rows = String::new();
         let mut rules = Vec::new();
-        fields(&schema["properties"][part], &format!("{part}."), &mut rows, &mut rules);
+        fields(
+            &schema["properties"][part],
+            &format!("{part}."),
+            &mut rows,
+            &mut rules,
+        );
         let _ = writeln!(
             page,
             "## `{part}`\n\n{}\n\n| Field | Type | Default | Bounds | Description |\n|---|---|---|---|---|\n{rows}",
             cell(schema["properties"][part]["description"].as_str().unwrap_or_default())
         );
-        for rule in schema["properties"][part]["x-kubernetes-validations"].as_array().into_iter().flatten() {
-            rules.insert(0, (part.to_string(), rule["message"].as_str().unwrap_or_default().to_string()));
+        for rule in schema["properties"][part]["x-kubernetes-validations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            rules.insert(
+                0,
+                (
+                    part.to_string(),
+                    rule["message"].as_str().unwrap_or_default().to_string(),
+                ),
+            );
         }
         if !rules.is_empty() {
-            let _ = writeln!(page, "Rules the API server checks (CEL), with the message it refuses with:\n");
+            let _ = writeln!(
+                page,
+                "Rules the API server checks (CEL), with the message it refuses with:\n"
+            );
             for (path, message) in rules {
                 let _ = writeln!(page, "- `{path}`: {message}");
             }
@@ -142,13 +178,21 @@ fn retrypolicy_page_matches_the_crd_schema() {
         }
     }
     page.push_str("## `kubectl get rp` columns\n\n| Column | From | Shown |\n|---|---|---|\n");
-    for col in version["additionalPrinterColumns"].as_array().into_iter().flatten() {
+    for col in version["additionalPrinterColumns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         let _ = writeln!(
             page,
             "| {} | `{}` | {} |",
             col["name"].as_str().unwrap_or_default(),
             col["jsonPath"].as_str().unwrap_or_default(),
-            if col["priority"].as_i64().unwrap_or(0) > 0 { "`-o wide`" } else { "always" }
+            if col["priority"].as_i64().unwrap_or(0) > 0 {
+                "`-o wide`"
+            } else {
+                "always"
+            }
         );
     }
     check_generated("docs/src/reference/retrypolicy.md", &page, TEST);
@@ -156,7 +200,10 @@ fn retrypolicy_page_matches_the_crd_schema() {
 
 /// Resolves a `$ref` to the schema's `definitions`.
 fn resolve<'a>(schema: &'a Value, node: &'a Value) -> &'a Value {
-    match node["$ref"].as_str().and_then(|r| r.strip_prefix("#/definitions/")) {
+    match node["$ref"]
+        .as_str()
+        .and_then(|r| r.strip_prefix("#/definitions/"))
+    {
         Some(name) => &schema["definitions"][name],
         None => node,
     }
@@ -184,10 +231,17 @@ fn values_rows(schema: &Value, node: &Value, defaults: &Value, prefix: &str, out
                 rule.push(t.to_string());
             }
             if let Some(values) = resolved["enum"].as_array() {
-                let values: Vec<String> = values.iter().map(|v| format!("`{}`", v.as_str().unwrap_or_default())).collect();
+                let values: Vec<String> = values
+                    .iter()
+                    .map(|v| format!("`{}`", v.as_str().unwrap_or_default()))
+                    .collect();
                 rule.push(format!("one of {}", values.join(", ")));
             }
-            for (key, word) in [("minimum", "≥"), ("maximum", "≤"), ("exclusiveMinimum", ">")] {
+            for (key, word) in [
+                ("minimum", "≥"),
+                ("maximum", "≤"),
+                ("exclusiveMinimum", ">"),
+            ] {
                 if let Some(n) = resolved[key].as_f64() {
                     rule.push(format!("{word} {n}"));
                 }
@@ -251,5 +305,8 @@ fn every_chart_value_is_described() {
     let mut rows = String::new();
     values_rows(&schema, &schema, &Value::Null, "", &mut rows);
     let bare: Vec<&str> = rows.lines().filter(|l| l.ends_with("|  |")).collect();
-    assert!(bare.is_empty(), "values without a description in values.schema.json: {bare:#?}");
+    assert!(
+        bare.is_empty(),
+        "values without a description in values.schema.json: {bare:#?}"
+    );
 }

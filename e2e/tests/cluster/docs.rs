@@ -26,8 +26,14 @@ fn every_yaml_example_of_the_guide_applies() {
         .expect("the CRD's folder")
         .to_string_lossy()
         .into_owned();
-    c.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crd_dir])
-        .unwrap_or_else(|e| panic!("apply {crd_dir}: {e}"));
+    c.kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &crd_dir,
+    ])
+    .unwrap_or_else(|e| panic!("apply {crd_dir}: {e}"));
     c.kubectl(&[
         "wait",
         "--for=condition=Established",
@@ -82,7 +88,10 @@ fn every_yaml_example_of_the_guide_applies() {
     for ns in &created {
         let _ = c.kubectl(&["delete", "namespace", ns, "--wait=false"]);
     }
-    eprintln!("docs: {applied} YAML examples applied, {} failed", failures.len());
+    eprintln!(
+        "docs: {applied} YAML examples applied, {} failed",
+        failures.len()
+    );
     assert!(
         failures.is_empty(),
         "examples of the guide that no longer apply:\n  {}",

@@ -421,7 +421,10 @@ mod tests {
             .collect();
         // The keys come back sorted (serde_json's map); compare as sets.
         documented.sort();
-        assert_eq!(documented, fields, "docs/src/reference/logs.md's access log table against a line's fields");
+        assert_eq!(
+            documented, fields,
+            "docs/src/reference/logs.md's access log table against a line's fields"
+        );
     }
 
     #[test]
