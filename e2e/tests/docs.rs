@@ -172,10 +172,8 @@ fn every_flag_the_guide_names_exists() {
             ours.insert(t.trim_start_matches("`--").to_string());
         }
     }
-    assert!(
-        ours.contains("config") && ours.contains("leader-election"),
-        "flags pages not parsed: {ours:?}"
-    );
+    // A parse that found few flags is broken, not a guide without flags.
+    assert!(ours.len() > 20, "flags pages not parsed: {ours:?}");
     let mut findings = Vec::new();
     for page in docs::pages() {
         if page.path.contains("reference/cli-") {
