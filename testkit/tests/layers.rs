@@ -85,13 +85,20 @@ const TELEMETRY: &[&[&str]] = &[
 ];
 
 const TESTKIT: &[&[&str]] = &[
-    &["sidecar", "grpc", "layers", "tls", "dns"],
+    &["sidecar", "grpc", "layers", "tls", "dns", "docs"],
     &["upstream", "client", "prometheus"],
     &["config", "http1"],
 ];
 
 /// The end-to-end kit: independent parts the tests, demo and benchmarks use.
-const E2E: &[&[&str]] = &[&["bench", "cluster", "jaeger", "soak", "upstream_server"]];
+const E2E: &[&[&str]] = &[&[
+    "bench",
+    "cluster",
+    "docs",
+    "jaeger",
+    "soak",
+    "upstream_server",
+]];
 
 fn check(krate: &str, floors: &[&[&str]]) {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
