@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the user guide into docs/book/html and checks every link between
-# its pages and to their anchors, offline (mdbook-linkcheck as a second
-# backend; web links are never fetched). Exits non-zero on a broken link or
+# its pages, offline (mdbook-linkcheck as a second backend; web links are
+# never fetched; anchors are e2e/tests/docs.rs's). Exits non-zero on a broken link or
 # a page missing from SUMMARY.md. The pinned mdBook and mdbook-linkcheck come
 # from e2e/build-tools.sh --docs-only (built once with cargo, then cached).
 #

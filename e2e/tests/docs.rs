@@ -3,8 +3,9 @@
 //! marked as an excerpt; every flag, environment variable and metric the
 //! guide names exists in the code, and every variable the binaries read is
 //! named in the guide; every repository path it cites exists; every local
-//! link in the README leads to a file (the book's own links are checked by
-//! mdbook-linkcheck in `docs/build.sh`).
+//! link in the README leads to a file, and every `#anchor` a page links to
+//! is a heading of its page (the book's links to pages are checked by
+//! mdbook-linkcheck in `docs/build.sh`, which does not check anchors).
 //!
 //! The other directions live with the code: the flags pages are generated
 //! from clap (`reprise-sidecar`'s and `reprise-controller`'s `reference`
@@ -396,4 +397,91 @@ fn every_local_link_of_the_readme_leads_to_a_file() {
         "the README links to no page of the guide"
     );
     report("README links", &findings);
+}
+
+/// The id mdBook (0.4) gives a heading: its text without markup, lower
+/// case, spaces as `-`, anything but letters, digits, `_` and `-` dropped.
+fn heading_id(heading: &str) -> String {
+    let mut text = String::new();
+    let mut rest = heading;
+    // `[text](url)` reads as its text.
+    while let Some(open) = rest.find('[') {
+        text.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        match (after.find("]("), after.find(')')) {
+            (Some(close), Some(end)) if close < end => {
+                text.push_str(&after[..close]);
+                rest = &after[end + 1..];
+            }
+            _ => {
+                text.push('[');
+                rest = after;
+            }
+        }
+    }
+    text.push_str(rest);
+    text.trim()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '_' || c == '-' => Some(c.to_ascii_lowercase()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// mdbook-linkcheck checks that every linked page exists, not that the
+/// `#anchor` after it names a heading: this does, for the guide's pages and
+/// the README.
+#[test]
+fn every_anchor_a_page_links_to_is_a_heading_of_its_page() {
+    let root = docs::root();
+    let pages = docs::pages();
+    let ids_of = |path: &Path| -> BTreeSet<String> {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let mut fenced = false;
+        let mut ids = BTreeSet::new();
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+            }
+            if !fenced && line.starts_with('#') {
+                let id = heading_id(line.trim_start_matches('#'));
+                // A repeated heading gets `-1`, `-2`, ... after the first.
+                let mut unique = id.clone();
+                let mut n = 1;
+                while ids.contains(&unique) {
+                    unique = format!("{id}-{n}");
+                    n += 1;
+                }
+                ids.insert(unique);
+            }
+        }
+        ids
+    };
+    let mut findings = Vec::new();
+    let mut checked = 0;
+    for page in &pages {
+        let dir = root.join(&page.path);
+        let dir = dir.parent().expect("a page's folder");
+        for (line, target) in docs::local_links(page) {
+            let Some((file, anchor)) = target.split_once('#') else {
+                continue;
+            };
+            let file = if file.is_empty() {
+                root.join(&page.path)
+            } else {
+                dir.join(file)
+            };
+            checked += 1;
+            if !ids_of(&file).contains(anchor) {
+                findings.push(format!(
+                    "{}:{line}: {target}: no heading with that id",
+                    page.path
+                ));
+            }
+        }
+    }
+    assert!(checked > 10, "only {checked} anchors found");
+    report("anchors", &findings);
 }

@@ -49,12 +49,23 @@ pub fn check_generated(relative: &str, rendered: &str, test: &str) {
     );
 }
 
-/// One markdown table cell: pipes escaped, lines joined.
+/// One markdown table cell: lines joined, pipes escaped, and brackets
+/// outside code spans escaped (a `[0, cap]` in a description would read as
+/// a link reference, which the link checker rightly refuses).
 pub fn cell(text: &str) -> String {
-    text.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .replace('|', "\\|")
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut out = String::with_capacity(joined.len());
+    let mut code = false;
+    for c in joined.chars() {
+        match c {
+            '`' => code = !code,
+            '|' => out.push('\\'),
+            '[' | ']' if !code => out.push('\\'),
+            _ => {}
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The flags of `cmd` and of each of its subcommands (recursively, `help`
