@@ -15,20 +15,25 @@
 #   coredns (kubernetes, cache, ... only)    e2e/tools/coredns/      (github.com/coredns/coredns)
 #   prometheus (Kubernetes SD only)          e2e/tools/prometheus/   (github.com/prometheus/prometheus)
 #   crictl                                   e2e/tools/cri-tools/    (sigs.k8s.io/cri-tools)
-# and, not built but downloaded (its CRD manifests, for the node's TLS test):
+# and, not built but downloaded (its CRD manifests, for the node's TLS test
+# and the guide's examples):
 #   Gateway API                              e2e/tools/gateway-api/  (sigs.k8s.io/gateway-api)
+# and, with --docs-only and nothing else, from crates.io with `cargo install
+# --locked` (the user guide's, for docs/build.sh):
+#   mdbook, mdbook-linkcheck                 pinned below (DOCS_TOOLS), a pair that builds together
 #
 # A binary already in the cache is not rebuilt, so running this again is cheap.
 # Progress goes to stderr. stdout gets one NAME=/abs/path line per tool
 # (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM, PROMTOOL, and KUBELET,
 # KUBE_PROXY, KUBE_SCHEDULER, COREDNS, PROMETHEUS, CRICTL unless --api-only;
 # GATEWAY_API_CRDS, the path of the pinned module's BackendTLSPolicy CRD,
-# always) and a last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file that exports
-# them.
+# always) and a last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file
+# that exports them; with --docs-only, MDBOOK and MDBOOK_LINKCHECK only.
 #
 # Usage:
 #   e2e/build-tools.sh [--api-only]    # build what is missing, print NAME=path lines
 #   source "$(e2e/build-tools.sh --env-file [--api-only])"   # build, then export the variables
+#   e2e/build-tools.sh --docs-only [--env-file]   # only mdbook and mdbook-linkcheck (no Go needed)
 #
 # Cold builds on 2 cores (empty Go caches) take about 20 minutes for the
 # control plane and helm, plus the node's tools, plus promtool (seconds after
@@ -42,11 +47,12 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; }
 
-PRINT_ENV_FILE=0 API_ONLY=0
+PRINT_ENV_FILE=0 API_ONLY=0 DOCS_ONLY=0
 while (($#)); do
   case "$1" in
     --env-file) PRINT_ENV_FILE=1 ;;
     --api-only) API_ONLY=1 ;;
+    --docs-only) DOCS_ONLY=1 ;;
     -h | --help) usage; exit 0 ;;
     *) usage; exit 2 ;;
   esac
@@ -60,7 +66,7 @@ CACHE_DIR="${REPRISE_TOOLS_DIR:-$HOME/.cache/reprise-tools}"
 log() { printf '[build-tools %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-command -v go >/dev/null 2>&1 || die "go is not on PATH (need Go >= 1.26 for helm)"
+((DOCS_ONLY)) || command -v go >/dev/null 2>&1 || die "go is not on PATH (need Go >= 1.26 for helm)"
 
 # Reproducible, self-contained builds: the toolchain on the machine, the
 # committed go.mod/go.sum only, no cgo, no VCS stamping, no go.work. Module and
@@ -80,9 +86,11 @@ fi
 
 HEARTBEAT_PID=""
 TMP_OUT=""
+CARGO_TMP_TARGET=""
 cleanup() {
   if [[ -n "$HEARTBEAT_PID" ]]; then kill "$HEARTBEAT_PID" 2>/dev/null || true; fi
   if [[ -n "$TMP_OUT" ]]; then rm -f "$TMP_OUT"; fi
+  if [[ -n "$CARGO_TMP_TARGET" ]]; then rm -rf "$CARGO_TMP_TARGET"; fi
 }
 trap cleanup EXIT
 
@@ -148,6 +156,59 @@ build_tool() {
   log "$name $version: built in $((SECONDS - start))s -> $bin ($(du -h "$bin" | cut -f1)); $name $*: $(tr '\n' ' ' <<<"$out")"
   BUILT+=("$name")
 }
+
+# --- The user guide's tools (crates.io) ---------------------------------------
+# mdBook renders docs/src; mdbook-linkcheck checks its links offline as a second
+# backend. mdbook-linkcheck 0.7.7 (the latest) reads the book with mdBook 0.4's
+# library and refuses to run under any mdBook outside ^0.4.0 (its
+# COMPATIBLE_MDBOOK_VERSIONS), so the pair is mdBook 0.4.52, the last 0.4. Search only, none of mdBook's `serve`/`watch` (a web
+# server and a file watcher the CI build never uses, and most of its build time).
+DOCS_TOOLS=(
+  "MDBOOK mdbook 0.4.52 --no-default-features --features search"
+  "MDBOOK_LINKCHECK mdbook-linkcheck 0.7.7"
+)
+# cargo_tool VAR CRATE VERSION [cargo install args...]: cargo install --locked
+# into <cache>/<crate>-<version>/bin, with its own target directory (removed
+# after), so a workspace's CARGO_TARGET_DIR is never touched.
+cargo_tool() {
+  local var="$1" crate="$2" version="$3"
+  shift 3
+  local dir="$CACHE_DIR/$crate-$version"
+  local bin="$dir/bin/$crate"
+  PATHS[$var]="$bin"
+  if [[ -x "$bin" ]]; then
+    log "$crate $version: cached at $bin"
+    return 0
+  fi
+  command -v cargo >/dev/null 2>&1 || die "cargo is not on PATH (needed for $crate)"
+  local start=$SECONDS
+  CARGO_TMP_TARGET="$CACHE_DIR/.cargo-target-$crate.$$"
+  log "$crate $version: cargo install --locked (several minutes on 2 cores)"
+  local rc=0
+  CARGO_TARGET_DIR="$CARGO_TMP_TARGET" nice -n 19 cargo install --quiet --locked --root "$dir" \
+    "$crate" --version "$version" "$@" >&2 || rc=$?
+  rm -rf "$CARGO_TMP_TARGET"
+  CARGO_TMP_TARGET=""
+  ((rc == 0)) || die "$crate $version: cargo install failed (exit $rc) after $((SECONDS - start))s"
+  log "$crate $version: built in $((SECONDS - start))s -> $bin; $("$bin" --version 2>&1 | head -n 1)"
+  BUILT+=("$crate")
+}
+if ((DOCS_ONLY)); then
+  for spec in "${DOCS_TOOLS[@]}"; do
+    # shellcheck disable=SC2086
+    cargo_tool $spec
+  done
+  for v in MDBOOK MDBOOK_LINKCHECK; do
+    if ((PRINT_ENV_FILE)); then :; else printf '%s=%s\n' "$v" "${PATHS[$v]}"; fi
+  done
+  if ((PRINT_ENV_FILE)); then
+    ENV_FILE="$CACHE_DIR/env-docs.sh"
+    printf 'export MDBOOK=%q\nexport MDBOOK_LINKCHECK=%q\n' "${PATHS[MDBOOK]}" "${PATHS[MDBOOK_LINKCHECK]}" >"$ENV_FILE.tmp.$$"
+    mv -f "$ENV_FILE.tmp.$$" "$ENV_FILE"
+    printf '%s\n' "$ENV_FILE"
+  fi
+  exit 0
+fi
 
 # --- Kubernetes control plane -------------------------------------------------
 KUBE_VERSION="$(module_version "$TOOLS_DIR" k8s.io/kubernetes)"

@@ -23,10 +23,10 @@ prebuild_log="$(mktemp)"
 stop_prebuild() { if [ -n "$prebuild_pid" ]; then kill -TERM -- "-$prebuild_pid" 2>/dev/null || true; fi; }
 trap 'stop_prebuild; rm -f "$prebuild_log"' EXIT
 if [ "${REPRISE_E2E_API_ONLY:-0}" != 1 ]; then
-  setsid bash -c 'nice -n 19 bash e2e/build-tools.sh >/dev/null && nice -n 19 bash e2e/images.sh --binaries' \
+  setsid bash -c 'nice -n 19 bash e2e/build-tools.sh >/dev/null && nice -n 19 bash e2e/build-tools.sh --docs-only >/dev/null && nice -n 19 bash e2e/images.sh --binaries' \
     >"$prebuild_log" 2>&1 </dev/null &
   prebuild_pid=$!
-  echo "== background: e2e/build-tools.sh and e2e/images.sh --binaries (pid $prebuild_pid, nice 19)"
+  echo "== background: e2e/build-tools.sh (the Go tools, then the docs tools) and e2e/images.sh --binaries (pid $prebuild_pid, nice 19)"
 fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -137,6 +137,8 @@ export HELM
 # binary fails them): ignored by the workspace run above.
 echo "== OTLP over TLS to Jaeger (telemetry/tests/otlp_tls.rs)"
 cargo test -p reprise-telemetry --test otlp_tls --locked -- --ignored 2>&1 | tee -a "$log"
+echo "== docs: the user guide built with mdBook, every link checked offline (docs/build.sh)"
+bash docs/build.sh
 echo "== chart: lint, render every documented combination, schema refusals, promtool on the alerts"
 bash charts/test.sh
 REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test -p reprise-e2e --test cluster --locked -- --ignored --test-threads=1 "${skip[@]}" 2>&1 | tee -a "$log"

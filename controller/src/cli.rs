@@ -1,11 +1,13 @@
-//! The command line (README: "In Kubernetes: RetryPolicy and the
-//! controller"): `run` starts the controller; `crd`, `explain` and `selftest`
+//! The command line (`docs/src/concepts/controller.md`; every flag in
+//! `docs/src/reference/cli-controller.md`, generated from these types): `run` starts the controller; `crd`, `explain` and `selftest`
 //! are one-shot tools, each in its own file; `plugin` is the second binary,
-//! `kubectl-reprise` (README: "kubectl plugin"), which shares `explain`.
+//! `kubectl-reprise` (`docs/src/tasks/troubleshooting.md`), which shares `explain`.
 
 pub mod crd;
 pub mod explain;
 pub mod plugin;
+#[cfg(test)]
+mod reference;
 pub mod selftest;
 
 use std::net::SocketAddr;

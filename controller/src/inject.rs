@@ -1,4 +1,4 @@
-//! Sidecar injection (README: "Installing with Helm"): the mutating webhook
+//! Sidecar injection (`docs/src/concepts/injection.md`): the mutating webhook
 //! that adds `reprise-sidecar` to new Pods, and the annotations a Pod uses to
 //! opt out or override the injection config.
 //!

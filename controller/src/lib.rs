@@ -1,5 +1,5 @@
-//! Reprise's controller (README: "In Kubernetes: RetryPolicy and the
-//! controller").
+//! Reprise's controller (`docs/src/concepts/retrypolicy.md` and
+//! `docs/src/concepts/controller.md`).
 //!
 //! The contract: every replica watches RetryPolicies, Services and
 //! EndpointSlices once, into a shared [`cache`]; serves each authenticated
@@ -16,7 +16,7 @@
 //! the `push_scale` example and other crates use the public items below.
 //!
 //! The modules stand on floors, each naming only the floors below it (the
-//! table is `testkit/tests/layers.rs`; `docs/architecture.md` draws it):
+//! table is `testkit/tests/layers.rs`; `docs/src/concepts/architecture.md` draws it):
 //!
 //! - [`cli`]: the command line; it builds [`run`]'s options.
 //! - [`run`]: the process, every part wired together.

@@ -1,5 +1,4 @@
-//! Controller metrics (README: "In Kubernetes: RetryPolicy and the
-//! controller"): the families, the counters behind them, and the listener
+//! Controller metrics (`docs/src/reference/metrics.md`): the families, the counters behind them, and the listener
 //! that serves them (`/metrics`, with `/healthz` and `/readyz`).
 
 use std::collections::BTreeMap;
@@ -301,6 +300,22 @@ pub(crate) async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every family is in the user guide's metrics reference; the other
+    /// direction (every metric the guide names exists) is e2e/tests/docs.rs's.
+    #[test]
+    fn every_family_is_documented_in_the_metrics_reference() {
+        let page = include_str!("../../docs/src/reference/metrics.md");
+        let missing: Vec<&str> = FAMILIES
+            .iter()
+            .map(|f| f.name)
+            .filter(|name| !page.contains(&format!("`{name}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in docs/src/reference/metrics.md: {missing:?}"
+        );
+    }
 
     #[test]
     fn each_counter_is_its_own_family_and_errors_carry_their_label() {

@@ -1,4 +1,4 @@
-//! The push server (README: "Push protocol"): every sidecar holds a TLS
+//! The push server (`docs/src/concepts/controller.md`): every sidecar holds a TLS
 //! stream open and receives its snapshot on every change (debounced), and
 //! answers with ACK or NACK; see [`reprise_crds::protocol`] for the wire
 //! format. It runs on every replica.

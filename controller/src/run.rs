@@ -1,5 +1,4 @@
-//! Wires the controller together (README: "In Kubernetes: RetryPolicy and
-//! the controller"). Every replica runs the shared cache, the push server,
+//! Wires the controller together (`docs/src/concepts/controller.md`). Every replica runs the shared cache, the push server,
 //! the webhook and the metrics listener; with leader election it also
 //! publishes its sidecars' sync counts and competes for the Lease; only the
 //! leader runs the reconciler.

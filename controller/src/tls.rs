@@ -1,6 +1,6 @@
 //! TLS for both controller listeners (the push stream and the injection
 //! webhook): the serving certificate and its CA, loaded from a directory or a
-//! Secret or generated on first start (README: "Push protocol"), the rustls
+//! Secret or generated on first start (`docs/src/concepts/controller.md`), the rustls
 //! configuration, and the accept loop.
 
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! with `name`, `endpoints` of `{address, port}`, `timeouts` and a `retries`
 //! block. Retry rules sit beside it under `rules:`. Field names are
 //! snake_case; unknown fields are refused so a typo never silently turns a
-//! setting off (README: "Configuration file").
+//! setting off (`docs/src/reference/file-format.md`).
 
 pub(crate) mod common;
 mod read;

@@ -1,7 +1,7 @@
 //! The environment contract between the injection webhook and the sidecar:
 //! the variables the webhook sets on an injected `reprise-sidecar` container
 //! and the sidecar reads in Kubernetes mode. Both sides name them from here,
-//! so neither can drift from the other (README: "Sidecar in Kubernetes mode").
+//! so neither can drift from the other (`docs/src/reference/environment.md`).
 
 /// `https://host:port` of the controller's push endpoint. Its presence puts
 /// the sidecar in Kubernetes mode.

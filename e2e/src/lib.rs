@@ -1,13 +1,14 @@
 //! Reprise's demo and end-to-end harness.
 //!
 //! Real HTTP upstream servers on loopback (a flaky one and a healthy one, as
-//! in the README's quick start), the local control plane, and the soak. The
+//! in the quick start), the local control plane, and the soak. The
 //! shared pieces (the fault upstream, the sidecar process harness, config
 //! builders, the Prometheus parser) live in the `reprise-testkit` crate.
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod cluster;
+pub mod docs;
 pub mod jaeger;
 pub mod soak;
 pub mod upstream_server;

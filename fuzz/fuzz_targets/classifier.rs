@@ -90,7 +90,7 @@ fn entry(e: &Entry) -> StatusEntry {
     }
 }
 
-/// The statuses a written list names, by the presets' definitions (README: "`rules[]`").
+/// The statuses a written list names, by the presets' definitions (`docs/src/reference/file-format.md`).
 fn model_statuses(entries: &[Entry]) -> BTreeSet<u16> {
     let mut set = BTreeSet::new();
     for e in entries {

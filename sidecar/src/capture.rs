@@ -1,5 +1,5 @@
 //! `reprise-sidecar iptables`: the nat rules that send an app's outbound TCP
-//! to the transparent listener (`docs/transparent-mode.md`, "Capture").
+//! to the transparent listener (`docs/src/concepts/transparent-capture.md`, "Capture").
 //!
 //! In the current network namespace it keeps a chain `REPRISE_OUTPUT`,
 //! jumped to from `OUTPUT` for TCP, that returns for the proxy's uid, for

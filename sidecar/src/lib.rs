@@ -24,7 +24,7 @@
 //!   request, failure kinds, outcomes, the report.
 //! - `clock`, `random`, `socket`: the leaves.
 //!
-//! `docs/architecture.md` walks the request and control paths through them.
+//! `docs/src/concepts/architecture.md` walks the request and control paths through them.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 

@@ -1,7 +1,7 @@
 //! The retry engine: one logical request's attempts, from the first to the
 //! final answer.
 //!
-//! The contract (README: "How a request is retried"): every failed attempt,
+//! The contract (`docs/src/concepts/retries.md`): every failed attempt,
 //! and a slow one when hedging is on, passes the same gates in order
 //! ([`gate`]); the first that says no ends the retries and the client gets the
 //! last response unchanged, or a local answer naming the failure. All of it

@@ -20,6 +20,9 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload as log_reload, EnvFilter};
 
+#[cfg(test)]
+mod reference;
+
 /// Reprise sidecar: an HTTP proxy that retries safely.
 #[derive(Debug, Parser)]
 #[command(name = "reprise-sidecar", version, about)]

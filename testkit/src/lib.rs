@@ -4,6 +4,8 @@
 //! - [`upstream`]: one scriptable, fault-injecting upstream server on loopback
 //!   (HTTP/1.1 on raw sockets, h2c through hyper) that records every request.
 //! - [`sidecar`]: the process harness for the real `reprise-sidecar` binary.
+//! - [`docs`]: the user guide's generated reference pages (rendered, compared
+//!   with the committed page, rewritten with `REPRISE_BLESS=1`).
 //! - [`config`]: typed builders over the configuration file's types, rendered
 //!   as YAML.
 //! - [`prometheus`]: a parser for the Prometheus text format.
@@ -41,6 +43,7 @@ macro_rules! field_setters {
 pub mod client;
 pub mod config;
 pub mod dns;
+pub mod docs;
 pub mod grpc;
 pub mod http1;
 pub mod layers;

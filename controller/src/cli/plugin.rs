@@ -1,5 +1,5 @@
 //! `kubectl reprise`, the kubectl plugin (the `kubectl-reprise` binary;
-//! README: "kubectl plugin"). kubectl's conventions (`-n`, `-A`,
+//! `docs/src/tasks/troubleshooting.md`). kubectl's conventions (`-n`, `-A`,
 //! `--context`, `--kubeconfig`, `-o json|yaml|wide`) over four verbs, each in
 //! its own file:
 //!

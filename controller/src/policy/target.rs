@@ -1,6 +1,6 @@
 //! From a policy's target Service and its EndpointSlices to the upstream a
 //! sidecar calls: the port clients use, the host names that reach it, and the
-//! ready pod endpoints (README: "In Kubernetes: RetryPolicy and the controller");
+//! ready pod endpoints (`docs/src/concepts/retrypolicy.md`, "Targets");
 //! for an `ExternalName` Service, the external name each sidecar resolves.
 
 use k8s_openapi::api::core::v1::Service;

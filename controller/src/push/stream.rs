@@ -1,4 +1,4 @@
-//! One sidecar's snapshot stream (README: "Push protocol"): the current
+//! One sidecar's snapshot stream (`docs/src/concepts/controller.md`): the current
 //! snapshot first, then, each time its group's snapshot changes, the new one
 //! (or, to a sidecar that takes deltas on the upgraded stream, what changed
 //! since the version it last received), a heartbeat line when nothing

@@ -1,5 +1,5 @@
-//! The conditions on a RetryPolicy's status: their types and reasons (README:
-//! "In Kubernetes: RetryPolicy and the controller"), always looked up by type.
+//! The conditions on a RetryPolicy's status: their types and reasons (the guide:
+//! `docs/src/reference/errors.md`), always looked up by type.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use reprise_crds::resource::RetryPolicyStatus;

@@ -1,5 +1,5 @@
-//! The Kubernetes Events a status change records on its policy (README: "In
-//! Kubernetes: RetryPolicy and the controller").
+//! The Kubernetes Events a status change records on its policy (the guide:
+//! `docs/src/reference/errors.md`).
 
 use kube::runtime::events::{Event, EventType};
 use kube::Resource;

@@ -183,7 +183,7 @@ fn in_sync(accepted: bool, sync: SyncCounts) -> Verdict {
 
 /// Warnings for the common mistakes: every method retried, duplicate risk
 /// acknowledged, no statuses listed, fewer than two endpoints, attempts 0
-/// (README: "In Kubernetes: RetryPolicy and the controller").
+/// (`docs/src/reference/errors.md`, "RetryPolicy conditions").
 fn warnings(policy: &RetryPolicy, endpoints: i32, dns_named: bool) -> Vec<String> {
     let rule = &policy.spec.rule;
     let mut w = Vec::new();

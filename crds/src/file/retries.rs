@@ -1,4 +1,4 @@
-//! An upstream's `retries` block, with Reprise's extensions (README:
+//! An upstream's `retries` block, with Reprise's extensions (`docs/src/reference/file-format.md`,
 //! "`upstreams[].retries`").
 
 use crate::grpc::{GrpcStatusEntry, GrpcStatusSet};
@@ -148,7 +148,7 @@ impl RetriesSpec {
             Some(list) => common::statuses(errs, &format!("{p}.retry_statuses"), list),
         };
         // 429 (honouring Retry-After) is retried whenever status retries are on
-        // (README: "`upstreams[].retries`", `retry_statuses`).
+        // (`docs/src/reference/file-format.md`, `retry_statuses`).
         let mut statuses = statuses;
         if !statuses.is_empty() {
             statuses.insert(429);

@@ -1,5 +1,5 @@
 //! Retry rules (`rules:` in the file): match conditions and a policy,
-//! evaluated by priority then id (README: "`rules[]`").
+//! evaluated by priority then id (`docs/src/reference/file-format.md`, "`rules[]`").
 
 use crate::grpc::{GrpcStatusEntry, GrpcStatusSet};
 use std::time::Duration;

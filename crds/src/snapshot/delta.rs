@@ -1,5 +1,5 @@
-//! Snapshots as entries, and the deltas between them (README: "Push
-//! protocol", deltas).
+//! Snapshots as entries, and the deltas between them
+//! (`docs/src/concepts/controller.md`, deltas).
 //!
 //! A sidecar that announces [`CAPABILITY_DELTA`](crate::protocol::CAPABILITY_DELTA)
 //! on the upgraded stream receives its whole snapshot once, at connection,

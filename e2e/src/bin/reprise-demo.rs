@@ -20,8 +20,8 @@ async fn main() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("reprise-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("reprise.yaml");
-    // The configuration file as a user writes it (README, "Configuration
-    // file"), on loopback, with a budget sized for a pool where a quarter of
+    // The configuration file as a user writes it (`docs/src/tasks/standalone.md`,
+    // "The configuration file"), on loopback, with a budget sized for a pool where a quarter of
     // first attempts fail. Literal text: the demo prints it.
     let yaml = format!(
         "upstreams:\n  - name: api\n    endpoints:\n      - {{ address: 127.0.0.1, port: {}, name: flaky }}\n      - {{ address: 127.0.0.1, port: {}, name: healthy }}\n    retries:\n      attempts: 2\n      buffer_max_bytes: 16384\n      total_deadline_ms: 10000\n      budget_percent: 40\n",

@@ -152,7 +152,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "   (api-0 answers 503 to half its requests: each 503 was retried on another pod,\n    \
          and after its first failures the sidecar sends it little traffic while the others\n    \
-         have room, so few retries are needed; README: \"How a request is retried\")"
+         have room, so few retries are needed; docs/src/concepts/retries.md)"
     );
     let log = c
         .kubectl(&["-n", &c.ns, "logs", &web_name, "-c", "reprise-sidecar"])

@@ -1,6 +1,6 @@
 //! The summary, in three steps: [`count`] tallies every request, delivery,
 //! metric and sample; [`Report::judge`] turns the counts into the list of
-//! failed checks (the README's "The run fails" list); [`format`] writes the
+//! failed checks (`e2e/soak/README.md`'s "The run fails" list); [`format`] writes the
 //! text. [`Report::render`] runs the three.
 
 mod count;

@@ -15,6 +15,7 @@
 //! cluster is up and `REPRISE_E2E_KUBECONFIG` is set.
 
 mod chart;
+mod docs;
 mod flows;
 mod node;
 mod security;

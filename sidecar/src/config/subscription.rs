@@ -55,7 +55,7 @@ impl Running {
     }
 }
 
-/// Where and as whom to subscribe (from the environment; see the README).
+/// Where and as whom to subscribe (from the environment; `docs/src/reference/environment.md`).
 #[derive(Clone, Debug)]
 pub struct Subscription {
     /// `https://host:port` of the controller's push endpoint.

@@ -1,5 +1,5 @@
 //! The outcome of one logical request: `ok`, `recovered`, `exhausted` or
-//! `skipped`, with the reason (README: "Metrics" lists them all).
+//! `skipped`, with the reason (`docs/src/reference/errors.md` lists them all).
 
 /// What the retry layer did for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

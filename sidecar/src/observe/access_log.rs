@@ -399,6 +399,34 @@ mod tests {
         }
     }
 
+    /// The guide's access log table (docs/src/reference/logs.md) names
+    /// exactly the fields a line carries: a field added, removed or renamed
+    /// here fails until the table says so.
+    #[test]
+    fn the_log_fields_reference_names_every_field_and_no_other() {
+        let line = entry("/items", "rule:r1").json_line(at(1_796_083_200, 250));
+        let v: serde_json::Value = serde_json::from_slice(&line).expect("json");
+        let fields: Vec<String> = v.as_object().expect("object").keys().cloned().collect();
+        let page = include_str!("../../../docs/src/reference/logs.md");
+        let table = page
+            .split("## The access log")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("the access log section");
+        let mut documented: Vec<String> = table
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .map(str::to_string)
+            .collect();
+        // The keys come back sorted (serde_json's map); compare as sets.
+        documented.sort();
+        assert_eq!(
+            documented, fields,
+            "docs/src/reference/logs.md's access log table against a line's fields"
+        );
+    }
+
     #[test]
     fn a_line_is_one_json_object_with_every_field_typed() {
         let line = entry("/items", "rule:r1").json_line(at(1_796_083_200, 250));

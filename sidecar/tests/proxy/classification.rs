@@ -359,8 +359,7 @@ async fn passive_health_ejects_after_consecutive_transport_failures() {
 
 #[tokio::test]
 async fn retryable_statuses_weigh_endpoint_choice_but_never_eject() {
-    // An origin status does not mark the endpoint unhealthy (README, "How a
-    // request is retried"): it only shifts load (the failure estimate), never ejects.
+    // An origin status does not mark the endpoint unhealthy (`docs/src/concepts/retries.md`): it only shifts load (the failure estimate), never ejects.
     let bad = Upstream::always(Action::Reply(503)).await;
     let sidecar = Sidecar::start(ejecting(&[&bad], 2, 1)).await;
     for _ in 0..5 {

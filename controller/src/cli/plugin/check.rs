@@ -43,7 +43,8 @@ use crate::leader::LEASE_NAME;
 /// The webhook entries the chart installs; a configuration with one of them
 /// is Reprise's.
 const WEBHOOK_NAMES: [&str; 2] = ["inject.reprise.dev", "transparent.inject.reprise.dev"];
-/// Where the chart's README installs it, when nothing says otherwise.
+/// Where the guide installs it (`docs/src/install/helm.md`), when nothing
+/// says otherwise.
 const DEFAULT_NAMESPACE: &str = "reprise-system";
 /// The controller Deployment and Service of a release named `reprise`.
 const DEFAULT_CONTROLLER: &str = "reprise-controller";
@@ -53,8 +54,9 @@ const DEFAULT_INJECT_LABEL: &str = "reprise.dev/inject";
 const LEASE_DEFAULT_DURATION: i64 = 30;
 /// How long the service-proxy probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
-/// Where README lists the permissions each verb needs.
-const RBAC_FIX: &str = "grant the reads README \"kubectl plugin\" lists for check";
+/// Where the user guide lists the permissions each verb needs.
+const RBAC_FIX: &str =
+    "grant the reads the user guide lists for check (docs/src/operations/rbac.md, \"kubectl reprise\")";
 
 // The verb's help is the doc comment of `Verb::Check`.
 #[derive(Debug, clap::Args)]

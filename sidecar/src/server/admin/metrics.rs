@@ -1,6 +1,6 @@
 //! The `/metrics` page: the Prometheus text of every upstream's counters,
 //! the proxy's own and the trace pipeline's, in the order of the family
-//! catalogue (`observe::metrics`), which the README's metric list is
+//! catalogue (`observe::metrics`), which the guide's metrics reference is
 //! checked against.
 
 use std::sync::atomic::{AtomicU64, Ordering};
