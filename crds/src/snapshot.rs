@@ -200,36 +200,6 @@ impl Snapshot {
         s
     }
 
-    /// This snapshot for a sidecar that understands `capabilities`: the
-    /// upstreams that need another are left out, with the policies that
-    /// target them, and their names returned. The version is that of what
-    /// is left, so sidecars alike still share it.
-    pub fn for_capabilities(
-        self,
-        capabilities: &std::collections::BTreeSet<String>,
-    ) -> (Snapshot, Vec<String>) {
-        let withheld: Vec<String> = self
-            .upstreams
-            .iter()
-            .filter(|u| u.needs().iter().any(|c| !capabilities.contains(*c)))
-            .map(|u| u.name.clone())
-            .collect();
-        if withheld.is_empty() {
-            return (self, withheld);
-        }
-        let upstreams = self
-            .upstreams
-            .into_iter()
-            .filter(|u| !withheld.contains(&u.name))
-            .collect();
-        let policies = self
-            .policies
-            .into_iter()
-            .filter(|p| !withheld.contains(&p.upstream))
-            .collect();
-        (Snapshot::new(upstreams, policies), withheld)
-    }
-
     /// True when `version` is this content's: its [`content_hash`](Self::content_hash)
     /// or, as a controller versions the snapshots of sidecars that take
     /// deltas, the [`Entries::version`] of its entries.

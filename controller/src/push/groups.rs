@@ -11,12 +11,12 @@
 //! publication, asks the source which namespaces changed, and refreshes the
 //! groups there. A stream of a group nothing changed for is never woken.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use reprise_crds::protocol::{CAPABILITY_DELTA, CAPABILITY_DNS, CAPABILITY_TLS};
+use reprise_crds::protocol::CAPABILITY_DELTA;
 use reprise_crds::snapshot::{DeltaLine, Entries, Snapshot};
 use tokio::sync::watch;
 
@@ -129,7 +129,10 @@ impl Published {
     /// `id`'s snapshot, as its capabilities let it be sent.
     fn compute(id: &Identity, source: &dyn SnapshotSource) -> Self {
         let mut entries = source.entries_for(id);
-        withhold(&mut entries, &id.capabilities);
+        let withheld = entries.for_capabilities(&id.capabilities);
+        if !withheld.is_empty() {
+            tracing::debug!(namespace = %id.namespace, ?withheld, "upstreams withheld from sidecars that do not announce what they need (TLS, DNS names): upgrade them");
+        }
         let policies = Arc::new(
             entries
                 .policies
@@ -184,32 +187,6 @@ impl Published {
         deltas.push((base.version.clone(), encoded.clone()));
         encoded
     }
-}
-
-/// Leaves out the upstreams that need a capability the sidecar did not
-/// announce, with the policies that target them (an older sidecar would
-/// ignore a field it does not know: plain text to a TLS port).
-fn withhold(entries: &mut Entries, capabilities: &BTreeSet<String>) {
-    let has = |c: &str| capabilities.contains(c);
-    if has(CAPABILITY_TLS) && has(CAPABILITY_DNS) {
-        return;
-    }
-    let withheld: Vec<String> = entries
-        .upstreams
-        .values()
-        .filter(|u| u.upstream.needs().iter().any(|c| !has(c)))
-        .map(|u| u.upstream.name.clone())
-        .collect();
-    if withheld.is_empty() {
-        return;
-    }
-    tracing::debug!(?withheld, "upstreams withheld from sidecars that do not announce what they need (TLS, DNS names): upgrade them");
-    for name in &withheld {
-        entries.upstreams.remove(name);
-    }
-    entries
-        .policies
-        .retain(|_, p| !withheld.contains(&p.policy.upstream));
 }
 
 /// A JSON line.

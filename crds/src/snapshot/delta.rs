@@ -181,6 +181,36 @@ impl Entries {
         entries
     }
 
+    /// Leaves out the upstreams that need a capability
+    /// ([`SnapshotUpstream::needs`]) not in `capabilities`, with the
+    /// policies targeting them, and returns their names: an older sidecar
+    /// would ignore a field it does not know, and send plain text,
+    /// credentials included, to a TLS port.
+    pub fn for_capabilities(
+        &mut self,
+        capabilities: &std::collections::BTreeSet<String>,
+    ) -> Vec<String> {
+        let withheld: Vec<String> = self
+            .upstreams
+            .values()
+            .filter(|u| {
+                u.upstream
+                    .needs()
+                    .iter()
+                    .any(|c| !capabilities.contains(*c))
+            })
+            .map(|u| u.upstream.name.clone())
+            .collect();
+        for name in &withheld {
+            self.upstreams.remove(name);
+        }
+        if !withheld.is_empty() {
+            self.policies
+                .retain(|_, p| !withheld.contains(&p.policy.upstream));
+        }
+        withheld
+    }
+
     /// The version of a snapshot of these entries: a hash of their digests,
     /// the same on every replica.
     pub fn version(&self) -> String {
