@@ -54,6 +54,8 @@ pub(super) struct Published {
     pub(super) version: String,
     /// The entries, to compute deltas between publications.
     entries: Entries,
+    /// Their version, whatever `version` is.
+    entries_version: String,
     /// Its policies, `namespace/name` → generation, for the sync counts.
     pub(super) policies: Arc<HashMap<String, i64>>,
     /// The whole snapshot's line.
@@ -116,23 +118,36 @@ impl Group {
     /// Computes the snapshot again and publishes it if its version
     /// changed; true when it did.
     pub(super) fn refresh(&self, source: &dyn SnapshotSource) -> bool {
-        let next = Published::compute(&self.id, source);
-        let changed = self.tx.borrow().version != next.version;
-        if changed {
-            self.tx.send_replace(Arc::new(next));
+        let entries = Published::entries(&self.id, source);
+        // Compared before anything is encoded: most groups a change may
+        // affect are not affected.
+        if self.tx.borrow().entries_version == entries.version() {
+            return false;
         }
-        changed
+        self.tx
+            .send_replace(Arc::new(Published::new(&self.id, entries)));
+        true
     }
 }
 
 impl Published {
     /// `id`'s snapshot, as its capabilities let it be sent.
     fn compute(id: &Identity, source: &dyn SnapshotSource) -> Self {
+        Published::new(id, Published::entries(id, source))
+    }
+
+    /// `id`'s entries, as its capabilities let them be sent.
+    fn entries(id: &Identity, source: &dyn SnapshotSource) -> Entries {
         let mut entries = source.entries_for(id);
         let withheld = entries.for_capabilities(&id.capabilities);
         if !withheld.is_empty() {
             tracing::debug!(namespace = %id.namespace, ?withheld, "upstreams withheld from sidecars that do not announce what they need (TLS, DNS names): upgrade them");
         }
+        entries
+    }
+
+    /// The publication of `entries` for sidecars like `id`.
+    fn new(id: &Identity, entries: Entries) -> Self {
         let policies = Arc::new(
             entries
                 .policies
@@ -146,8 +161,9 @@ impl Published {
                 .collect(),
         );
         let full = OnceLock::new();
+        let entries_version = entries.version();
         let version = if id.capabilities.contains(CAPABILITY_DELTA) {
-            entries.version()
+            entries_version.clone()
         } else {
             // Older sidecars check the content hash of the whole snapshot:
             // encode it now, as they will all need it.
@@ -159,6 +175,7 @@ impl Published {
         Published {
             version,
             entries,
+            entries_version,
             policies,
             full,
             deltas: Mutex::default(),
