@@ -125,6 +125,24 @@ pub struct SnapshotEndpoint {
     pub zone: Option<String>,
 }
 
+impl SnapshotEndpoint {
+    /// The endpoint the sidecar dials, or the rule its address breaks. One
+    /// check for a whole snapshot and for an endpoint patch.
+    pub fn resolve(&self) -> Result<Endpoint, String> {
+        match self.address.parse::<IpAddr>() {
+            Ok(ip) => Ok(Endpoint {
+                addr: SocketAddr::new(ip, self.port),
+                name: self.pod.clone(),
+                zone: self.zone.clone(),
+            }),
+            Err(_) => Err(format!(
+                "must be an IPv4 or IPv6 address (got \"{}\")",
+                self.address
+            )),
+        }
+    }
+}
+
 /// One RetryPolicy as a sidecar needs it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -329,16 +347,9 @@ impl Snapshot {
             }
             let mut endpoints = Vec::with_capacity(u.endpoints.len());
             for (j, e) in u.endpoints.iter().enumerate() {
-                match e.address.parse::<IpAddr>() {
-                    Ok(ip) => endpoints.push(Endpoint {
-                        addr: SocketAddr::new(ip, e.port),
-                        name: e.pod.clone(),
-                        zone: e.zone.clone(),
-                    }),
-                    Err(_) => errs.push(
-                        format!("upstreams[{i}].endpoints[{j}].address"),
-                        format!("must be an IPv4 or IPv6 address (got \"{}\")", e.address),
-                    ),
+                match e.resolve() {
+                    Ok(e) => endpoints.push(e),
+                    Err(rule) => errs.push(format!("upstreams[{i}].endpoints[{j}].address"), rule),
                 }
             }
             let budget = budget_of

@@ -9,4 +9,4 @@ pub(crate) mod address_map;
 pub(crate) mod reload;
 pub(crate) mod subscription;
 
-pub use subscription::{Running, Subscription, TrustedCa};
+pub use subscription::{Running, Subscription, TrustedCa, SAVE_EVERY};

@@ -38,7 +38,7 @@ use self::admit::Admission;
 use self::body::ProxyBody;
 use self::dns::Dns;
 use self::local::{Local, ERROR_HEADER};
-use self::route::{Destination, Routed, Routes};
+use self::route::{Destination, EndpointsChange, Routed, Routes};
 use self::tunnel::Tunnels;
 use crate::balance::client::{passthrough_client, PassthroughClient};
 use crate::exchange::body::replay::ReplayReservation;
@@ -146,6 +146,20 @@ impl Proxy {
         }
         self.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
         self.dns.configured(self.me.clone(), &config);
+    }
+
+    /// Patches the endpoints of running upstreams in place of a reload, at
+    /// the cost of the change ([`Routes::with_endpoints`]). False, changing
+    /// nothing, when the patches do not fit the routes in force: the caller
+    /// reloads the whole configuration instead.
+    pub(crate) fn patch_endpoints(&self, patches: &[EndpointsChange]) -> bool {
+        let _one_at_a_time = self.rebuilding.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(routes) = self.routes.load().with_endpoints(patches) else {
+            return false;
+        };
+        self.routes.store(Arc::new(routes));
+        self.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Builds the routes again from the configuration in force, for host

@@ -127,6 +127,17 @@ impl UpstreamEntry {
     }
 }
 
+impl UpstreamEntry {
+    /// Where `endpoint` is, or would be put, among the upstream's sorted
+    /// endpoints: a sidecar that patches its running endpoints keeps them in
+    /// the order a whole snapshot gives.
+    pub fn position(&self, endpoint: &SnapshotEndpoint) -> usize {
+        self.upstream
+            .endpoints
+            .partition_point(|x| full_order(x, endpoint).is_lt())
+    }
+}
+
 /// A policy with its digest.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicyEntry {
@@ -376,18 +387,12 @@ impl Entries {
             if let Some(entry) = self.upstreams.get_mut(&patch.upstream) {
                 let entry = Arc::make_mut(entry);
                 for e in &patch.removed {
-                    let at = entry
-                        .upstream
-                        .endpoints
-                        .partition_point(|x| full_order(x, e).is_lt());
+                    let at = entry.position(e);
                     entry.upstream.endpoints.remove(at);
                     entry.digest.endpoints = entry.digest.endpoints.wrapping_sub(digest(e));
                 }
                 for e in &patch.added {
-                    let at = entry
-                        .upstream
-                        .endpoints
-                        .partition_point(|x| full_order(x, e).is_lt());
+                    let at = entry.position(e);
                     entry.upstream.endpoints.insert(at, e.clone());
                     entry.digest.endpoints = entry.digest.endpoints.wrapping_add(digest(e));
                 }

@@ -13,47 +13,23 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rand::Rng;
 use reprise_crds::protocol::{
-    self, Ack, Resync, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER,
-    SNAPSHOTS_PATH, VERSION_PARAM,
+    self, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
+    VERSION_PARAM,
 };
 use reprise_crds::sidecar_env as env;
-use reprise_crds::snapshot::{DeltaLine, Entries, Snapshot, DELTA_PREFIX};
+use reprise_crds::snapshot::{Snapshot, DELTA_PREFIX};
 use reprise_crds::traffic::{SidecarLine, CAPABILITY_TRAFFIC, REPORT_SECS};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
+mod apply;
+
+pub use apply::{Running, SAVE_EVERY};
+
 use super::address_map::AddressMap;
 use crate::proxy::Proxy;
 use crate::Error;
-
-/// What a subscription runs, across its connections.
-#[derive(Clone, Debug, Default)]
-pub struct Running {
-    /// The version the proxy runs (resumed on reconnection).
-    pub version: Option<String>,
-    /// The snapshot last received, as entries: what a delta applies to.
-    entries: Option<Entries>,
-}
-
-impl Running {
-    /// Running `version` (its entries unknown: a delta then asks for the
-    /// whole snapshot).
-    pub fn version(version: Option<String>) -> Self {
-        Running {
-            version,
-            entries: None,
-        }
-    }
-
-    /// Running `snapshot`.
-    pub fn snapshot(snapshot: Snapshot) -> Self {
-        Running {
-            version: Some(snapshot.version.clone()),
-            entries: Some(Entries::from_snapshot(snapshot)),
-        }
-    }
-}
 
 /// Where and as whom to subscribe (from the environment; `docs/src/reference/environment.md`).
 #[derive(Clone, Debug)]
@@ -205,6 +181,8 @@ impl Subscription {
         loop {
             let started = tokio::time::Instant::now();
             let result = self.session(&proxy, &mut running).await;
+            // What the deltas of the stream left unwritten.
+            self.save_running(&mut running);
             if started.elapsed() > Duration::from_secs(10) {
                 // A session that lived a while was healthy: start backing off afresh.
                 delay = Duration::from_millis(200);
@@ -318,24 +296,40 @@ impl Subscription {
         // The controller sends a heartbeat every HEARTBEAT_SECS: silence for
         // three of them means the connection is dead even if TCP has not noticed.
         let silence = Duration::from_secs(3 * HEARTBEAT_SECS);
+        let mut heard = tokio::time::Instant::now();
         loop {
-            line.clear();
-            let read = tokio::time::timeout(
-                silence,
-                (&mut reader)
-                    .take(MAX_LINE_BYTES as u64)
-                    .read_until(b'\n', &mut line),
+            let dead = heard + silence;
+            // Wake early to write a snapshot the deltas left unwritten; a
+            // line being read stays in `line` (`read_until` appends) and is
+            // read on.
+            let wake = running.save_due().map_or(dead, |due| due.min(dead));
+            let limit = (MAX_LINE_BYTES - line.len().min(MAX_LINE_BYTES)) as u64;
+            let read = match tokio::time::timeout_at(
+                wake,
+                (&mut reader).take(limit).read_until(b'\n', &mut line),
             )
             .await
-            .map_err(|_| Error::Connection {
-                what: "no heartbeat for three heartbeat intervals",
-                source: None,
-            })?
-            .map_err(|e| connection_failed("reading the push stream", e))?;
-            if read == 0 {
+            {
+                Ok(read) => read.map_err(|e| connection_failed("reading the push stream", e))?,
+                Err(_) if tokio::time::Instant::now() < dead => {
+                    self.save_if_due(running);
+                    continue;
+                }
+                Err(_) => {
+                    return Err(Error::Connection {
+                        what: "no heartbeat for three heartbeat intervals",
+                        source: None,
+                    })
+                }
+            };
+            heard = tokio::time::Instant::now();
+            if read == 0 && line.is_empty() {
                 return Ok(());
             }
             if !line.ends_with(b"\n") {
+                if read > 0 && line.len() < MAX_LINE_BYTES {
+                    continue; // more of the line to come
+                }
                 return Err(Error::Connection {
                     what: "snapshot line over the size limit, or cut short",
                     source: None,
@@ -343,6 +337,7 @@ impl Subscription {
             }
             let text = &line[..line.len() - 1];
             if text.iter().all(u8::is_ascii_whitespace) {
+                line.clear();
                 continue; // heartbeat
             }
             let answer = if text.starts_with(DELTA_PREFIX) {
@@ -350,110 +345,11 @@ impl Subscription {
             } else {
                 SidecarLine::Ack(self.apply(proxy, text, running))
             };
+            line.clear();
             let mut out = serde_json::to_vec(&answer).unwrap_or_default();
             out.push(b'\n');
             if acks.send(out).await.is_err() {
                 return Ok(()); // the writer ended: its error is the session's
-            }
-        }
-    }
-
-    /// Validates and applies one snapshot line; returns the ACK or NACK to send.
-    fn apply(&self, proxy: &Arc<Proxy>, line: &[u8], running: &mut Running) -> Ack {
-        let snapshot: Snapshot = match serde_json::from_slice(line) {
-            Ok(s) => s,
-            Err(e) => {
-                return Ack {
-                    version: String::new(),
-                    error: Some(format!("snapshot is not valid JSON: {e}")),
-                }
-            }
-        };
-        // What deltas will apply to: what was sent, even if refused (the
-        // controller's next delta starts from it).
-        running.entries = Some(Entries::from_snapshot(snapshot.clone()));
-        self.install(proxy, snapshot.resolve(), &snapshot, line, running)
-    }
-
-    /// Applies one delta line to the snapshot last received; returns the ACK
-    /// or NACK to send, or, when the delta does not fit that snapshot, the
-    /// request for the whole one.
-    fn apply_delta(&self, proxy: &Arc<Proxy>, line: &[u8], running: &mut Running) -> SidecarLine {
-        let resync = |version: Option<&str>, reason: String| {
-            tracing::warn!(reason = %reason, "snapshot delta does not apply; asking for the whole snapshot");
-            SidecarLine::Resync {
-                resync: Resync {
-                    version: version.unwrap_or_default().to_string(),
-                    reason,
-                },
-            }
-        };
-        let delta = match serde_json::from_slice::<DeltaLine>(line) {
-            Ok(d) => d.delta,
-            Err(e) => {
-                return resync(
-                    running.version.as_deref(),
-                    format!("not a valid delta: {e}"),
-                )
-            }
-        };
-        let Some(entries) = running.entries.as_mut() else {
-            return resync(
-                running.version.as_deref(),
-                "no snapshot received on this stream to apply it to".into(),
-            );
-        };
-        if let Err(e) = entries.apply(&delta) {
-            // Applied to nothing: the next delta would not fit either.
-            running.entries = None;
-            return resync(running.version.as_deref(), e.to_string());
-        }
-        let snapshot = entries.to_snapshot();
-        let line = serde_json::to_vec(&snapshot).unwrap_or_default();
-        SidecarLine::Ack(self.install(
-            proxy,
-            snapshot.resolve_unversioned(),
-            &snapshot,
-            &line,
-            running,
-        ))
-    }
-
-    /// Swaps in a resolved snapshot and keeps it on disk, or refuses it.
-    fn install(
-        &self,
-        proxy: &Arc<Proxy>,
-        resolved: Result<reprise_crds::Config, reprise_crds::ValidationErrors>,
-        snapshot: &Snapshot,
-        line: &[u8],
-        running: &mut Running,
-    ) -> Ack {
-        match resolved {
-            Ok(mut config) => {
-                self.adjust(&mut config);
-                proxy.reload(config);
-
-                proxy.set_ready(true);
-                if let Err(e) = save(&self.snapshot_path, line) {
-                    tracing::warn!(path = %self.snapshot_path.display(), error = %e, "cannot save the snapshot");
-                }
-                tracing::info!(version = %snapshot.version, upstreams = snapshot.upstreams.len(), policies = snapshot.policies.len(), "snapshot applied");
-                running.version = Some(snapshot.version.clone());
-                Ack {
-                    version: snapshot.version.clone(),
-                    error: None,
-                }
-            }
-            Err(e) => {
-                proxy
-                    .metrics
-                    .reloads_refused
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::error!(version = %snapshot.version, error = %e, "snapshot refused; keeping the running configuration");
-                Ack {
-                    version: snapshot.version.clone(),
-                    error: Some(e.to_string()),
-                }
             }
         }
     }
@@ -560,16 +456,6 @@ fn read(path: &Path) -> Result<String, Error> {
         path: path.display().to_string(),
         source,
     })
-}
-
-/// Writes atomically: a crash mid-write never leaves a torn snapshot.
-fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(tmp, path)
 }
 
 /// A failed step of the conversation with the controller.

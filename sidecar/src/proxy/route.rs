@@ -59,6 +59,17 @@ pub(crate) enum Destination {
     Original(SocketAddr),
 }
 
+/// The endpoints added to and removed from one upstream, resolved.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct EndpointsChange {
+    /// The upstream's name.
+    pub upstream: String,
+    /// Endpoints added, each with its position after the change, lowest first.
+    pub added: Vec<(usize, Endpoint)>,
+    /// Endpoints removed, each with its position before the change, highest first.
+    pub removed: Vec<(usize, Endpoint)>,
+}
+
 /// What rules match on: the request as the route phase sees it.
 #[derive(Debug)]
 pub(crate) struct RequestFacts<'a> {
@@ -165,6 +176,66 @@ impl Routes {
             by_address,
             traffic,
         }
+    }
+
+    /// These routes with some upstreams' endpoints patched, as
+    /// [`Routes::new`] would build them from the patched configuration, but
+    /// at the cost of the change: the patched upstreams' states are derived
+    /// from the running ones ([`UpstreamState::with_endpoints`]), every
+    /// other upstream is shared, and only the addresses that changed are
+    /// looked up again. `None` when a patch does not fit (an upstream or an
+    /// endpoint these routes do not have) or names an upstream with
+    /// DNS-named endpoints, whose resolved addresses only a whole build merges.
+    pub(crate) fn with_endpoints(&self, patches: &[EndpointsChange]) -> Option<Routes> {
+        let mut config = Config::clone(&self.config);
+        let mut upstreams = self.upstreams.clone();
+        let mut by_address = self.by_address.clone();
+        let mut changed: Vec<SocketAddr> = Vec::new();
+        for patch in patches {
+            let i = config
+                .upstreams
+                .iter()
+                .position(|u| u.name == patch.upstream)?;
+            if !config.upstreams[i].dns.is_empty() {
+                return None;
+            }
+            let old = self.upstreams.get(&patch.upstream)?;
+            let new = Arc::new(old.with_endpoints(&patch.added, &patch.removed)?);
+            config.upstreams[i].endpoints = new.config.endpoints.clone();
+            for state in upstreams.values_mut().chain(by_address.values_mut()) {
+                if Arc::ptr_eq(state, old) {
+                    *state = Arc::clone(&new);
+                }
+            }
+            changed.extend(patch.added.iter().map(|(_, e)| e.addr));
+            changed.extend(patch.removed.iter().map(|(_, e)| e.addr));
+        }
+        // Who answers a changed address now: as in `new`, a virtual address
+        // first, else the first upstream in configuration order with an
+        // endpoint there.
+        for addr in changed {
+            let owner = config
+                .upstreams
+                .iter()
+                .find(|u| u.addresses.contains(&addr))
+                .or_else(|| {
+                    config
+                        .upstreams
+                        .iter()
+                        .find(|u| u.endpoints.iter().any(|e| e.addr == addr))
+                })
+                .and_then(|u| upstreams.get(&u.name));
+            match owner {
+                Some(state) => by_address.insert(addr, Arc::clone(state)),
+                None => by_address.remove(&addr),
+            };
+        }
+        Some(Routes {
+            config: Arc::new(config),
+            upstreams,
+            by_address,
+            traffic: self.traffic.clone(),
+        })
     }
 
     /// Each rule's traffic since the last report, for rules that saw any.

@@ -94,6 +94,55 @@ impl UpstreamState {
 }
 
 impl UpstreamState {
+    /// This upstream with the endpoints `removed` taken out (at their
+    /// positions before, highest first) and those `added` put in (at their
+    /// positions after, lowest first), which keeps the order a whole
+    /// configuration gives; everything else is
+    /// kept: budget, metrics, TLS, and each remaining endpoint's state with
+    /// its health, in-flight count and pool. What it costs follows the
+    /// change: a new state for each endpoint added, and one copy of the
+    /// endpoint list. `None` when an endpoint removed is not at its
+    /// position, or a position is out of range.
+    pub(crate) fn with_endpoints(
+        &self,
+        added: &[(usize, Endpoint)],
+        removed: &[(usize, Endpoint)],
+    ) -> Option<UpstreamState> {
+        let mut config = self.config.clone();
+        let mut endpoints = self.endpoints.clone();
+        for (at, r) in removed {
+            if config.endpoints.get(*at) != Some(r) {
+                return None;
+            }
+            let at = *at;
+            config.endpoints.remove(at);
+            endpoints.remove(at);
+        }
+        for (at, e) in added {
+            if *at > endpoints.len() {
+                return None;
+            }
+            let state = EndpointState::new(
+                e.clone(),
+                endpoint_client(
+                    e.addr,
+                    config.protocol,
+                    config.connect_timeout,
+                    self.tls.as_ref(),
+                ),
+            );
+            config.endpoints.insert(*at, e.clone());
+            endpoints.insert(*at, Arc::new(state));
+        }
+        Some(UpstreamState {
+            config,
+            endpoints,
+            budget: Arc::clone(&self.budget),
+            metrics: Arc::clone(&self.metrics),
+            tls: self.tls.clone(),
+        })
+    }
+
     /// What this upstream has done so far: its counters, budget and
     /// endpoints.
     pub(crate) fn stats(&self) -> UpstreamStats {
