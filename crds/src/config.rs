@@ -3,6 +3,7 @@
 //! controller's snapshots resolve to this.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -100,12 +101,13 @@ pub enum TrustAnchors {
 pub struct Endpoint {
     /// Address and port.
     pub addr: SocketAddr,
-    /// Pod (or other) name, for traces and logs.
+    /// Pod (or other) name, for traces and logs. Shared, as the zone is:
+    /// a change to one endpoint of many copies the list, not its strings.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub name: Option<Arc<str>>,
     /// Topology zone, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
+    pub zone: Option<Arc<str>>,
 }
 
 /// Endpoints named by DNS: the addresses `host` resolves to, each on `port`.

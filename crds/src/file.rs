@@ -316,8 +316,8 @@ impl UpstreamSpec {
                 (None, false) => match e.address.parse::<IpAddr>() {
                     Ok(ip) => endpoints.push(Endpoint {
                         addr: SocketAddr::new(ip, e.port),
-                        name: e.name.clone(),
-                        zone: e.zone.clone(),
+                        name: e.name.as_deref().map(Into::into),
+                        zone: e.zone.as_deref().map(Into::into),
                     }),
                     Err(_) => errs.push(
                         format!("{ep}.address"),

@@ -132,8 +132,8 @@ impl SnapshotEndpoint {
         match self.address.parse::<IpAddr>() {
             Ok(ip) => Ok(Endpoint {
                 addr: SocketAddr::new(ip, self.port),
-                name: self.pod.clone(),
-                zone: self.zone.clone(),
+                name: self.pod.as_deref().map(Into::into),
+                zone: self.zone.as_deref().map(Into::into),
             }),
             Err(_) => Err(format!(
                 "must be an IPv4 or IPv6 address (got \"{}\")",

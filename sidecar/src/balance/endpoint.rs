@@ -66,8 +66,8 @@ impl EndpointState {
             .unwrap_or_else(|_| Authority::from_static("invalid"));
         let label = endpoint
             .name
-            .clone()
-            .unwrap_or_else(|| endpoint.addr.to_string());
+            .as_deref()
+            .map_or_else(|| endpoint.addr.to_string(), str::to_owned);
         Self {
             endpoint,
             client,

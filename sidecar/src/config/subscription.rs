@@ -340,17 +340,24 @@ impl Subscription {
                 line.clear();
                 continue; // heartbeat
             }
-            let answer = if text.starts_with(DELTA_PREFIX) {
-                self.apply_delta(proxy, text, running)
-            } else {
-                SidecarLine::Ack(self.apply(proxy, text, running))
-            };
+            let answer = self.apply_line(proxy, text, running);
             line.clear();
             let mut out = serde_json::to_vec(&answer).unwrap_or_default();
             out.push(b'\n');
             if acks.send(out).await.is_err() {
                 return Ok(()); // the writer ended: its error is the session's
             }
+        }
+    }
+
+    /// Applies one line of the push stream (a whole snapshot or a delta,
+    /// without its newline) to what `running` holds and `proxy` serves;
+    /// returns the answer to send.
+    pub fn apply_line(&self, proxy: &Proxy, line: &[u8], running: &mut Running) -> SidecarLine {
+        if line.starts_with(DELTA_PREFIX) {
+            self.apply_delta(proxy, line, running)
+        } else {
+            SidecarLine::Ack(self.apply(proxy, line, running))
         }
     }
 

@@ -93,8 +93,8 @@ fn with_dns(u: &Upstream, dns: &Dns) -> Upstream {
             if !out.endpoints.iter().any(|e| e.addr == addr) {
                 out.endpoints.push(Endpoint {
                     addr,
-                    name: Some(d.host.clone()),
-                    zone: d.zone.clone(),
+                    name: Some(d.host.as_str().into()),
+                    zone: d.zone.as_deref().map(Into::into),
                 });
             }
         }
@@ -151,9 +151,9 @@ impl Routes {
         }
         for u in &config.upstreams {
             if let Some(state) = upstreams.get(&u.name) {
-                for e in &state.config.endpoints {
+                for e in &state.endpoints {
                     by_address
-                        .entry(e.addr)
+                        .entry(e.endpoint.addr)
                         .or_insert_with(|| Arc::clone(state));
                 }
             }
@@ -201,7 +201,13 @@ impl Routes {
             }
             let old = self.upstreams.get(&patch.upstream)?;
             let new = Arc::new(old.with_endpoints(&patch.added, &patch.removed)?);
-            config.upstreams[i].endpoints = new.config.endpoints.clone();
+            let list = &mut config.upstreams[i].endpoints;
+            for (at, _) in &patch.removed {
+                list.remove(*at);
+            }
+            for (at, e) in &patch.added {
+                list.insert(*at, e.clone());
+            }
             for state in upstreams.values_mut().chain(by_address.values_mut()) {
                 if Arc::ptr_eq(state, old) {
                     *state = Arc::clone(&new);

@@ -16,7 +16,8 @@ use crate::observe::metrics::{EndpointStats, UpstreamMetrics, UpstreamStats};
 /// metrics and each endpoint's state (with its connection pool) carry over.
 #[derive(Debug)]
 pub(crate) struct UpstreamState {
-    /// The resolved configuration.
+    /// The resolved configuration, but for its endpoints: they are
+    /// `endpoints`', so that a patch copies the list once.
     pub(crate) config: Upstream,
     /// Live endpoint state, in configuration order.
     pub(crate) endpoints: Vec<Arc<EndpointState>>,
@@ -31,7 +32,7 @@ pub(crate) struct UpstreamState {
 impl UpstreamState {
     /// Builds the state for `config`, keeping what `previous` (the same upstream
     /// before a reload) had accumulated.
-    pub(crate) fn new(config: Upstream, previous: Option<&UpstreamState>) -> Self {
+    pub(crate) fn new(mut config: Upstream, previous: Option<&UpstreamState>) -> Self {
         // TLS settings that changed (another trust bundle, a rotated client
         // certificate) need new connections, as another protocol does.
         let same_transport = previous.is_some_and(|p| {
@@ -76,6 +77,7 @@ impl UpstreamState {
                 })
             })
             .collect();
+        config.endpoints = Vec::new();
         let budget = match previous {
             Some(p) if p.budget.same_window(&config.budget) => {
                 p.budget.update(&config.budget);
@@ -108,15 +110,12 @@ impl UpstreamState {
         added: &[(usize, Endpoint)],
         removed: &[(usize, Endpoint)],
     ) -> Option<UpstreamState> {
-        let mut config = self.config.clone();
         let mut endpoints = self.endpoints.clone();
         for (at, r) in removed {
-            if config.endpoints.get(*at) != Some(r) {
+            if endpoints.get(*at).map(|s| &s.endpoint) != Some(r) {
                 return None;
             }
-            let at = *at;
-            config.endpoints.remove(at);
-            endpoints.remove(at);
+            endpoints.remove(*at);
         }
         for (at, e) in added {
             if *at > endpoints.len() {
@@ -126,16 +125,15 @@ impl UpstreamState {
                 e.clone(),
                 endpoint_client(
                     e.addr,
-                    config.protocol,
-                    config.connect_timeout,
+                    self.config.protocol,
+                    self.config.connect_timeout,
                     self.tls.as_ref(),
                 ),
             );
-            config.endpoints.insert(*at, e.clone());
             endpoints.insert(*at, Arc::new(state));
         }
         Some(UpstreamState {
-            config,
+            config: self.config.clone(),
             endpoints,
             budget: Arc::clone(&self.budget),
             metrics: Arc::clone(&self.metrics),
@@ -151,7 +149,7 @@ impl UpstreamState {
             .iter()
             .map(|e| EndpointStats {
                 addr: e.endpoint.addr,
-                name: e.endpoint.name.clone(),
+                name: e.endpoint.name.as_deref().map(str::to_owned),
                 in_flight: e.in_flight(),
                 ejected: e.is_ejected(),
                 ejections: e.ejections(),
