@@ -99,7 +99,8 @@ pub enum Error {
     /// An HTTP exchange through a port-forward failed.
     #[error("HTTP through the port-forward: {0}")]
     Http(#[source] hyper::Error),
-    /// A pod's sidecar could not answer its diagnostics.
+    /// A pod's sidecar could not answer its diagnostics, or no controller
+    /// replica what it last sent the pod.
     #[error("pod {pod}: {reason}")]
     Diagnostics {
         /// `namespace/name`.

@@ -244,10 +244,48 @@ impl Metrics {
     }
 }
 
+/// `/debug/sidecars[/NAMESPACE/POD]`: status, body, content type.
+fn debug_page(registry: &SidecarRegistry, path: &str, local: bool) -> (u16, String, &'static str) {
+    if !local {
+        return (
+            403,
+            "debug pages answer only on loopback: use kubectl reprise sent, or kubectl port-forward\n".into(),
+            "text/plain",
+        );
+    }
+    let json = |v: serde_json::Value| {
+        let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
+        text.push('\n');
+        (200, text, "application/json")
+    };
+    let Some(rest) = path.strip_prefix("/debug/sidecars") else {
+        return (404, String::new(), "text/plain");
+    };
+    match rest.trim_matches('/').split('/').collect::<Vec<_>>()[..] {
+        [""] => json(registry.sent_list()),
+        [namespace, pod] => match registry.sent_page(namespace, pod) {
+            Some(page) => json(page),
+            None => (
+                404,
+                format!("{namespace}/{pod} has no snapshot stream to this replica\n"),
+                "text/plain",
+            ),
+        },
+        _ => (404, String::new(), "text/plain"),
+    }
+}
+
 /// Serves `/metrics` (the controller's families, the connected sidecars of
 /// `registry`, the span counters of `traces`) and `/healthz`, `/readyz` on
 /// `addr`, until the process ends. A listener that cannot bind is logged: the
 /// controller runs on without metrics.
+///
+/// `/debug/sidecars` (the sidecars connected here) and
+/// `/debug/sidecars/NAMESPACE/POD` (what was last sent to one, and its
+/// answer) answer only connections from loopback: Prometheus scrapes the
+/// pod IP, while `kubectl reprise sent` comes through the API server's
+/// port-forward, which dials the pod's loopback. A snapshot names every
+/// endpoint and policy of a namespace: no one else in the cluster reads it.
 pub(crate) async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
@@ -265,23 +303,25 @@ pub(crate) async fn serve(
         }
     };
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
+        let local = peer.ip().is_loopback();
         let (metrics, registry, traces) =
             (Arc::clone(&metrics), Arc::clone(&registry), traces.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 // Prometheus 3 refuses a scrape without a Content-Type.
-                let (body, content_type) = match req.uri().path() {
+                let (status, body, content_type) = match req.uri().path() {
                     "/metrics" => (
+                        200,
                         metrics.render(&registry, traces.counters()),
                         "text/plain; version=0.0.4; charset=utf-8",
                     ),
-                    "/healthz" | "/readyz" => ("ok\n".to_string(), "text/plain"),
-                    _ => (String::new(), "text/plain"),
+                    "/healthz" | "/readyz" => (200, "ok\n".to_string(), "text/plain"),
+                    path if path.starts_with("/debug/") => debug_page(&registry, path, local),
+                    _ => (404, String::new(), "text/plain"),
                 };
-                let status = if body.is_empty() { 404 } else { 200 };
                 let mut resp = http::Response::new(Full::new(bytes::Bytes::from(body)));
                 *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
                 resp.headers_mut().insert(
@@ -300,6 +340,51 @@ pub(crate) async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_debug_pages_show_what_was_last_sent_and_only_on_loopback() {
+        use std::collections::{BTreeMap, BTreeSet, HashMap};
+        let registry = SidecarRegistry::default();
+        let caps: BTreeSet<String> = ["delta".to_string()].into();
+        registry.connect("shop", "web-0", BTreeMap::new(), caps, 1);
+        let delta = bytes::Bytes::from_static(
+            b"{\"delta\":{\"base\":\"a1\",\"version\":\"a2\",\"endpoints\":[]}}\n",
+        );
+        let bytes = delta.len() - 1;
+        registry.pushed(
+            "shop",
+            "web-0",
+            "a2",
+            HashMap::from([("shop/reads".to_string(), 3)]),
+            Some(delta),
+        );
+        let (status, body, _) = debug_page(&registry, "/debug/sidecars/shop/web-0", true);
+        assert_eq!(status, 200, "{body}");
+        let page: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(page["sent"]["kind"], "delta");
+        assert_eq!(page["sent"]["bytes"], bytes, "the line, without its newline");
+        assert_eq!(page["sent"]["line"]["delta"]["version"], "a2");
+        assert_eq!(page["sent"]["policies"][0]["policy"], "shop/reads");
+        assert_eq!(page["inSync"], false, "not answered yet");
+        registry.ack("shop", "web-0", "a2");
+        let (_, body, _) = debug_page(&registry, "/debug/sidecars/shop/web-0", true);
+        assert!(body.contains("\"inSync\": true"), "{body}");
+        let (status, body, _) = debug_page(&registry, "/debug/sidecars", true);
+        assert_eq!(status, 200);
+        assert!(body.contains("\"pod\": \"web-0\""), "{body}");
+        let (status, body, _) = debug_page(&registry, "/debug/sidecars/shop/web-1", true);
+        assert_eq!(
+            (status, body.as_str()),
+            (404, "shop/web-1 has no snapshot stream to this replica\n")
+        );
+        assert_eq!(debug_page(&registry, "/debug/other/x", true).0, 404);
+        let (status, body, _) = debug_page(&registry, "/debug/sidecars/shop/web-0", false);
+        assert_eq!(status, 403);
+        assert!(
+            body.starts_with("debug pages answer only on loopback"),
+            "{body}"
+        );
+    }
 
     /// Every family is in the user guide's metrics reference; the other
     /// direction (every metric the guide names exists) is e2e/tests/docs.rs's.

@@ -50,6 +50,10 @@ pub struct SidecarState {
     pub connection: u64,
     /// When the snapshot last sent was sent.
     pub sent_at: Option<std::time::Instant>,
+    /// The line last sent, as sent: a whole snapshot or a delta (shared
+    /// with every sidecar of its group). `None` when nothing was sent on
+    /// this connection (it resumed the version it runs).
+    pub sent_line: Option<bytes::Bytes>,
 }
 
 /// Every sidecar connected to this replica, by `namespace/pod`.
@@ -125,13 +129,26 @@ impl SidecarRegistry {
         Vec::new()
     }
 
-    /// Records what was sent.
+    /// Records that `version` runs without a push (a sidecar resumed it).
     pub(crate) fn sent(
         &self,
         namespace: &str,
         pod: &str,
         version: &str,
         policies: HashMap<String, i64>,
+    ) {
+        self.pushed(namespace, pod, version, policies, None);
+    }
+
+    /// Records what was sent: `line` (a whole snapshot or a delta) bringing
+    /// the sidecar to `version`.
+    pub(crate) fn pushed(
+        &self,
+        namespace: &str,
+        pod: &str,
+        version: &str,
+        policies: HashMap<String, i64>,
+        line: Option<bytes::Bytes>,
     ) {
         if let Some(s) = self
             .lock()
@@ -140,7 +157,66 @@ impl SidecarRegistry {
             s.sent = Some(version.to_string());
             s.sent_policies = policies;
             s.sent_at = Some(std::time::Instant::now());
+            s.sent_line = line;
         }
+    }
+
+    /// What was last sent to `namespace/pod` and what it answered, for the
+    /// debug page (`GET /debug/sidecars/NAMESPACE/POD` on the metrics
+    /// listener; `kubectl reprise sent`). `None` when it is not connected
+    /// to this replica.
+    pub fn sent_page(&self, namespace: &str, pod: &str) -> Option<serde_json::Value> {
+        let s = self.get(namespace, pod)?;
+        let line = s.sent_line.as_deref().map(|l| l.trim_ascii_end());
+        let kind = match line {
+            None if s.sent.is_some() => "resumed",
+            None => "nothing",
+            Some(l) if l.starts_with(reprise_crds::snapshot::DELTA_PREFIX) => "delta",
+            Some(_) => "whole",
+        };
+        let mut policies: Vec<(&String, &i64)> = s.sent_policies.iter().collect();
+        policies.sort();
+        Some(serde_json::json!({
+            "namespace": namespace,
+            "pod": pod,
+            "connection": s.connection,
+            "labels": s.labels,
+            "capabilities": s.capabilities,
+            "sent": {
+                "version": s.sent,
+                "secondsAgo": s.sent_at.map(|t| (t.elapsed().as_secs_f64() * 10.0).round() / 10.0),
+                "kind": kind,
+                "bytes": line.map(<[u8]>::len),
+                "policies": policies.into_iter().map(|(id, g)| serde_json::json!({"policy": id, "generation": g})).collect::<Vec<_>>(),
+                "line": line.and_then(|l| serde_json::from_slice::<serde_json::Value>(l).ok()),
+            },
+            "acked": s.acked,
+            "inSync": s.sent.is_some() && s.acked == s.sent,
+            "nack": s.nack,
+        }))
+    }
+
+    /// Every sidecar connected to this replica, with the versions sent and
+    /// ACKed (`GET /debug/sidecars`).
+    pub fn sent_list(&self) -> serde_json::Value {
+        let mut rows: Vec<serde_json::Value> = self
+            .lock()
+            .iter()
+            .map(|((namespace, pod), s)| {
+                serde_json::json!({
+                    "namespace": namespace,
+                    "pod": pod,
+                    "sent": s.sent,
+                    "acked": s.acked,
+                    "inSync": s.sent.is_some() && s.acked == s.sent,
+                })
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            (a["namespace"].as_str(), a["pod"].as_str())
+                .cmp(&(b["namespace"].as_str(), b["pod"].as_str()))
+        });
+        serde_json::json!({ "sidecars": rows })
     }
 
     /// Time from sending the current snapshot to now (for the push latency metric).

@@ -1,12 +1,15 @@
 //! `kubectl reprise`, the kubectl plugin (the `kubectl-reprise` binary;
 //! `docs/src/tasks/troubleshooting.md`). kubectl's conventions (`-n`, `-A`,
-//! `--context`, `--kubeconfig`, `-o json|yaml|wide`) over four verbs, each in
+//! `--context`, `--kubeconfig`, `-o json|yaml|wide`) over five verbs, each in
 //! its own file:
 //!
 //! - `stat.rs`: what each RetryPolicy did to its traffic, from
 //!   `status.traffic` only.
 //! - `diagnose.rs`: a pod's sidecar `/diagnostics`, through the API server's
 //!   port-forward to the sidecar's loopback admin port.
+//! - `sent.rs`: what the controller last sent to a pod's sidecar, and its
+//!   answer, through a port-forward to each controller replica's loopback
+//!   debug page.
 //! - `check.rs`: the installation, one line per check, each failure with
 //!   its fix; `check/certificate.rs` verifies the webhook's serving chain.
 //! - `explain`: `reprise-controller explain` ([`super::explain`]).
@@ -17,6 +20,7 @@
 
 mod check;
 mod diagnose;
+mod sent;
 mod stat;
 mod table;
 
@@ -80,6 +84,10 @@ enum Verb {
     /// A pod's recently retried requests and their attempts, from its
     /// sidecar's /diagnostics (through a port-forward to its admin port).
     Diagnose(diagnose::Args),
+    /// What the controller last sent to a pod's sidecar (a whole snapshot
+    /// or a delta, its version, when) and what the sidecar answered, from
+    /// the controller replica that holds its stream (through a port-forward).
+    Sent(sent::Args),
     /// Which policy applies to a request from a pod, which endpoints are
     /// eligible and on which failures it would be retried (sends nothing).
     Explain(explain::Request),
@@ -106,6 +114,10 @@ pub async fn run(args: Args) -> Result<bool, Error> {
         }
         Verb::Diagnose(a) => {
             print!("{}", diagnose::run(client, &namespace, &a, g.output).await?);
+            Ok(true)
+        }
+        Verb::Sent(a) => {
+            print!("{}", sent::run(client, &namespace, &a, g.output).await?);
             Ok(true)
         }
         Verb::Explain(request) => {

@@ -250,11 +250,12 @@ impl StreamState {
                 }
                 _ => current.full_line(),
             };
-            self.server.registry.sent(
+            self.server.registry.pushed(
                 &self.id.namespace,
                 &self.id.pod,
                 &current.version,
                 (*current.policies).clone(),
+                Some(line.clone()),
             );
             self.server.metrics.add(Counter::Pushes);
             self.server.push_started(&self.id, &current.version);

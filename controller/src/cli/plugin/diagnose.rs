@@ -153,7 +153,12 @@ pub(super) fn admin_port(pod: &Pod) -> Option<u16> {
 }
 
 /// `GET path` on `port` of the pod's loopback, through a port-forward.
-async fn get(pods: &Api<Pod>, pod: &str, port: u16, path: &str) -> Result<(u16, Bytes), Error> {
+pub(super) async fn get(
+    pods: &Api<Pod>,
+    pod: &str,
+    port: u16,
+    path: &str,
+) -> Result<(u16, Bytes), Error> {
     let mut forward =
         pods.portforward(pod, &[port])
             .await

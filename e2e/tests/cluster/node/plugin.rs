@@ -7,6 +7,9 @@
 //!   and leading, the sidecar in sync, no pod left uninjected.
 //! - `diagnose` reads the web pod's sidecar `/diagnostics` through a
 //!   port-forward: the recovered requests, first attempt a 503 on `api-0`.
+//! - `sent` reads what the controller last sent the web pod (in sync, with
+//!   its policy) through a port-forward to the controller's loopback debug
+//!   page, which refuses the same request from the node.
 //! - `stat` reads the policy's `status.traffic`: the recovered requests
 //!   counted there once the leader has written the window.
 //! - The controller scaled to 0: `check` fails with exit status 1, the
@@ -194,6 +197,59 @@ async fn kubectl_reprise_checks_diagnoses_and_stats_the_release() {
     step(&format!(
         "   kubectl reprise diagnose --outcome recovered --limit 3:\n{table}"
     ));
+
+    step("3b. kubectl reprise sent: what the controller last sent the web pod");
+    let sent_args = [
+        "sent",
+        web_name.as_str(),
+        "-n",
+        c.ns.as_str(),
+        "--reprise-namespace",
+        release.ns.as_str(),
+    ];
+    let (ok, out) = kubectl_reprise(&c, &[&sent_args[..], &["-o", "json"]].concat());
+    assert!(ok, "kubectl reprise sent -o json:\n{out}");
+    let sent: Value = serde_json::from_str(&out).expect("sent -o json is JSON");
+    assert_eq!(sent["inSync"], true, "{sent}");
+    assert_eq!(sent["sent"]["version"], sent["acked"], "{sent}");
+    let reads = format!("{}/reads", c.ns);
+    assert!(
+        sent["sent"]["policies"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p["policy"] == reads.as_str())),
+        "{sent}"
+    );
+    assert!(
+        ["whole", "delta", "resumed"].contains(&sent["sent"]["kind"].as_str().unwrap_or("")),
+        "{sent}"
+    );
+    let (ok, text) = kubectl_reprise(&c, &sent_args);
+    assert!(ok && text.contains(": in sync, through "), "{text}");
+    // The page answers only on the controller's loopback: from the node, refused.
+    let controller = pods(&c, &release.ns, "app.kubernetes.io/component=controller");
+    let addr = std::net::SocketAddr::new(
+        ip(controller.first().expect("a controller pod"))
+            .parse()
+            .expect("pod IP"),
+        15020,
+    );
+    let status = {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .expect("the metrics port");
+        conn.set_read_timeout(Some(Duration::from_secs(5))).ok();
+        conn.write_all(b"GET /debug/sidecars HTTP/1.0\r\n\r\n")
+            .expect("request");
+        let mut answer = String::new();
+        let _ = conn.read_to_string(&mut answer);
+        answer
+    };
+    assert_eq!(
+        status.split_whitespace().nth(1),
+        Some("403"),
+        "from the node: {status}"
+    );
+    step(&format!("   kubectl reprise sent:\n{text}"));
 
     step("4. kubectl reprise stat, once the leader has written status.traffic");
     let key = format!("{}/reads", c.ns);

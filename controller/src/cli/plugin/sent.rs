@@ -1,0 +1,278 @@
+//! `kubectl reprise sent POD`: what the controller last sent to a pod's
+//! sidecar (a whole snapshot or a delta, its version, how long ago) and
+//! what the sidecar answered, from `GET /debug/sidecars/NAMESPACE/POD` on
+//! the controller replica that holds the pod's stream. That page answers
+//! only on the controller's loopback, so each running replica is asked
+//! through the API server's port-forward, as `diagnose` asks a sidecar,
+//! until one holds the stream.
+//!
+//! The answer is read leniently, as `diagnose` reads its: missing fields
+//! draw as `-`. `-o json` and `-o yaml` print it as read.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use serde_json::Value;
+
+use super::diagnose::get;
+use super::Output;
+use crate::inject::SIDECAR_NAME;
+use crate::Error;
+
+/// How long one replica's port-forward and answer may take together.
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The chart's controller pods.
+const CONTROLLER_PODS: &str =
+    "app.kubernetes.io/part-of=reprise,app.kubernetes.io/component=controller";
+
+// The verb's help is the doc comment of `Verb::Sent`.
+#[derive(Debug, clap::Args)]
+pub(super) struct Args {
+    /// The pod (in -n's namespace).
+    pub(super) pod: String,
+    /// The namespace Reprise's controller runs in.
+    #[arg(long, default_value = "reprise-system")]
+    reprise_namespace: String,
+    /// The controller's metrics port (its `--metrics-addr`).
+    #[arg(long, default_value_t = 15020)]
+    metrics_port: u16,
+}
+
+pub(super) async fn run(
+    client: Client,
+    namespace: &str,
+    args: &Args,
+    output: Option<Output>,
+) -> Result<String, Error> {
+    let id = format!("{namespace}/{}", args.pod);
+    let fail = |reason: String| Error::Diagnostics {
+        pod: id.clone(),
+        reason,
+    };
+    let controllers: Api<Pod> = Api::namespaced(client, &args.reprise_namespace);
+    let replicas: Vec<String> = controllers
+        .list(&ListParams::default().labels(CONTROLLER_PODS))
+        .await
+        .map_err(Error::Kube)?
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(ResourceExt::name_any)
+        .collect();
+    if replicas.is_empty() {
+        return Err(fail(format!(
+            "no running controller pod in namespace {} (labels {CONTROLLER_PODS}): is Reprise installed there? (--reprise-namespace)",
+            args.reprise_namespace
+        )));
+    }
+    let path = format!("/debug/sidecars/{namespace}/{}", args.pod);
+    let port = args.metrics_port;
+    for replica in &replicas {
+        let (status, body) = tokio::time::timeout(TIMEOUT, get(&controllers, replica, port, &path))
+            .await
+            .map_err(|_| {
+                fail(format!(
+                    "no answer from {replica}'s port {port} in {TIMEOUT:?}"
+                ))
+            })??;
+        match status {
+            200 => {
+                let raw: Value = serde_json::from_slice(&body)
+                    .map_err(|e| fail(format!("{replica}: {path} is not JSON: {e}")))?;
+                return render(replica, &raw, output);
+            }
+            // Another replica may hold the stream.
+            404 if body.starts_with(id.as_bytes()) => {}
+            404 => {
+                return Err(fail(format!(
+                    "{replica} has no {path}: a controller release before this plugin's; upgrade it"
+                )))
+            }
+            _ => {
+                return Err(fail(format!(
+                    "{replica}: GET {path} answered {status}: {}",
+                    String::from_utf8_lossy(&body).trim()
+                )))
+            }
+        }
+    }
+    Err(fail(format!(
+        "no controller replica ({}) holds a snapshot stream from it: its sidecar is not connected (kubectl -n {namespace} logs {} -c {SIDECAR_NAME})",
+        replicas.join(", "),
+        args.pod
+    )))
+}
+
+/// The page `raw` that `replica` answered, drawn as `output` asks.
+pub(super) fn render(replica: &str, raw: &Value, output: Option<Output>) -> Result<String, Error> {
+    match output {
+        Some(Output::Json) => serde_json::to_string_pretty(raw)
+            .map(|s| s + "\n")
+            .map_err(Error::Json),
+        Some(Output::Yaml) => serde_yaml::to_string(raw).map_err(Error::Yaml),
+        None | Some(Output::Wide) => Ok(text(replica, raw)),
+    }
+}
+
+fn text(replica: &str, raw: &Value) -> String {
+    let str_of = |v: &Value| v.as_str().map_or_else(|| "-".to_string(), str::to_string);
+    let sent = &raw["sent"];
+    let state = if raw["nack"].is_string() {
+        "refused the last push"
+    } else if raw["inSync"].as_bool() == Some(true) {
+        "in sync"
+    } else if sent["version"].is_string() {
+        "waiting for its answer"
+    } else {
+        "nothing sent yet"
+    };
+    let mut out = format!(
+        "{}/{}: {state}, through {replica}\n",
+        str_of(&raw["namespace"]),
+        str_of(&raw["pod"])
+    );
+    let what = match (sent["kind"].as_str(), sent["bytes"].as_u64()) {
+        (Some("resumed"), _) => "nothing (it resumed the version it runs)".to_string(),
+        (Some(kind), Some(bytes)) => format!("a {kind} line of {bytes} bytes"),
+        (kind, _) => kind.unwrap_or("-").to_string(),
+    };
+    let ago = sent["secondsAgo"]
+        .as_f64()
+        .map_or_else(String::new, |s| format!(", {s:.1}s ago"));
+    out += &format!("  sent       {what}{ago}\n");
+    out += &format!("  version    {}\n", str_of(&sent["version"]));
+    out += &format!("  acked      {}\n", str_of(&raw["acked"]));
+    if let Some(nack) = raw["nack"].as_str() {
+        out += &format!("  nack       {nack}\n");
+    }
+    let policies: Vec<String> = sent["policies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| format!("{} (generation {})", str_of(&p["policy"]), p["generation"]))
+        .collect();
+    out += &format!(
+        "  policies   {}\n",
+        if policies.is_empty() {
+            "-".into()
+        } else {
+            policies.join(", ")
+        }
+    );
+    let announces: Vec<String> = raw["capabilities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(str_of)
+        .collect();
+    out += &format!(
+        "  announces  {}\n",
+        if announces.is_empty() {
+            "-".into()
+        } else {
+            announces.join(", ")
+        }
+    );
+    if !sent["line"].is_null() {
+        out += "  last line:\n";
+        let line = serde_json::to_string_pretty(&sent["line"]).unwrap_or_default();
+        for l in line.lines() {
+            out += &format!("    {l}\n");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn page(kind: &str, acked: Value, nack: Value) -> Value {
+        json!({
+            "namespace": "shop",
+            "pod": "web-0",
+            "connection": 3,
+            "capabilities": ["delta", "dns", "tls", "traffic"],
+            "sent": {
+                "version": "00000000000000a2",
+                "secondsAgo": 4.2,
+                "kind": kind,
+                "bytes": 132,
+                "policies": [{"policy": "shop/reads", "generation": 3}],
+                "line": {"delta": {"base": "00000000000000a1", "version": "00000000000000a2",
+                    "endpoints": [{"upstream": "api.shop", "added": [{"address": "10.0.0.9", "port": 8080}]}]}},
+            },
+            "acked": acked,
+            "inSync": acked == json!("00000000000000a2"),
+            "nack": nack,
+        })
+    }
+
+    #[test]
+    fn a_delta_in_sync_shows_what_it_carried() {
+        let out = text(
+            "reprise-controller-0",
+            &page("delta", json!("00000000000000a2"), Value::Null),
+        );
+        assert!(
+            out.starts_with("shop/web-0: in sync, through reprise-controller-0\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  sent       a delta line of 132 bytes, 4.2s ago\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  policies   shop/reads (generation 3)\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  announces  delta, dns, tls, traffic\n"),
+            "{out}"
+        );
+        assert!(out.contains("\"address\": \"10.0.0.9\""), "{out}");
+        assert!(!out.contains("nack"), "{out}");
+    }
+
+    #[test]
+    fn a_refusal_and_an_awaited_answer_are_told_apart() {
+        let refused = text(
+            "c",
+            &page(
+                "whole",
+                json!("00000000000000a1"),
+                json!("shop/reads: spec.retries.attempts: must be in 0..=10 (got 11)"),
+            ),
+        );
+        assert!(
+            refused.starts_with("shop/web-0: refused the last push"),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("  nack       shop/reads: spec.retries.attempts"),
+            "{refused}"
+        );
+        let waiting = text("c", &page("delta", json!("00000000000000a1"), Value::Null));
+        assert!(
+            waiting.starts_with("shop/web-0: waiting for its answer"),
+            "{waiting}"
+        );
+    }
+
+    #[test]
+    fn a_sparse_or_foreign_answer_still_draws() {
+        let out = text("c", &json!({"namespace": "shop", "pod": "p", "extra": 1}));
+        assert!(
+            out.starts_with("shop/p: nothing sent yet, through c\n"),
+            "{out}"
+        );
+        assert!(out.contains("  version    -\n"), "{out}");
+        let json = render("c", &json!({"pod": "p"}), Some(Output::Json)).expect("json");
+        assert_eq!(json, "{\n  \"pod\": \"p\"\n}\n");
+    }
+}
