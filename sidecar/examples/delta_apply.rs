@@ -9,11 +9,12 @@
 //! policy each, as a caller of a large Service in the model cluster
 //! (`controller/examples/cluster_scale.rs`) carries.
 //!
-//!     cargo run --release -p reprise-sidecar --example delta_apply [-- COUNT [ONLY]]
+//!     cargo run --release -p reprise-sidecar --example delta_apply [-- COUNT [ONLY [ENDPOINTS]]]
 //!
-//! ONLY (`patch`, `whole-delta` or `snapshot`) runs one way, for counting
-//! allocations under `valgrind --tool=dhat` (the difference between two
-//! counts, divided by theirs). Results:
+//! ONLY (`patch`, `whole-delta` or `snapshot`) runs one way, ENDPOINTS
+//! (default 500) in the big upstream, for counting what the applies
+//! allocate: `valgrind --tool=callgrind --toggle-collect='*apply_line*'`
+//! counts only inside them (`malloc`'s calls, divided by COUNT). Results:
 //! `e2e/bench/results/2026-12-06-issue45-sidecar-apply.md`.
 #![forbid(unsafe_code)]
 
@@ -28,7 +29,12 @@ use reprise_crds::traffic::SidecarLine;
 use reprise_sidecar::config::{Running, Subscription, TrustedCa};
 use reprise_sidecar::Proxy;
 
-const BIG: u32 = 500;
+/// Endpoints of the big upstream (the third argument; 500 by default).
+static BIG: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+fn big() -> u32 {
+    *BIG.get().unwrap_or(&500)
+}
 
 fn endpoint(n: u32) -> SnapshotEndpoint {
     SnapshotEndpoint {
@@ -39,7 +45,7 @@ fn endpoint(n: u32) -> SnapshotEndpoint {
     }
 }
 
-/// The snapshot with the big upstream's endpoints `from..from + BIG`.
+/// The snapshot with the big upstream's endpoints `from..from + big()`.
 fn snapshot(from: u32, attempts: i32) -> Snapshot {
     let upstream = |k: u32, endpoints: Vec<SnapshotEndpoint>| SnapshotUpstream {
         name: format!("svc-{k}.ns-000"),
@@ -48,7 +54,7 @@ fn snapshot(from: u32, attempts: i32) -> Snapshot {
         addresses: vec![format!("10.96.0.{}:8080", k + 1)],
         ..SnapshotUpstream::default()
     };
-    let mut upstreams = vec![upstream(0, (from..from + BIG).map(endpoint).collect())];
+    let mut upstreams = vec![upstream(0, (from..from + big()).map(endpoint).collect())];
     for k in 1..5 {
         upstreams.push(upstream(
             k,
@@ -146,6 +152,9 @@ fn us(d: Duration) -> f64 {
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let count: u32 = args.get(1).and_then(|c| c.parse().ok()).unwrap_or(2000);
+    if let Some(n) = args.get(3).and_then(|n| n.parse().ok()) {
+        let _ = BIG.set(n);
+    }
     if let Some(only) = args.get(2) {
         run(only, count);
         return;
