@@ -68,7 +68,8 @@ pub struct RunArgs {
     /// Push stream listener (TLS).
     #[arg(long, default_value = "0.0.0.0:15010")]
     push_addr: SocketAddr,
-    /// Metrics and health listener.
+    /// Metrics and health listener; its /debug/sidecars pages (what each
+    /// connected sidecar was last sent) answer loopback connections only.
     #[arg(long, default_value = "127.0.0.1:15020")]
     metrics_addr: SocketAddr,
     /// Directory holding ca.crt, tls.crt and tls.key (generated when absent).

@@ -362,7 +362,10 @@ mod tests {
         assert_eq!(status, 200, "{body}");
         let page: serde_json::Value = serde_json::from_str(&body).expect("json");
         assert_eq!(page["sent"]["kind"], "delta");
-        assert_eq!(page["sent"]["bytes"], bytes, "the line, without its newline");
+        assert_eq!(
+            page["sent"]["bytes"], bytes,
+            "the line, without its newline"
+        );
         assert_eq!(page["sent"]["line"]["delta"]["version"], "a2");
         assert_eq!(page["sent"]["policies"][0]["policy"], "shop/reads");
         assert_eq!(page["inSync"], false, "not answered yet");

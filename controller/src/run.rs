@@ -29,7 +29,8 @@ use crate::{tls, Error};
 pub struct Options {
     /// Push stream listener.
     pub(crate) push_addr: SocketAddr,
-    /// Metrics and health listener.
+    /// Metrics and health listener; its /debug/sidecars pages (what each
+    /// connected sidecar was last sent) answer loopback connections only.
     pub(crate) metrics_addr: SocketAddr,
     /// Where the CA and serving certificate are kept.
     pub(crate) tls: TlsSource,

@@ -288,7 +288,7 @@ fn helm_values_page_matches_the_values_schema() {
     page.push_str(
         "\nThe controller Service `<fullname>-controller` exposes `push` 15010 (TLS config \
          stream for the sidecars), `metrics` 15020 (`/metrics`, `/healthz`, `/readyz`; \
-         read-only) and `webhook` 443 → 9443.\n",
+         read-only; `/debug/sidecars` answers only the pod's loopback, for `kubectl reprise sent`) and `webhook` 443 → 9443.\n",
     );
     check_generated("docs/src/reference/helm-values.md", &page, TEST);
 }
