@@ -218,19 +218,21 @@ impl Routes {
         }
         // Who answers a changed address now: as in `new`, a virtual address
         // first, else the first upstream in configuration order with an
-        // endpoint there.
+        // endpoint there (its states', which hold resolved DNS names too).
         for addr in changed {
+            let state = |u: &Upstream| upstreams.get(&u.name);
             let owner = config
                 .upstreams
                 .iter()
                 .find(|u| u.addresses.contains(&addr))
+                .and_then(state)
                 .or_else(|| {
                     config
                         .upstreams
                         .iter()
-                        .find(|u| u.endpoints.iter().any(|e| e.addr == addr))
-                })
-                .and_then(|u| upstreams.get(&u.name));
+                        .filter_map(state)
+                        .find(|s| s.endpoints.iter().any(|e| e.endpoint.addr == addr))
+                });
             match owner {
                 Some(state) => by_address.insert(addr, Arc::clone(state)),
                 None => by_address.remove(&addr),
