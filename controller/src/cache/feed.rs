@@ -154,6 +154,31 @@ mod tests {
         );
         assert_eq!(count(&cache), 2);
 
+        // What the controller never reads is not kept: server-side apply's
+        // bookkeeping and kubectl's last-applied copy; other annotations stay.
+        let mut policy = fixtures::policy().build();
+        policy.metadata.managed_fields = Some(vec![Default::default(); 3]);
+        policy.metadata.annotations = Some(
+            [
+                ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
+                ("team", "shop"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        );
+        feed.apply_policy(policy);
+        let kept = cache.policies();
+        assert_eq!(kept[0].metadata.managed_fields, None);
+        assert_eq!(
+            kept[0]
+                .metadata
+                .annotations
+                .as_ref()
+                .map(|a| a.keys().collect::<Vec<_>>()),
+            Some(vec![&"team".to_string()])
+        );
+
         feed.delete_slice(slice("api-1", endpoints(&[])));
         assert_eq!(count(&cache), 0);
         feed.delete_policy(fixtures::policy().build());

@@ -212,6 +212,25 @@ impl<K: Kind> Fed<K> {
 /// touched (`relay`); `missing` says whether the kind is served at all.
 /// Anything that must see every change (an index of what each event
 /// touched) belongs here, so that both paths run it.
+/// What the cache keeps of an object: all but what the controller never
+/// reads and the API server sends anyway, the server-side apply bookkeeping
+/// (`managedFields`, often larger than an EndpointSlice's endpoints) and
+/// kubectl's last-applied copy of the whole object. Watches cannot leave
+/// fields out (only a metadata-only watch can, and every kind here needs
+/// its spec), so they are dropped as each event arrives.
+fn slim<K: Kind>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+    if let Some(annotations) = obj.meta_mut().annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            obj.meta_mut().annotations = None;
+        }
+    }
+}
+
+/// kubectl's client-side apply annotation.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 pub(super) fn on_event<K: Kind>(
     writer: &mut Writer<K>,
     event: Result<watcher::Event<K>, watcher::Error>,
@@ -220,6 +239,7 @@ pub(super) fn on_event<K: Kind>(
     missing: &AtomicBool,
     touch: fn(&K) -> Touch,
 ) {
+    let event = event.map(|e| e.modify(slim));
     if let Ok(event) = &event {
         writer.apply_watcher_event(event);
     }
