@@ -184,14 +184,19 @@ impl Routes {
     /// from the running ones ([`UpstreamState::with_endpoints`]), every
     /// other upstream is shared, and only the addresses that changed are
     /// looked up again. `None` when a patch does not fit (an upstream or an
-    /// endpoint these routes do not have) or names an upstream with
+    /// endpoint these routes do not have, an upstream patched twice) or names an upstream with
     /// DNS-named endpoints, whose resolved addresses only a whole build merges.
     pub(crate) fn with_endpoints(&self, patches: &[EndpointsChange]) -> Option<Routes> {
         let mut config = Config::clone(&self.config);
         let mut upstreams = self.upstreams.clone();
         let mut by_address = self.by_address.clone();
         let mut changed: Vec<SocketAddr> = Vec::new();
-        for patch in patches {
+        for (n, patch) in patches.iter().enumerate() {
+            // One patch an upstream: a second would start from what the
+            // first replaced.
+            if patches[..n].iter().any(|p| p.upstream == patch.upstream) {
+                return None;
+            }
             let i = config
                 .upstreams
                 .iter()
