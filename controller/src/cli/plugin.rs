@@ -34,8 +34,9 @@ use super::explain;
 use crate::Error;
 
 /// Reprise's kubectl plugin: what retry policies did to their traffic, a
-/// pod's recently retried requests, which policy applies to a request, and
-/// whether the installation is healthy.
+/// pod's recently retried requests, what the controller last sent a pod,
+/// which policy applies to a request, and whether the installation is
+/// healthy.
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-reprise", bin_name = "kubectl reprise", version)]
 pub struct Args {
@@ -61,7 +62,7 @@ struct Global {
     /// The kubeconfig file (default: KUBECONFIG, else ~/.kube/config).
     #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
-    /// Output format (`stat`, `diagnose`).
+    /// Output format (`stat`, `diagnose`, `sent`).
     #[arg(short = 'o', long, global = true, value_enum)]
     output: Option<Output>,
 }
