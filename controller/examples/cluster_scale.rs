@@ -26,9 +26,15 @@
 //! the churn, each replica checks this against `snapshot_for` for every
 //! label set of the model. A change reaches a sidecar when its proxy runs a
 //! configuration that contains it (each new address encodes its change's
-//! number, each edit's priority its own); the subscription writes the
-//! snapshot to disk and sends the ACK right after. The clients process
-//! watches every proxy's configuration every 10 ms.
+//! number, each edit's priority its own); the subscription sends the ACK
+//! right after (and writes the snapshot at most once a second). The clients
+//! process watches every proxy's configuration every 10 ms.
+//!
+//! The load includes the traffic reports: every simulated sidecar counts a
+//! little traffic under its policies each second
+//! (`Proxy::count_model_traffic`), so that its subscription sends the
+//! controller a report every 10 s, as a serving sidecar does; the detail
+//! line says how many the controller holds at the end.
 //!
 //! `cargo run --release -p reprise-controller --example cluster_scale -- 10000 [--replicas 3] [--out FILE]`
 
@@ -359,6 +365,15 @@ async fn server(n: usize) -> anyhow::Result<()> {
     while let Some(line) = lines.next_line().await? {
         let parts: Vec<&str> = line.split_whitespace().collect();
         match parts.as_slice() {
+            ["traffic"] => {
+                let now = k8s_openapi::jiff::Timestamp::now().as_second();
+                let all = registry.traffic().all(now);
+                println!(
+                    "traffic {} {}",
+                    all.values().map(|t| t.sidecars).sum::<u64>(),
+                    all.values().map(|t| t.counts.requests).sum::<u64>()
+                );
+            }
             ["connected"] => println!(
                 "connected {} {}",
                 registry.connected(),
@@ -529,6 +544,20 @@ async fn clients(dir: &str, n: usize, addrs: &str) -> anyhow::Result<()> {
         if i % 200 == 199 {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+    // Every sidecar serves a little traffic under its policies, so that each
+    // sends the controller a traffic report every REPORT_SECS, as real ones do.
+    {
+        let proxies = proxies.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                for p in &proxies {
+                    p.count_model_traffic();
+                }
+            }
+        });
     }
     let events: Arc<Mutex<Option<Vec<Swap>>>> = Arc::default();
     let watcher = {
@@ -853,8 +882,16 @@ fn driver(args: &[String]) -> anyhow::Result<()> {
     println!("| Sidecars | Replicas | Controller cores during churn (each) | Peak RSS | Clients cores | Change → last affected sidecar p50 / p99 | Changes never reached | Pushes per change | Affected swaps per change | Bytes per change | Unaffected sidecars pushed (swaps) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     println!("{summary}");
+    // The traffic reports the controller holds (5-minute window): every
+    // sidecar with a policy reports every REPORT_SECS.
+    let (mut reporting, mut requests) = (0u64, 0u64);
+    for s in &mut servers {
+        let w = words(&s.ask("traffic")?);
+        reporting += w.first().copied().unwrap_or(0);
+        requests += w.get(1).copied().unwrap_or(0);
+    }
     let detail = format!(
-        "changes {changes}; pushes {pushes}; bytes {bytes}; max delay {:.0} ms; controller CPU churn + drain {work:.1} s ({:.1} ms a change), clients {clients_work:.1} s; clients peak RSS {clients_rss:.0} MiB; drained {:.1?} after the churn; load average {load0} at the start, {load1} at the end",
+        "traffic reports from {reporting} sidecar-policy pairs, {requests} requests in the window; changes {changes}; pushes {pushes}; bytes {bytes}; max delay {:.0} ms; controller CPU churn + drain {work:.1} s ({:.1} ms a change), clients {clients_work:.1} s; clients peak RSS {clients_rss:.0} MiB; drained {:.1?} after the churn; load average {load0} at the start, {load1} at the end",
         delays.last().copied().unwrap_or(f64::NAN),
         work * 1000.0 / changes as f64,
         drained
