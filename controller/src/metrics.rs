@@ -306,7 +306,7 @@ pub(crate) async fn serve(
         let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
-        let local = peer.ip().is_loopback();
+        let local = peer.ip().to_canonical().is_loopback();
         let (metrics, registry, traces) =
             (Arc::clone(&metrics), Arc::clone(&registry), traces.clone());
         tokio::spawn(async move {
