@@ -138,6 +138,20 @@ pub async fn run(args: Args) -> Result<bool, Error> {
     }
 }
 
+/// `value` printed as `-o json` or `-o yaml` ask; `None` for the text forms,
+/// which each verb draws its own way.
+fn as_data(value: &impl serde::Serialize, output: Option<Output>) -> Option<Result<String, Error>> {
+    match output? {
+        Output::Json => Some(
+            serde_json::to_string_pretty(value)
+                .map(|s| s + "\n")
+                .map_err(Error::Json),
+        ),
+        Output::Yaml => Some(serde_yaml::to_string(value).map_err(Error::Yaml)),
+        Output::Wide => None,
+    }
+}
+
 /// Refuses `-o` and `-A` for verbs that print text about one thing.
 fn text_only(verb: &str, g: &Global) -> Result<(), Error> {
     if g.output.is_some() {

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::table::Table;
-use super::Output;
+use super::{as_data, Output};
 use crate::inject::SIDECAR_NAME;
 use crate::Error;
 
@@ -228,25 +228,20 @@ struct Attempt {
 /// The diagnostics of pod `id` (`namespace/name`), `raw` as read, drawn as
 /// `output` asks.
 pub(super) fn render(id: &str, raw: &Value, output: Option<Output>) -> Result<String, Error> {
-    match output {
-        Some(Output::Json) => serde_json::to_string_pretty(raw)
-            .map(|s| s + "\n")
-            .map_err(Error::Json),
-        Some(Output::Yaml) => serde_yaml::to_string(raw).map_err(Error::Yaml),
-        None | Some(Output::Wide) => {
-            // A bare list of requests is taken as the list itself.
-            let parsed = if raw.is_array() {
-                serde_json::from_value(raw.clone()).map(|requests| Diagnostics { requests })
-            } else {
-                serde_json::from_value(raw.clone())
-            };
-            let d = parsed.map_err(|e| Error::Diagnostics {
-                pod: id.into(),
-                reason: format!("/diagnostics has an unexpected shape: {e}"),
-            })?;
-            Ok(table(id, &d, output == Some(Output::Wide)))
-        }
+    if let Some(printed) = as_data(raw, output) {
+        return printed;
     }
+    // A bare list of requests is taken as the list itself.
+    let parsed = if raw.is_array() {
+        serde_json::from_value(raw.clone()).map(|requests| Diagnostics { requests })
+    } else {
+        serde_json::from_value(raw.clone())
+    };
+    let d = parsed.map_err(|e| Error::Diagnostics {
+        pod: id.into(),
+        reason: format!("/diagnostics has an unexpected shape: {e}"),
+    })?;
+    Ok(table(id, &d, output == Some(Output::Wide)))
 }
 
 fn table(id: &str, d: &Diagnostics, wide: bool) -> String {

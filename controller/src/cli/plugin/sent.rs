@@ -17,7 +17,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 
 use super::diagnose::get;
-use super::Output;
+use super::{as_data, Output};
 use crate::inject::SIDECAR_NAME;
 use crate::Error;
 
@@ -108,13 +108,7 @@ pub(super) async fn run(
 
 /// The page `raw` that `replica` answered, drawn as `output` asks.
 pub(super) fn render(replica: &str, raw: &Value, output: Option<Output>) -> Result<String, Error> {
-    match output {
-        Some(Output::Json) => serde_json::to_string_pretty(raw)
-            .map(|s| s + "\n")
-            .map_err(Error::Json),
-        Some(Output::Yaml) => serde_yaml::to_string(raw).map_err(Error::Yaml),
-        None | Some(Output::Wide) => Ok(text(replica, raw)),
-    }
+    as_data(raw, output).unwrap_or_else(|| Ok(text(replica, raw)))
 }
 
 fn text(replica: &str, raw: &Value) -> String {
@@ -154,28 +148,14 @@ fn text(replica: &str, raw: &Value) -> String {
         .flatten()
         .map(|p| format!("{} (generation {})", str_of(&p["policy"]), p["generation"]))
         .collect();
-    out += &format!(
-        "  policies   {}\n",
-        if policies.is_empty() {
-            "-".into()
-        } else {
-            policies.join(", ")
-        }
-    );
+    out += &format!("  policies   {}\n", listed(&policies));
     let announces: Vec<String> = raw["capabilities"]
         .as_array()
         .into_iter()
         .flatten()
         .map(str_of)
         .collect();
-    out += &format!(
-        "  announces  {}\n",
-        if announces.is_empty() {
-            "-".into()
-        } else {
-            announces.join(", ")
-        }
-    );
+    out += &format!("  announces  {}\n", listed(&announces));
     if !sent["line"].is_null() {
         out += "  last line:\n";
         let line = serde_json::to_string_pretty(&sent["line"]).unwrap_or_default();
@@ -184,6 +164,15 @@ fn text(replica: &str, raw: &Value) -> String {
         }
     }
     out
+}
+
+/// `items` comma-separated, or `-` when there are none.
+fn listed(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.join(", ")
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use reprise_crds::resource::{RetryPolicy, TrafficStatus};
 use serde_json::Value;
 
 use super::table::{age, window_seconds, Table};
-use super::Output;
+use super::{as_data, Output};
 use crate::Error;
 
 // The verb's help is the doc comment of `Verb::Stat`.
@@ -144,13 +144,12 @@ pub(super) fn render(
             .map(|r| (format!("{}/{}", r.namespace, r.name), &r.traffic))
             .collect()
     };
-    match output {
-        Some(Output::Json) => serde_json::to_string_pretty(&keyed())
-            .map(|s| s + "\n")
-            .map_err(Error::Json),
-        Some(Output::Yaml) => serde_yaml::to_string(&keyed()).map_err(Error::Yaml),
-        None | Some(Output::Wide) => Ok(table(rows, namespace, output == Some(Output::Wide), now)),
+    if output.is_some_and(|o| o != Output::Wide) {
+        if let Some(printed) = as_data(&keyed(), output) {
+            return printed;
+        }
     }
+    Ok(table(rows, namespace, output == Some(Output::Wide), now))
 }
 
 fn table(rows: &[PolicyTraffic], namespace: Option<&str>, wide: bool, now: Timestamp) -> String {
