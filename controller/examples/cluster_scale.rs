@@ -222,6 +222,7 @@ fn policy(namespace: &str, k: usize, priority: i32, generation: i64) -> RetryPol
         RetryPolicySpec {
             target_ref: TargetRef {
                 name: format!("svc-{k}"),
+                namespace: None,
                 port: None,
             },
             pod_selector: Some(

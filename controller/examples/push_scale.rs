@@ -61,6 +61,8 @@ fn snapshot(round: u16) -> Snapshot {
         generation: i64::from(round),
         upstream: "api.bench".into(),
         rule: RetryRule::default(),
+        precedence: 0,
+        route: None,
     };
     Snapshot::new(vec![up], vec![p])
 }

@@ -84,6 +84,8 @@ fn snapshot(ports: &[u16], attempts: i32) -> Snapshot {
             generation: 1,
             upstream: "api.shop".into(),
             rule,
+            precedence: 0,
+            route: None,
         }],
     )
 }
@@ -647,6 +649,8 @@ fn with_tls_upstream(ports: &[u16], ca_pem: &str, dns: bool) -> Snapshot {
         generation: 1,
         upstream: "pay.shop".into(),
         rule: RetryRule::default(),
+        precedence: 0,
+        route: None,
     });
     let mut upstreams = base.upstreams.clone();
     upstreams.push(pay);

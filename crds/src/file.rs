@@ -25,7 +25,7 @@ pub use self::read::{read, FileText, MAX_FILE_BYTES};
 pub use self::retries::{HedgeSpec, RetriesSpec, StatusEntry};
 pub use self::rules::RuleSpec;
 pub use self::tls::TlsSpec;
-use crate::config::{Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, Upstream};
+use crate::config::{Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, Rule, Upstream};
 use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
 use crate::validation::ValidationErrors;
 use crate::Error;
@@ -254,7 +254,7 @@ impl ConfigFile {
             }
             rules.push(r.resolve(&p, &mut errs));
         }
-        rules.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.id.cmp(&b.id)));
+        rules.sort_by(Rule::order);
         let proxy = self.proxy.resolve(&mut errs);
         errs.into_result(Config {
             upstreams,

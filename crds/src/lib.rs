@@ -14,7 +14,10 @@ pub mod grpc;
 pub mod matching;
 pub mod policy;
 pub mod protocol;
+// The same KubeSchema copy as retry_rule's, of RetryPolicySpec and
+// CallerNamespaces.
 #[cfg(feature = "resource")]
+#[allow(unreachable_pub)]
 pub mod resource;
 // kube's KubeSchema derive copies RetryRule and Retries, `pub` and all, into
 // a function body, and rustc calls each copy an unreachable `pub` item at the

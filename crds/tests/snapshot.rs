@@ -31,6 +31,8 @@ fn policy(name: &str, upstream: &str, rule: RetryRule) -> SnapshotPolicy {
         generation: 1,
         upstream: upstream.into(),
         rule,
+        precedence: 0,
+        route: None,
     }
 }
 

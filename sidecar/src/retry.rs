@@ -178,6 +178,13 @@ pub(crate) async fn run(
             match gate::decide(Trigger::Failed(&failure), &state, &body, random) {
                 Decision::Stop(outcome) => {
                     state.stop(outcome, trace);
+                    // A route's request timeout answers for itself (Gateway
+                    // API's 504); a RetryPolicy's deadline leaves the last answer.
+                    if outcome == Outcome::Exhausted(ExhaustedBy::Deadline)
+                        && plan.policy.is_some_and(|p| p.deadline_answers_timeout)
+                    {
+                        break 'run Final::Local(FailureKind::DeadlineExceeded);
+                    }
                     break 'run match failure.response {
                         Some(response) => Final::Upstream {
                             response,
@@ -213,9 +220,12 @@ impl<'a> RetryState<'a> {
             up,
             plan,
             deadline: policy.and_then(|p| p.total_deadline).map(|d| start() + d),
-            attempt_limit: policy
-                .and_then(|p| p.attempt_timeout)
-                .or(up.config.read_timeout),
+            // Zero turns the limit off altogether (a route's `backendRequest: 0s`).
+            attempt_limit: match policy.and_then(|p| p.attempt_timeout) {
+                Some(Duration::ZERO) => None,
+                Some(limit) => Some(limit),
+                None => up.config.read_timeout,
+            },
             retries: 0,
             grpc: false,
             first_frame: false,

@@ -193,7 +193,8 @@ fn answer(config: &Config, q: &Question, out: &mut String) {
         return;
     };
     list_endpoints(upstream, out);
-    let Some(rule) = first_matching_rule(config, upstream, q, host, path, out) else {
+    let Some(rule) = first_matching_rule(config, upstream, q, host, (path, uri.query()), out)
+    else {
         let _ = writeln!(out, "no policy matches {} {path}: a failure is returned as is (outcome skipped: retries_off)", q.method);
         return;
     };
@@ -238,7 +239,7 @@ fn first_matching_rule<'c>(
     upstream: &Upstream,
     q: &Question,
     host: &str,
-    path: &str,
+    (path, query): (&str, Option<&str>),
     out: &mut String,
 ) -> Option<&'c Rule> {
     let header = |name: &str| {
@@ -260,10 +261,9 @@ fn first_matching_rule<'c>(
         host,
         headers: &cel_headers,
     };
-    config
-        .rules
-        .iter()
-        .find(|r| r.matches(&upstream.name, &q.method, path, header) && cel_holds(r, &facts, out))
+    config.rules.iter().find(|r| {
+        r.matches(&upstream.name, &q.method, path, query, header) && cel_holds(r, &facts, out)
+    })
 }
 
 /// Whether `rule`'s CEL condition holds for the request `facts` (true
@@ -392,6 +392,8 @@ mod tests {
             generation: 1,
             upstream: "api.shop".into(),
             rule,
+            precedence: 0,
+            route: None,
         };
         Snapshot::new(vec![upstream], vec![policy])
             .resolve()

@@ -203,11 +203,12 @@ impl RetriesSpec {
             reuse_endpoints: self.reuse_endpoints.unwrap_or(false),
             retry_after_max: Duration::from_millis(retry_after_max),
             duplicate_risk_acknowledged: acknowledged || retry_post,
+            deadline_answers_timeout: false,
         };
         let budget = BudgetSettings {
             percent,
             window: Duration::from_millis(window),
-            min_retries_per_second: self.budget_min_retries_per_second.unwrap_or(0),
+            min_retries_per_second: f64::from(self.budget_min_retries_per_second.unwrap_or(0)),
         };
         (policy, budget)
     }

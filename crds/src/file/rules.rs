@@ -141,7 +141,9 @@ impl RuleSpec {
         );
         Rule {
             id: self.id.clone(),
+            precedence: 0,
             priority: self.priority.unwrap_or(0),
+            report_as: None,
             enabled: self.enabled.unwrap_or(true),
             upstreams: self
                 .upstreams
@@ -178,6 +180,7 @@ impl RuleSpec {
                 reuse_endpoints: self.reuse_endpoints.unwrap_or(false),
                 retry_after_max: Duration::from_millis(retry_after_max),
                 duplicate_risk_acknowledged: acknowledged,
+                deadline_answers_timeout: false,
             },
         }
     }

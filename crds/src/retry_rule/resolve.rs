@@ -85,7 +85,9 @@ impl RetryRule {
         );
         let rule = Rule {
             id: id.to_string(),
+            precedence: 0,
             priority: self.priority,
+            report_as: None,
             enabled: self.enabled,
             upstreams: vec![upstream.to_string()],
             methods,
@@ -107,6 +109,7 @@ impl RetryRule {
                 reuse_endpoints: self.retries.reuse_endpoints,
                 retry_after_max: limits.retry_after_max,
                 duplicate_risk_acknowledged: self.acknowledge_duplicate_risk,
+                deadline_answers_timeout: false,
             },
         };
         (rule, limits.budget)
@@ -205,7 +208,7 @@ impl RetryRule {
             budget: BudgetSettings {
                 percent: r.budget_percent,
                 window: Duration::from_secs(10),
-                min_retries_per_second,
+                min_retries_per_second: f64::from(min_retries_per_second),
             },
         }
     }
@@ -257,6 +260,8 @@ impl RetryRule {
             .map(|m| RequestMatch {
                 path_exact: m.path_exact.clone(),
                 path_prefix: m.path_prefix.clone(),
+                path_segment_prefix: None,
+                query: Vec::new(),
                 headers: m
                     .headers
                     .iter()
@@ -356,11 +361,11 @@ mod tests {
             assert!(errs.is_empty(), "{errs}");
             budget.min_retries_per_second
         };
-        assert_eq!(floor_of(r#"{"targetRef":{"name":"api"}}"#), 10);
-        assert_eq!(floor_of(r#"{"retries":{"attempts":2}}"#), 10);
+        assert_eq!(floor_of(r#"{"targetRef":{"name":"api"}}"#), 10.0);
+        assert_eq!(floor_of(r#"{"retries":{"attempts":2}}"#), 10.0);
         assert_eq!(
             floor_of(r#"{"retries":{"budgetMinRetriesPerSecond":0}}"#),
-            0
+            0.0
         );
     }
 
