@@ -260,13 +260,15 @@ impl Cache {
         // Routes and budgets too: a snapshot computed before them would
         // retry what a route says not to, or spend another budget.
         let gateway = async {
+            // Namespaces too, but a replica under an older chart's RBAC
+            // (not allowed to list them) goes on without their labels.
             let (namespaces, http, grpc, budgets) = tokio::join!(
-                self.namespaces.store.wait_until_ready(),
+                self.namespaces.ready_or_missing(),
                 self.http_routes.ready_or_missing(),
                 self.grpc_routes.ready_or_missing(),
                 self.traffic_policies.ready_or_missing(),
             );
-            namespaces.is_ok() && http && grpc && budgets
+            namespaces && http && grpc && budgets
         };
         let (policies, services, slices, peers, gateway, backend_tls) = tokio::join!(
             self.policies.store.wait_until_ready(),

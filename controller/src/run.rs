@@ -18,7 +18,7 @@ use crate::leader::{self, LeaseSettings};
 use crate::metrics::{self, Metrics};
 use crate::push::{CacheSource, PushServer, TokenReviewer};
 use crate::reconcile::peers::{self, Peers};
-use crate::reconcile::{triggers, Context, MANAGER};
+use crate::reconcile::{gateway, triggers, Context, MANAGER};
 use crate::sidecars::SidecarRegistry;
 use crate::telemetry::Tracing;
 use crate::{tls, Error};
@@ -182,7 +182,8 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
             ..Context::new(client.clone(), cache.clone(), options.tracing.clone())
         });
         tokio::select! {
-            () = triggers::run(cache.clone(), ctx, synced.subscribe()) => return Ok(()),
+            () = triggers::run(cache.clone(), Arc::clone(&ctx), synced.subscribe()) => return Ok(()),
+            () = gateway::run(ctx) => return Ok(()),
             () = lost(&mut leading) => tracing::warn!("leadership lost: reconciler stopped"),
         }
     }

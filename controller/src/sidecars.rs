@@ -277,33 +277,58 @@ impl SidecarRegistry {
             .count()
     }
 
-    /// Of the sidecars `policy` selects, how many lack one of `needs` (the
-    /// capabilities its target needs).
-    pub(crate) fn outdated(&self, policy: &RetryPolicy, needs: &[&str]) -> i32 {
-        if needs.is_empty() {
-            return 0;
-        }
+    /// Of the sidecars `policy` applies to, how many lack one of `needs`
+    /// (the capabilities its target needs) or, in another namespace than
+    /// the policy's, the routes capability a producer's precedence needs.
+    /// `labels` gives a namespace's labels.
+    pub(crate) fn outdated(
+        &self,
+        policy: &RetryPolicy,
+        needs: &[&str],
+        labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+    ) -> i32 {
         let ns = policy.namespace().unwrap_or_default();
         let n = self
             .lock()
             .iter()
             .filter(|((pod_ns, _), s)| {
-                *pod_ns == ns
-                    && selection::selects(policy, &s.labels)
-                    && needs.iter().any(|c| !s.capabilities.contains(*c))
+                let lacks = |c: &&str| !s.capabilities.contains(*c);
+                selection::applies(policy, pod_ns, || labels(pod_ns), &s.labels)
+                    && (needs.iter().any(lacks)
+                        || (*pod_ns != ns
+                            && !s
+                                .capabilities
+                                .contains(reprise_crds::protocol::CAPABILITY_ROUTES)))
             })
             .count();
         i32::try_from(n).unwrap_or(i32::MAX)
     }
 
-    /// Sidecars `policy` selects, and how many ACKed its current generation.
-    pub(crate) fn counts(&self, policy: &RetryPolicy) -> SyncCounts {
-        let ns = policy.namespace().unwrap_or_default();
+    /// Sidecars `policy` applies to (in its namespace and the namespaces a
+    /// producer's `callerNamespaces` adds; `labels` gives a namespace's
+    /// labels), and how many ACKed its current generation.
+    pub(crate) fn counts(
+        &self,
+        policy: &RetryPolicy,
+        labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+    ) -> SyncCounts {
         let id = policy::id(policy);
         let generation = policy::generation(policy);
         let mut counts = SyncCounts::default();
+        // A namespace's labels are read once per call, not once per sidecar.
+        let mut seen: HashMap<String, BTreeMap<String, String>> = HashMap::new();
         for ((pod_ns, _), s) in self.lock().iter() {
-            if *pod_ns != ns || !selection::selects(policy, &s.labels) {
+            let applies = selection::applies(
+                policy,
+                pod_ns,
+                || {
+                    seen.entry(pod_ns.clone())
+                        .or_insert_with(|| labels(pod_ns))
+                        .clone()
+                },
+                &s.labels,
+            );
+            if !applies {
                 continue;
             }
             counts.selected += 1;
@@ -368,16 +393,25 @@ mod capability_tests {
         registry.connect("shop", "old", labels.clone(), BTreeSet::new(), 2);
         registry.connect("other", "old", labels, BTreeSet::new(), 3);
         let policy = fixtures::policy().build();
+        let none = |_: &str| BTreeMap::new();
         assert_eq!(
-            registry.outdated(&policy, &["tls"]),
+            registry.outdated(&policy, &["tls"], &none),
             1,
             "only shop's old one"
         );
         assert_eq!(
-            registry.outdated(&policy, &[]),
+            registry.outdated(&policy, &[], &none),
             0,
             "a plain target needs nothing"
         );
+        // A producer's policy needs the routes capability elsewhere only.
+        let producer = fixtures::PolicyBuilder::from(policy).callers(None).build();
+        assert_eq!(
+            registry.outdated(&producer, &[], &none),
+            1,
+            "other's old sidecar would run it before its own namespace's"
+        );
+        assert_eq!(registry.counts(&producer, &none).selected, 3);
     }
 }
 

@@ -161,7 +161,7 @@ pub(crate) async fn publish(
             .policies()
             .iter()
             .map(|p| {
-                let c = registry.counts(p);
+                let c = registry.counts(p, &|ns: &str| cache.namespace_labels(ns));
                 let count = PeerCount {
                     generation: policy::generation(p),
                     selected: c.selected,

@@ -15,7 +15,8 @@
 //!   With TLS and `$GRPC_PORT` it also serves gRPC over TLS there: the test
 //!   kit's tonic server (`reprise.test.Echo/Say`, answering `TEXT from
 //!   $POD_NAME`) on loopback behind the same certificate; on `$FLAKY_POD`
-//!   every other call gets `UNAVAILABLE`.
+//!   every other call gets `UNAVAILABLE`. Without TLS, `$GRPC_PORT` serves
+//!   the same in clear text (h2c).
 //! - **Client**: `GET /drive?url=http://api/&n=100[&interval_ms=10][&timeout_s=120]`
 //!   sends `n` GETs one after another, through `$HTTP_PROXY` when it is set
 //!   (the injected sidecar), and answers with JSON counts: `ok`, `failed`,
@@ -27,12 +28,20 @@
 //!   `:authority`, and answers with JSON counts: `ok`, `failed`, `codes`, the
 //!   `bodies` (which pod answered) and `tls_certificate` (failures whose
 //!   `grpc-message` names that kind). Bounded like `/drive`.
+//! - **Gateway API conformance backend** (what `echo-basic` does for the
+//!   upstream conformance tests, ported here: its module is not served to
+//!   this machine): `?delay=300ms` on any server path waits that long before
+//!   answering; `/retry/...?uuid=U&succeedAfter=N[&responseCode=C][&delayRetry=D]`
+//!   fails the first `N` requests of `U` on this pod (status `C`, else a TCP
+//!   reset), each after `D`, then answers as any path does. Durations are Go's
+//!   (`100ms`, `1s`, `1m`), at most 60 s; at most 10 000 `uuid`s are kept.
+//! - `GET /served`: `{"requests": N}`, the requests this pod answered as a
+//!   server (every path but these four), for counting attempts at the pods.
 //! - `GET /healthz`: `200`, for probes.
 //!
 //! `PORT` (default 8080) is the listening port, on every address.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -52,6 +61,90 @@ struct State {
     ip: String,
     fail_percent: u32,
     draining: AtomicBool,
+    /// The conformance backend's attempts per `uuid`.
+    attempts: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Requests answered as a server (`/served` reads it).
+    served: std::sync::atomic::AtomicU64,
+}
+
+/// `uuid`s the retry simulation keeps at most (then it starts again).
+const MAX_UUIDS: usize = 10_000;
+
+/// A Go duration (`300ms`, `1s`, `1m30s`, `1.5s`), at most 60 s.
+fn go_duration(s: &str) -> Option<Duration> {
+    let mut total = 0.0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let n = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'.')
+            .count();
+        let value: f64 = rest[..n].parse().ok()?;
+        rest = &rest[n..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (0.001, 2)
+        } else if rest.starts_with('s') {
+            (1.0, 1)
+        } else if rest.starts_with('m') {
+            (60.0, 1)
+        } else {
+            return None;
+        };
+        rest = &rest[len..];
+        total += value * unit;
+    }
+    (total <= 60.0).then(|| Duration::from_secs_f64(total))
+}
+
+/// The value of the query parameter `name` in `query`, decoded.
+fn param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+/// What the conformance backend's retry simulation does with a request.
+enum Simulated {
+    /// Answer normally.
+    Answer,
+    /// Fail with this status.
+    Status(u16),
+    /// Reset the connection.
+    Reset,
+}
+
+/// The retry simulation (`/retry/...`): the first `succeedAfter` requests
+/// of a `uuid` fail, each after `delayRetry`.
+async fn simulate(state: &State, query: &str) -> Result<Simulated, String> {
+    let uuid = param(query, "uuid").ok_or("uuid is required")?;
+    let succeed_after: u64 = param(query, "succeedAfter")
+        .and_then(|v| v.parse().ok())
+        .ok_or("succeedAfter is required")?;
+    let fail = {
+        let mut attempts = state.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        if attempts.len() >= MAX_UUIDS && !attempts.contains_key(&uuid) {
+            attempts.clear();
+        }
+        let n = attempts.entry(uuid).or_default();
+        let fail = *n < succeed_after;
+        if fail {
+            *n += 1;
+        }
+        fail
+    };
+    if !fail {
+        return Ok(Simulated::Answer);
+    }
+    if let Some(d) = param(query, "delayRetry") {
+        tokio::time::sleep(go_duration(&d).ok_or("delayRetry: not a duration")?).await;
+    }
+    Ok(
+        match param(query, "responseCode").and_then(|c| c.parse().ok()) {
+            Some(code) => Simulated::Status(code),
+            None => Simulated::Reset,
+        },
+    )
 }
 
 fn env(name: &str) -> String {
@@ -72,6 +165,8 @@ async fn main() -> anyhow::Result<()> {
         },
         name,
         draining: AtomicBool::new(false),
+        attempts: std::sync::Mutex::default(),
+        served: std::sync::atomic::AtomicU64::new(0),
     });
     let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(5000));
     let tls = tls_acceptor()?;
@@ -115,10 +210,20 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     if let Ok(grpc_port) = env("GRPC_PORT").parse::<u16>() {
-        let tls = tls
-            .clone()
-            .ok_or_else(|| anyhow::anyhow!("GRPC_PORT needs TLS_CERT_FILE and TLS_KEY_FILE"))?;
-        grpc_over_tls(grpc_port, tls, &state.name, state.fail_percent > 0).await?;
+        match tls.clone() {
+            Some(tls) => grpc_over_tls(grpc_port, tls, &state.name, state.fail_percent > 0).await?,
+            // In clear text the tonic server listens on the port itself (h2c).
+            None => {
+                let flaky = state.fail_percent > 0;
+                let _server = reprise_testkit::grpc::GrpcServer::start_on(
+                    SocketAddr::from(([0, 0, 0, 0], grpc_port)),
+                    &state.name,
+                    move |n| grpc_answer(flaky, n),
+                )
+                .await;
+                eprintln!("reprise-e2e-app: gRPC (h2c) on :{grpc_port}");
+            }
+        }
     }
     term.recv().await;
     eprintln!("SIGTERM: draining for {drain:?}");
@@ -136,13 +241,9 @@ async fn grpc_over_tls(
     name: &str,
     flaky: bool,
 ) -> anyhow::Result<()> {
-    use reprise_testkit::grpc::{GrpcAction, GrpcServer};
+    use reprise_testkit::grpc::GrpcServer;
     let server = GrpcServer::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), name, move |n| {
-        if flaky && n % 2 == 0 {
-            GrpcAction::TrailersOnly(tonic::Code::Unavailable, None)
-        } else {
-            GrpcAction::Ok
-        }
+        grpc_answer(flaky, n)
     })
     .await;
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
@@ -166,6 +267,16 @@ async fn grpc_over_tls(
         }
     });
     Ok(())
+}
+
+/// On the flaky pod every other call gets `UNAVAILABLE`.
+fn grpc_answer(flaky: bool, n: usize) -> reprise_testkit::grpc::GrpcAction {
+    use reprise_testkit::grpc::GrpcAction;
+    if flaky && n % 2 == 0 {
+        GrpcAction::TrailersOnly(tonic::Code::Unavailable, None)
+    } else {
+        GrpcAction::Ok
+    }
 }
 
 /// `/drive-grpc`: makes the calls and returns the JSON summary.
@@ -273,11 +384,72 @@ fn tls_acceptor() -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
     Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
+/// The error a handler returns to have the connection reset (the
+/// conformance backend's TCP failure mode).
+#[derive(Debug)]
+struct ResetConnection;
+
+impl std::fmt::Display for ResetConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reset by the retry simulation")
+    }
+}
+
+impl std::error::Error for ResetConnection {}
+
 async fn handle(
     state: Arc<State>,
     req: http::Request<Incoming>,
-) -> Result<http::Response<Full<Bytes>>, Infallible> {
-    let (status, body, content_type) = match req.uri().path() {
+) -> Result<http::Response<Full<Bytes>>, ResetConnection> {
+    let query = req.uri().query().unwrap_or("").to_string();
+    let path = req.uri().path();
+    let conformance = !matches!(path, "/healthz" | "/drive" | "/drive-grpc" | "/served");
+    if path == "/served" {
+        let n = state.served.load(Ordering::Relaxed);
+        return Ok(respond(
+            &state,
+            200,
+            format!("{{\"requests\":{n}}}"),
+            "application/json",
+        ));
+    }
+    if conformance {
+        state.served.fetch_add(1, Ordering::Relaxed);
+    }
+    if conformance && path.starts_with("/retry/") {
+        match simulate(&state, &query).await {
+            Ok(Simulated::Answer) => {}
+            Ok(Simulated::Status(code)) => {
+                return Ok(respond(
+                    &state,
+                    code,
+                    format!("{}: failed ({code})\n", state.name),
+                    "text/plain",
+                ))
+            }
+            // hyper closes the connection on a service error; with
+            // SO_LINGER 0 unavailable here, the peer sees it end without a
+            // response, which a proxy takes as a reset.
+            Ok(Simulated::Reset) => return Err(ResetConnection),
+            Err(e) => return Ok(respond(&state, 400, format!("{e}\n"), "text/plain")),
+        }
+    }
+    if conformance {
+        if let Some(d) = param(&query, "delay") {
+            match go_duration(&d) {
+                Some(d) => tokio::time::sleep(d).await,
+                None => {
+                    return Ok(respond(
+                        &state,
+                        400,
+                        "delay: not a duration\n".into(),
+                        "text/plain",
+                    ))
+                }
+            }
+        }
+    }
+    let (status, body, content_type) = match path {
         "/healthz" => (200, "ok\n".to_string(), "text/plain"),
         "/drive" => match drive(req.uri().query().unwrap_or("")).await {
             Ok(json) => (200, json, "application/json"),
@@ -297,6 +469,15 @@ async fn handle(
             "text/plain",
         ),
     };
+    Ok(respond(&state, status, body, content_type))
+}
+
+fn respond(
+    state: &State,
+    status: u16,
+    body: String,
+    content_type: &'static str,
+) -> http::Response<Full<Bytes>> {
     let mut resp = http::Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
     resp.headers_mut().insert(
@@ -309,7 +490,7 @@ async fn handle(
             http::HeaderValue::from_static("close"),
         );
     }
-    Ok(resp)
+    resp
 }
 
 /// `/drive`: sends the requests and returns the JSON summary.
