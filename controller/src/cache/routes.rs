@@ -131,6 +131,38 @@ fn verdicts(
     }
 }
 
+/// The name a route rule's snapshot policy has for the Service `v`
+/// attaches to: `Kind:route:rule:service.namespace`, so that its id
+/// (`namespace/name`, in ACKs, traffic reports, metrics and logs) names the
+/// route's kind and is unique among the Services a route attaches to.
+pub(crate) fn policy_name(v: &RouteVerdict, rule: &str) -> String {
+    format!(
+        "{}:{}:{}:{}.{}",
+        v.kind.name(),
+        v.name,
+        rule,
+        v.service.name,
+        v.service.namespace
+    )
+}
+
+/// The ids (`namespace/name`) of the rules a verdict applies, by rule.
+pub(crate) fn rule_ids(v: &RouteVerdict) -> Vec<(String, String)> {
+    match &v.read {
+        Ok(read) => read
+            .rules
+            .iter()
+            .map(|r| {
+                (
+                    r.route.rule.clone(),
+                    format!("{}/{}", v.namespace, policy_name(v, &r.route.rule)),
+                )
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// The sets of the routes in one namespace, by the Service they attach to:
 /// each applied route's rules ranked with the others' (Gateway API's order).
 pub(crate) fn sets(verdicts: &[RouteVerdict]) -> BTreeMap<ServiceParent, RouteSet> {
@@ -181,14 +213,7 @@ fn ranked(service: &ServiceParent, routes: &[&RouteVerdict]) -> Vec<SnapshotPoli
             origins.push((v, r.index));
             policies.push(SnapshotPolicy {
                 namespace: v.namespace.clone(),
-                name: format!(
-                    "{}:{}:{}:{}.{}",
-                    v.kind.name(),
-                    v.name,
-                    r.route.rule,
-                    service.name,
-                    service.namespace
-                ),
+                name: policy_name(v, &r.route.rule),
                 generation: v.generation,
                 upstream: format!("{}.{}", service.name, service.namespace),
                 rule: r.rule.clone(),

@@ -3,7 +3,10 @@
 //! of `status.parents` per Service parent; on each XBackendTrafficPolicy,
 //! an entry of `status.ancestors` per Service it targets. Both under
 //! [`CONTROLLER_NAME`], with `Accepted` (applied, or the field that keeps it
-//! from being applied whole) and `ResolvedRefs` (the Service exists).
+//! from being applied whole) and `ResolvedRefs` (the Service exists); a
+//! route's entry also tells its rules' traffic over the last window in a
+//! `reprise.dev/Traffic` condition (Gateway API leaves a route no traffic
+//! field; implementation-specific conditions carry a domain).
 //!
 //! The lists are atomic and shared with other implementations (a mesh or a
 //! gateway may program the same route): Reprise's entries are replaced,
@@ -26,10 +29,13 @@ use serde_json::{json, Value};
 
 use super::backend_tls::CONTROLLER_NAME;
 use super::Context;
-use crate::cache::routes::RouteVerdict;
+use crate::cache::routes::{self, RouteVerdict};
 use crate::policy::budget::XBackendTrafficPolicy;
 use crate::policy::route::{GRPCRoute, HTTPRoute, ParentRef};
 use crate::Error;
+
+/// The condition of Reprise's entry that tells a route's traffic.
+pub(crate) const TRAFFIC_CONDITION: &str = "reprise.dev/Traffic";
 
 /// Changes closer together than this are written once.
 const DEBOUNCE: Duration = Duration::from_secs(1);
@@ -194,13 +200,37 @@ fn entries(ctx: &Context, verdicts: &[&RouteVerdict], current: &[Value], now: &T
                     format!("Service {}/{} not found", v.service.namespace, v.service.name),
                 )
             };
+            let mut conditions = vec![
+                condition(previous, "Accepted", accepted, v.generation, now),
+                condition(previous, "ResolvedRefs", resolved, v.generation, now),
+            ];
+            // HTTPRoute has no traffic status: Reprise's entry carries it,
+            // as a condition of its own domain (written at most once a minute).
+            let traffic: Vec<String> = routes::rule_ids(v)
+                .into_iter()
+                .filter_map(|(rule, id)| {
+                    let t = ctx.traffic.get(&id)?;
+                    (t.requests > 0).then(|| {
+                        format!(
+                            "rule {rule}: {} requests over {}, first try {}, effective {}, {} retries, {} recovered, {} exhausted",
+                            t.requests, t.window, t.first_try_success, t.effective_success, t.retries, t.recovered, t.exhausted_total
+                        )
+                    })
+                })
+                .collect();
+            if !traffic.is_empty() {
+                conditions.push(condition(
+                    previous,
+                    TRAFFIC_CONDITION,
+                    (true, "Reported", traffic.join("; ")),
+                    v.generation,
+                    now,
+                ));
+            }
             json!({
                 "parentRef": parent_json(&v.parent),
                 "controllerName": CONTROLLER_NAME,
-                "conditions": [
-                    condition(previous, "Accepted", accepted, v.generation, now),
-                    condition(previous, "ResolvedRefs", resolved, v.generation, now),
-                ],
+                "conditions": conditions,
             })
         })
         .collect()

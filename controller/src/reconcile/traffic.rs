@@ -75,6 +75,17 @@ fn changed(ctx: &Context) -> Vec<String> {
             out.push(id);
         }
     }
+    // Route rules: their traffic goes in the routes' status, which the
+    // Gateway API status writer reads from here (`gateway.rs`).
+    for v in ctx.cache.route_verdicts(None) {
+        for (_, id) in crate::cache::routes::rule_ids(&v) {
+            let mut total = ctx.sidecars.traffic().window(&id, now.as_second());
+            if let Some(peer) = ctx.peers.as_ref().and_then(|peers| peers.traffic(&id)) {
+                total.get_or_insert_with(WindowTotal::default).add(&peer);
+            }
+            ctx.traffic.offer(&id, total, &observed_at);
+        }
+    }
     out
 }
 

@@ -55,6 +55,22 @@ impl Table {
 
 /// `seconds` as kubectl prints an age (apimachinery's `HumanDuration`):
 /// `45s`, `3m20s`, `95m`, `5h10m`, `30h`, `3d4h`, `400d`, `2y30d`.
+/// `s` with control characters escaped: a status another controller (or a
+/// pod) wrote must not drive the terminal.
+pub(super) fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let escape = c.is_control();
+            let escaped: Vec<char> = if escape {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 pub(super) fn age(seconds: i64) -> String {
     let s = seconds.max(0);
     let (m, h) = (s / 60, s / 3600);
@@ -122,6 +138,12 @@ mod tests {
             t.render(),
             "NAME                 TARGET\nreads                api:80\na-much-longer-name   -\n"
         );
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(printable("a\u{1b}]52;c;x\u{7}b"), "a\\u{1b}]52;c;x\\u{7}b");
+        assert_eq!(printable("plain, ünïcode"), "plain, ünïcode");
     }
 
     #[test]

@@ -729,6 +729,18 @@ spec:
         own["status"]["traffic"], theirs["status"]["traffic"]
     ));
     assert!(own["status"]["traffic"]["recovered"].as_i64().unwrap_or(0) > 0);
+    // A route's traffic: in Reprise's entry of its status.parents.
+    let mut said = String::new();
+    c.until("the producer route's reprise.dev/Traffic condition", Duration::from_secs(90), || {
+        said = c
+            .kubectl(&[
+                "-n", &srv, "get", "httproute", "api-retries", "-o",
+                "jsonpath={.status.parents[?(@.controllerName==\"reprise.dev/controller\")].conditions[?(@.type==\"reprise.dev/Traffic\")].message}",
+            ])
+            .unwrap_or_default();
+        said.contains("requests")
+    });
+    step(&format!("   HTTPRoute api-retries, reprise.dev/Traffic: {said}"));
     step("done");
 }
 
