@@ -132,7 +132,11 @@ async fn explain(client: Client, q: &Question) -> Result<String, Error> {
     let namespaces = optional(Api::<Namespace>::all(client.clone()).list(&all).await)?;
     let http_routes = optional(Api::<HTTPRoute>::all(client.clone()).list(&all).await)?;
     let grpc_routes = optional(Api::<GRPCRoute>::all(client.clone()).list(&all).await)?;
-    let budgets = optional(Api::<XBackendTrafficPolicy>::all(client.clone()).list(&all).await)?;
+    let budgets = optional(
+        Api::<XBackendTrafficPolicy>::all(client.clone())
+            .list(&all)
+            .await,
+    )?;
     let services = Api::<Service>::all(client.clone())
         .list(&all)
         .await
@@ -295,7 +299,9 @@ fn matching_after<'c>(
         .skip(1)
         .filter(|r| {
             r.matches(&upstream.name, &q.method, path, query, header)
-                && r.cel.as_ref().is_none_or(|c| c.evaluate(&facts).unwrap_or(false))
+                && r.cel
+                    .as_ref()
+                    .is_none_or(|c| c.evaluate(&facts).unwrap_or(false))
         })
         .filter(|r| {
             // A route rule's several matches are one rule.
@@ -526,7 +532,9 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("policy shop/reads (a RetryPolicy of the client's namespace; priority 0) matches"),
+            out.contains(
+                "policy shop/reads (a RetryPolicy of the client's namespace; priority 0) matches"
+            ),
             "{out}"
         );
         let out = ask_with(&config, "GET", "http://api/v1/items", &[("x-tenant", "b")]);
@@ -575,11 +583,18 @@ mod tests {
         let id = "catalog/HTTPRoute:api-retries:0:api.shop";
         let (mut rule, _) = RetryRule::default().resolve(id, "api.shop", "spec", &mut errs);
         rule.precedence = PRODUCER_ROUTES;
-        config.rules.extend(route.rules(rule, id, "route", &mut errs));
+        config
+            .rules
+            .extend(route.rules(rule, id, "route", &mut errs));
         config.rules.sort_by(Rule::order);
         assert!(errs.is_empty(), "{errs}");
         let out = ask_with(&config, "GET", "http://api/v1/items", &[]);
-        assert!(out.contains("policy shop/reads (a RetryPolicy of the client's namespace; priority 0) matches"), "{out}");
+        assert!(
+            out.contains(
+                "policy shop/reads (a RetryPolicy of the client's namespace; priority 0) matches"
+            ),
+            "{out}"
+        );
         assert!(
             out.contains("it overrides catalog/HTTPRoute:api-retries:0:api.shop (a route of the Service's namespace, for callers elsewhere), which matches too"),
             "{out}"

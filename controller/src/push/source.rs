@@ -74,6 +74,19 @@ impl Changed {
         }
     }
 
+    /// Adds what `other` names.
+    fn merge(&mut self, other: Changed) {
+        match other {
+            Changed::Nothing => {}
+            Changed::All => *self = Changed::All,
+            Changed::Namespaces(set) => {
+                for ns in set {
+                    self.add(&ns);
+                }
+            }
+        }
+    }
+
     fn add(&mut self, namespace: &str) {
         match self {
             Changed::All => {}
@@ -114,10 +127,23 @@ struct Memo {
     routes: HashMap<String, Arc<BTreeMap<ServiceParent, RouteSet>>>,
     /// Route namespaces by the Service their routes attach to.
     route_parents: HashMap<(String, String), BTreeSet<String>>,
+    /// Each group's entries (by namespace and labels), kept until a change
+    /// may reach them; a change of a Service's endpoints is patched into
+    /// the kept entries that hold its upstream rather than computed again,
+    /// so that a producer's Service, in every snapshot, costs a pointer
+    /// swap per group.
+    kept: HashMap<(String, Vec<(String, String)>), Kept>,
     /// Namespaces touched since [`SnapshotSource::take_changed`] last said.
     unreported: Changed,
     /// Set once the indexes were built from the whole store.
     indexed: bool,
+}
+
+/// A group's entries, and the key each upstream was computed under.
+#[derive(Clone, Default)]
+struct Kept {
+    entries: Entries,
+    keys: BTreeMap<String, UpstreamKey>,
 }
 
 impl std::fmt::Debug for CacheSource {
@@ -228,7 +254,9 @@ impl CacheSource {
                 .get(&ObjectRef::<RetryPolicy>::new(&key.name).within(&ns));
             if memo.index_policy(&key, p.as_deref()) {
                 memo.unreported = Changed::All;
+                memo.kept.clear();
             }
+            memo.kept.retain(|(n, _), _| *n != ns);
             memo.policies.remove(&(key.clone(), false));
             memo.policies.remove(&(key, true));
             memo.unreported.add(&ns);
@@ -236,28 +264,73 @@ impl CacheSource {
         for ns in touched.routes {
             if memo.index_routes(&self.cache, &ns) {
                 memo.unreported = Changed::All;
+                memo.kept.clear();
             }
+            memo.kept.retain(|(n, _), _| *n != ns);
             memo.unreported.add(&ns);
         }
         for ns in touched.namespaces {
             // A producer's selector may take or leave it.
+            memo.kept.retain(|(n, _), _| *n != ns);
             memo.unreported.add(&ns);
         }
         for (ns, service) in touched.services {
             memo.upstreams
                 .retain(|(n, s, _, _), _| !(*n == ns && *s == service));
             let key = (ns.clone(), service);
+            let mut reached = Changed::Nothing;
             for p in memo.by_target.get(&key).cloned().unwrap_or_default() {
                 if memo.producers.contains(&p) {
-                    memo.unreported = Changed::All;
+                    reached = Changed::All;
                 }
-                memo.unreported.add(&p.namespace);
+                reached.add(&p.namespace);
             }
             for route_ns in memo.route_parents.get(&key).cloned().unwrap_or_default() {
                 if route_ns == ns {
-                    memo.unreported = Changed::All;
+                    reached = Changed::All;
                 }
-                memo.unreported.add(&route_ns);
+                reached.add(&route_ns);
+            }
+            self.patch_kept(memo, &key, &reached);
+            memo.unreported.merge(reached);
+        }
+    }
+
+    /// Brings the kept entries of the groups `reached` names up to date
+    /// with the Service `service`'s upstream: patched where they hold it and
+    /// it still resolves, forgotten otherwise (computed again on demand:
+    /// a Service that appears may bring policies in).
+    fn patch_kept(&self, memo: &mut Memo, service: &(String, String), reached: &Changed) {
+        let name = format!("{}.{}", service.1, service.0);
+        let groups: Vec<(String, Vec<(String, String)>)> = memo
+            .kept
+            .keys()
+            .filter(|(ns, _)| reached.includes(ns))
+            .cloned()
+            .collect();
+        for group in groups {
+            let Some(key) = memo
+                .kept
+                .get(&group)
+                .and_then(|k| k.keys.get(&name))
+                .cloned()
+            else {
+                memo.kept.remove(&group);
+                continue;
+            };
+            let client = if key.3 {
+                key.0.clone()
+            } else {
+                group.0.clone()
+            };
+            let fresh = self.upstream_entry(memo, (&key.0, &key.1, key.2), &client);
+            match (fresh, memo.kept.get_mut(&group)) {
+                (Some(u), Some(kept)) => {
+                    kept.entries.upstreams.insert(name.clone(), u);
+                }
+                _ => {
+                    memo.kept.remove(&group);
+                }
             }
         }
     }
@@ -325,12 +398,25 @@ impl CacheSource {
     }
 }
 
-/// Adds `policy` and its `upstream` to `entries`.
-fn add(entries: &mut Entries, policy: Arc<PolicyEntry>, upstream: Arc<UpstreamEntry>) {
-    entries
-        .upstreams
-        .insert(upstream.upstream.name.clone(), upstream);
-    entries.policies.insert(policy.key(), policy);
+impl Kept {
+    /// Adds `policy` and its `upstream`, computed under `key`.
+    fn add(&mut self, policy: Arc<PolicyEntry>, upstream: Arc<UpstreamEntry>, key: UpstreamKey) {
+        self.keys.insert(upstream.upstream.name.clone(), key);
+        self.entries
+            .upstreams
+            .insert(upstream.upstream.name.clone(), upstream);
+        self.entries.policies.insert(policy.key(), policy);
+    }
+}
+
+/// The memo key of the upstream `(namespace, name, port)` for callers in `client`.
+fn upstream_key((namespace, name, port): (&str, &str, Option<i32>), client: &str) -> UpstreamKey {
+    (
+        namespace.to_string(),
+        name.to_string(),
+        port,
+        namespace == client,
+    )
 }
 
 impl SnapshotSource for CacheSource {
@@ -346,8 +432,38 @@ impl SnapshotSource for CacheSource {
     fn entries_for(&self, id: &Identity) -> Entries {
         let mut memo = self.lock();
         self.sync(&mut memo);
+        let group = (
+            id.namespace.clone(),
+            id.labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Vec<_>>(),
+        );
+        if let Some(kept) = memo.kept.get(&group) {
+            return kept.entries.clone();
+        }
+        let kept = self.compute_entries(&mut memo, id);
+        let entries = kept.entries.clone();
+        memo.kept.insert(group, kept);
+        entries
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.cache.changes()
+    }
+
+    fn take_changed(&self) -> Changed {
+        let mut memo = self.lock();
+        self.sync(&mut memo);
+        std::mem::take(&mut memo.unreported)
+    }
+}
+
+impl CacheSource {
+    /// The entries of `id`'s group, computed from the memo.
+    fn compute_entries(&self, memo: &mut Memo, id: &Identity) -> Kept {
         let ns = id.namespace.as_str();
-        let mut entries = Entries::default();
+        let mut entries = Kept::default();
         let own: Vec<String> = memo
             .by_namespace
             .get(ns)
@@ -375,10 +491,10 @@ impl SnapshotSource for CacheSource {
                 p.spec.target_ref.port,
             );
             if let (Some(policy), Some(upstream)) = (
-                self.policy_entry(&mut memo, &key, &p, false),
-                self.upstream_entry(&mut memo, target, ns),
+                self.policy_entry(memo, &key, &p, false),
+                self.upstream_entry(memo, target, ns),
             ) {
-                add(&mut entries, policy, upstream);
+                entries.add(policy, upstream, upstream_key(target, ns));
             }
         }
         let own_routes = memo.routes.get(ns).cloned().unwrap_or_default();
@@ -388,9 +504,13 @@ impl SnapshotSource for CacheSource {
                 service.name.as_str(),
                 service.port,
             );
-            if let Some(upstream) = self.upstream_entry(&mut memo, target, ns) {
+            if let Some(upstream) = self.upstream_entry(memo, target, ns) {
                 for policy in &set.own {
-                    add(&mut entries, Arc::clone(policy), Arc::clone(&upstream));
+                    entries.add(
+                        Arc::clone(policy),
+                        Arc::clone(&upstream),
+                        upstream_key(target, ns),
+                    );
                 }
             }
         }
@@ -429,10 +549,10 @@ impl SnapshotSource for CacheSource {
                 p.spec.target_ref.port,
             );
             if let (Some(policy), Some(upstream)) = (
-                self.policy_entry(&mut memo, &key, &p, true),
-                self.upstream_entry(&mut memo, target, ns),
+                self.policy_entry(memo, &key, &p, true),
+                self.upstream_entry(memo, target, ns),
             ) {
-                add(&mut entries, policy, upstream);
+                entries.add(policy, upstream, upstream_key(target, ns));
             }
         }
         let producer_routes: Vec<(ServiceParent, Vec<Arc<PolicyEntry>>)> = memo
@@ -459,23 +579,13 @@ impl SnapshotSource for CacheSource {
                 service.name.as_str(),
                 service.port,
             );
-            if let Some(upstream) = self.upstream_entry(&mut memo, target, ns) {
+            if let Some(upstream) = self.upstream_entry(memo, target, ns) {
                 for policy in policies {
-                    add(&mut entries, policy, Arc::clone(&upstream));
+                    entries.add(policy, Arc::clone(&upstream), upstream_key(target, ns));
                 }
             }
         }
         entries
-    }
-
-    fn changes(&self) -> watch::Receiver<u64> {
-        self.cache.changes()
-    }
-
-    fn take_changed(&self) -> Changed {
-        let mut memo = self.lock();
-        self.sync(&mut memo);
-        std::mem::take(&mut memo.unreported)
     }
 }
 

@@ -149,12 +149,19 @@ pub(super) fn route_rows(kind: &str, r: &DynamicObject) -> Vec<RouteTraffic> {
         .map(|p| {
             let accepted = condition(p, "Accepted");
             RouteTraffic {
-                route: format!("{kind}/{}/{}", r.namespace().unwrap_or_default(), r.name_any()),
+                route: format!(
+                    "{kind}/{}/{}",
+                    r.namespace().unwrap_or_default(),
+                    r.name_any()
+                ),
                 service: p["parentRef"]["name"].as_str().unwrap_or("?").to_string(),
                 accepted: if accepted["status"] == "True" {
                     "applied".into()
                 } else {
-                    format!("not applied: {}", accepted["message"].as_str().unwrap_or("?"))
+                    format!(
+                        "not applied: {}",
+                        accepted["message"].as_str().unwrap_or("?")
+                    )
                 },
                 traffic: condition(p, "reprise.dev/Traffic")["message"]
                     .as_str()
@@ -471,16 +478,31 @@ mod tests {
         .expect("route");
         let rows = route_rows("HTTPRoute", &route);
         assert_eq!(rows.len(), 1, "only Reprise's entry");
-        let out = render_with_routes(&[row("reads", reported())], &rows, Some("catalog"), None, at("2026-12-06T10:00:45Z"))
-            .expect("table");
+        let out = render_with_routes(
+            &[row("reads", reported())],
+            &rows,
+            Some("catalog"),
+            None,
+            at("2026-12-06T10:00:45Z"),
+        )
+        .expect("table");
         assert!(
             out.contains("HTTPRoute/catalog/api-retries -> Service api: applied; rule 0: 300 requests over 5m\\u{1b}[2J"),
             "{out}"
         );
-        let json = render_with_routes(&[row("reads", reported())], &rows, Some("catalog"), Some(Output::Json), at("2026-12-06T10:00:45Z"))
-            .expect("json");
+        let json = render_with_routes(
+            &[row("reads", reported())],
+            &rows,
+            Some("catalog"),
+            Some(Output::Json),
+            at("2026-12-06T10:00:45Z"),
+        )
+        .expect("json");
         let v: Value = serde_json::from_str(&json).expect("json");
-        assert_eq!(v["HTTPRoute/catalog/api-retries>api"]["accepted"], "applied");
+        assert_eq!(
+            v["HTTPRoute/catalog/api-retries>api"]["accepted"],
+            "applied"
+        );
     }
 
     #[test]

@@ -740,7 +740,9 @@ spec:
             .unwrap_or_default();
         said.contains("requests")
     });
-    step(&format!("   HTTPRoute api-retries, reprise.dev/Traffic: {said}"));
+    step(&format!(
+        "   HTTPRoute api-retries, reprise.dev/Traffic: {said}"
+    ));
     step("done");
 }
 
