@@ -52,3 +52,7 @@ mod fixtures;
 pub use error::Error;
 /// Gateway API's BackendTLSPolicy, as Reprise reads it.
 pub use policy::backend_tls;
+/// Gateway API's XBackendTrafficPolicy, as Reprise reads it.
+pub use policy::budget::XBackendTrafficPolicy;
+/// Gateway API's routes, as Reprise reads them.
+pub use policy::route::{GRPCRoute, HTTPRoute};

@@ -133,6 +133,8 @@ struct Memo {
     /// so that a producer's Service, in every snapshot, costs a pointer
     /// swap per group.
     kept: HashMap<(String, Vec<(String, String)>), Kept>,
+    /// When idle kept entries were last dropped.
+    swept: Option<std::time::Instant>,
     /// Namespaces touched since [`SnapshotSource::take_changed`] last said.
     unreported: Changed,
     /// Set once the indexes were built from the whole store.
@@ -140,11 +142,28 @@ struct Memo {
 }
 
 /// A group's entries, and the key each upstream was computed under.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Kept {
     entries: Entries,
     keys: BTreeMap<String, UpstreamKey>,
+    /// When a stream last asked for them.
+    used: std::time::Instant,
 }
+
+impl Default for Kept {
+    fn default() -> Self {
+        Kept {
+            entries: Entries::default(),
+            keys: BTreeMap::new(),
+            used: std::time::Instant::now(),
+        }
+    }
+}
+
+/// Kept entries no stream asked for this long are dropped: a rollout gives
+/// its pods new labels (`pod-template-hash`), so the old groups' entries
+/// would otherwise stay for good. A live group's are computed again.
+const KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl std::fmt::Debug for CacheSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -439,7 +458,17 @@ impl SnapshotSource for CacheSource {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect::<Vec<_>>(),
         );
-        if let Some(kept) = memo.kept.get(&group) {
+        let now = std::time::Instant::now();
+        if memo
+            .swept
+            .is_none_or(|t| now.duration_since(t) > KEPT_IDLE / 10)
+        {
+            memo.kept
+                .retain(|_, k| now.duration_since(k.used) < KEPT_IDLE);
+            memo.swept = Some(now);
+        }
+        if let Some(kept) = memo.kept.get_mut(&group) {
+            kept.used = now;
             return kept.entries.clone();
         }
         let kept = self.compute_entries(&mut memo, id);
