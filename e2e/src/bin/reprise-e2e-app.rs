@@ -272,7 +272,7 @@ async fn grpc_over_tls(
 /// On the flaky pod every other call gets `UNAVAILABLE`.
 fn grpc_answer(flaky: bool, n: usize) -> reprise_testkit::grpc::GrpcAction {
     use reprise_testkit::grpc::GrpcAction;
-    if flaky && n % 2 == 0 {
+    if flaky && n.is_multiple_of(2) {
         GrpcAction::TrailersOnly(tonic::Code::Unavailable, None)
     } else {
         GrpcAction::Ok
