@@ -10,6 +10,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::listen::{Closed, Gate, Watched};
 use crate::Error;
 
 /// PEM material for the push server.
@@ -203,21 +204,24 @@ fn write(path: &Path, text: &str, mode: u32) -> Result<(), Error> {
 }
 
 /// The TLS accept loop both controller listeners share: accepts on
-/// `listener` until `shutdown` resolves, completes each handshake (10 s at
-/// most) on the connection's own task, so a slow client never holds up the
-/// loop, and hands the stream to `serve`. `what` names the listener in logs.
+/// `listener` until `shutdown` resolves, within `gate`'s caps (a connection
+/// over one is closed at once), completes each handshake within its header
+/// timeout on the connection's own task, so a slow client never holds up
+/// the loop, and hands the stream, cut when it stalls, and the peer's
+/// address to `serve`.
 pub(crate) async fn accept<F, Fut>(
     listener: tokio::net::TcpListener,
     config: Arc<rustls::ServerConfig>,
     shutdown: impl std::future::Future<Output = ()>,
-    what: &'static str,
+    gate: Arc<Gate>,
     serve: F,
 ) where
-    F: Fn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> Fut + Clone + Send + 'static,
+    F: Fn(Conn, std::net::SocketAddr) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::pin!(shutdown);
+    let what = gate.name;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -230,16 +234,23 @@ pub(crate) async fn accept<F, Fut>(
             },
             () = &mut shutdown => return,
         };
-        let (acceptor, serve) = (acceptor.clone(), serve.clone());
+        let Some(slot) = gate.admit(peer) else {
+            continue; // over a cap: closed here, counted by the gate
+        };
+        let stream = gate.watch(stream, slot);
+        let (acceptor, serve, gate) = (acceptor.clone(), serve.clone(), Arc::clone(&gate));
         tokio::spawn(async move {
             let handshake = acceptor.accept(stream);
-            match tokio::time::timeout(std::time::Duration::from_secs(10), handshake).await {
-                Ok(Ok(tls)) => serve(tls).await,
+            match tokio::time::timeout(gate.limits.header_timeout, handshake).await {
+                Ok(Ok(tls)) => serve(tls, peer).await,
                 Ok(Err(e)) => {
                     tracing::debug!(listener = what, %peer, error = %e, "TLS handshake failed")
                 }
-                Err(_) => {}
+                Err(_) => gate.count(Closed::HandshakeTimeout),
             }
         });
     }
 }
+
+/// A connection of a TLS listener, as `serve` gets it.
+pub(crate) type Conn = tokio_rustls::server::TlsStream<Watched<tokio::net::TcpStream>>;

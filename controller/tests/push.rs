@@ -111,7 +111,10 @@ async fn harness(name: &str) -> Harness {
         snapshot: Mutex::new(snapshot(&[1001], 1)),
         tx,
     });
-    let registry = Arc::new(SidecarRegistry::default());
+    // The sidecar reports every 100 ms here: the controller paces reports so.
+    let registry = Arc::new(SidecarRegistry::with_report_interval(
+        Duration::from_millis(100),
+    ));
     let metrics = Arc::new(Metrics::default());
     let server = PushServer::new(
         Arc::new(fixed_token),

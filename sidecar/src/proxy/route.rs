@@ -262,6 +262,7 @@ impl Routes {
                 .map(|(r, t)| (r.id.clone(), t.take_since_report()))
                 .filter(|(_, c)| !c.is_empty())
                 .collect(),
+            ..TrafficReport::default()
         }
     }
 
