@@ -273,27 +273,41 @@ impl<IO> Watched<IO> {
     }
 }
 
-/// An HTTP server builder for one of the controller's listeners: HTTP/1.1
-/// and h2, with `limits`' head timeout and [`MAX_HEAD_BYTES`], and h2's
-/// concurrent streams bounded to `max_streams`.
-pub fn http_builder(
-    limits: &Limits,
-    max_streams: u32,
-) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
-    let mut builder =
-        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-    builder
-        .http1()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .max_buf_size(MAX_HEAD_BYTES);
-    builder
-        .http2()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .max_concurrent_streams(max_streams)
-        .max_header_list_size(MAX_HEAD_BYTES as u32)
-        .max_pending_accept_reset_streams(Some(max_streams as usize));
-    builder
+/// Serves HTTP on `io` with `service`: HTTP/2 when its TLS handshake chose
+/// `h2`, else HTTP/1.1 (upgrades allowed), with `limits`' head timeout,
+/// [`MAX_HEAD_BYTES`] of head, and h2's concurrent streams bounded to
+/// `max_streams`. The version comes from ALPN, never from reading the
+/// first bytes, which would read with no timeout.
+pub async fn serve_http<I, S, B>(io: I, h2: bool, limits: &Limits, max_streams: u32, service: S)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let timer = hyper_util::rt::TokioTimer::new();
+    if h2 {
+        let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(timer)
+            .max_concurrent_streams(max_streams)
+            .max_header_list_size(MAX_HEAD_BYTES as u32)
+            .max_pending_accept_reset_streams(Some(max_streams as usize))
+            .serve_connection(io, service)
+            .await;
+    } else {
+        let _ = hyper::server::conn::http1::Builder::new()
+            .timer(timer)
+            .header_read_timeout(limits.header_timeout)
+            .max_buf_size(MAX_HEAD_BYTES)
+            .serve_connection(io, service)
+            .with_upgrades()
+            .await;
+    }
 }
 
 #[cfg(test)]

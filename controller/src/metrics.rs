@@ -438,7 +438,6 @@ pub(crate) async fn serve(
             return;
         }
     };
-    let builder = Arc::new(crate::listen::http_builder(&gate.limits, 8));
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -452,8 +451,7 @@ pub(crate) async fn serve(
         let stream = gate.watch(stream, slot);
         let (metrics, registry, traces) =
             (Arc::clone(&metrics), Arc::clone(&registry), traces.clone());
-        let builder = Arc::clone(&builder);
-        let whole = gate.limits.header_timeout;
+        let limits = gate.limits;
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 // Prometheus 3 refuses a scrape without a Content-Type.
@@ -475,13 +473,9 @@ pub(crate) async fn serve(
                 );
                 async move { Ok::<_, std::convert::Infallible>(resp) }
             });
-            // Nothing here reads a body; a connection gets the head's time
-            // for each whole request too.
-            let _ = tokio::time::timeout(
-                whole.max(Duration::from_secs(1)) * 6,
-                builder.serve_connection(TokioIo::new(stream), service),
-            )
-            .await;
+            // Nothing here reads a body: a request is its head, answered
+            // at once; a client not reading its answer is cut as idle.
+            crate::listen::serve_http(TokioIo::new(stream), false, &limits, 1, service).await;
         });
     }
 }

@@ -253,10 +253,6 @@ impl Webhook {
         tls: Arc<rustls::ServerConfig>,
         gate: Arc<crate::listen::Gate>,
     ) {
-        let builder = Arc::new(crate::listen::http_builder(
-            &gate.limits,
-            WEBHOOK_MAX_STREAMS,
-        ));
         crate::tls::accept(
             listener,
             tls,
@@ -264,13 +260,21 @@ impl Webhook {
             gate,
             move |tls, _peer| {
                 let webhook = Arc::clone(&self);
-                let builder = Arc::clone(&builder);
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                 async move {
+                    let limits = webhook.limits.listener;
                     let service = service_fn(move |req| {
                         let webhook = Arc::clone(&webhook);
                         async move { Ok::<_, std::convert::Infallible>(webhook.answer(req).await) }
                     });
-                    let _ = builder.serve_connection(TokioIo::new(tls), service).await;
+                    crate::listen::serve_http(
+                        TokioIo::new(tls),
+                        h2,
+                        &limits,
+                        WEBHOOK_MAX_STREAMS,
+                        service,
+                    )
+                    .await;
                 }
             },
         )

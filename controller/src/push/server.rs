@@ -195,12 +195,12 @@ impl PushServer {
         if !self.publishing.swap(true, Ordering::AcqRel) {
             tokio::spawn(Arc::clone(&self).publish());
         }
-        let builder = Arc::new(crate::listen::http_builder(&gate.limits, PUSH_MAX_STREAMS));
         crate::tls::accept(listener, tls, shutdown, gate, move |tls, peer| {
             let server = Arc::clone(&self);
-            let builder = Arc::clone(&builder);
             let source = peer.ip().to_canonical();
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             async move {
+                let limits = server.listener;
                 let service = service_fn(move |req| {
                     let server = Arc::clone(&server);
                     // Authenticating, or reading a POSTed ACK, takes no
@@ -213,9 +213,14 @@ impl PushServer {
                         }
                     }
                 });
-                let _ = builder
-                    .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                    .await;
+                crate::listen::serve_http(
+                    TokioIo::new(tls),
+                    h2,
+                    &limits,
+                    PUSH_MAX_STREAMS,
+                    service,
+                )
+                .await;
             }
         })
         .await;
