@@ -197,7 +197,7 @@ const FAMILIES: &[Family] = &[
     ),
     counter(
         WEBHOOK_FAILED_OPEN,
-        "Admission requests the webhook could not answer, by `reason` (over_capacity, timeout, bad_body): under failurePolicy Ignore each one's Pod was created without the sidecar.",
+        "Admission requests the webhook could not answer, by `reason` (over_capacity, timeout, too_large, unreadable): under failurePolicy Ignore each one's Pod was created without the sidecar.",
     ),
     Family {
         name: LISTENER_CONNECTIONS,

@@ -325,7 +325,10 @@ impl Webhook {
         {
             Ok(b) => b.to_bytes(),
             Err(e) => {
-                self.failed_open("bad_body");
+                let too_large = e
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some();
+                self.failed_open(if too_large { "too_large" } else { "unreadable" });
                 return plain(
                     StatusCode::BAD_REQUEST,
                     format!("cannot read the body: {e}\n"),
