@@ -92,7 +92,17 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         }
         TlsSource::Dir(dir) => tls::load_or_generate(dir, &options.tls_sans)?,
     };
-    let tls_config = tls::server_config(&material)?;
+    let (tls_config, serving) = tls::server_config_reloadable(&material)?;
+    // A generated serving certificate is renewed before it expires.
+    let store = match &options.tls {
+        TlsSource::Secret(name) => tls::Store::Secret {
+            client: client.clone(),
+            namespace: options.namespace.clone(),
+            name: name.clone(),
+        },
+        TlsSource::Dir(dir) => tls::Store::Dir(dir.clone()),
+    };
+    tokio::spawn(tls::keep_renewed(store, options.tls_sans.clone(), serving));
     if let Some(webhook) = &options.webhook {
         let native = inject::supports_native_sidecars(&client).await;
         let server = Arc::new(

@@ -90,6 +90,10 @@ fn with_dns(u: &Upstream, dns: &Dns) -> Upstream {
     for d in &u.dns {
         for ip in dns.addresses(&d.host) {
             let addr = SocketAddr::new(ip, d.port);
+            // A name that leads back to the sidecar itself is no endpoint.
+            if dns.is_own(addr) {
+                continue;
+            }
             if !out.endpoints.iter().any(|e| e.addr == addr) {
                 out.endpoints.push(Endpoint {
                     addr,
