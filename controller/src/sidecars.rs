@@ -63,6 +63,8 @@ pub struct SidecarState {
     pub reported_final: bool,
     /// Closes this connection's stream (a newer one of the pod replaced it).
     pub closer: Closer,
+    /// When it connected (Unix seconds).
+    pub connected_at: i64,
 }
 
 /// Ends one connection's stream from elsewhere: a pod holds one stream to a
@@ -232,6 +234,7 @@ impl SidecarRegistry {
                 capabilities,
                 connection,
                 closer: closer.clone(),
+                connected_at: k8s_openapi::jiff::Timestamp::now().as_second(),
                 ..Default::default()
             },
         );
@@ -239,6 +242,21 @@ impl SidecarRegistry {
             old.closer.close();
         }
         closer
+    }
+
+    /// Every connected pod, with when its stream connected (Unix seconds).
+    pub(crate) fn streams(&self) -> Vec<(String, String, i64)> {
+        self.lock()
+            .iter()
+            .map(|((ns, pod), s)| (ns.clone(), pod.clone(), s.connected_at))
+            .collect()
+    }
+
+    /// Closes the stream of `namespace/pod` (a newer one is held elsewhere).
+    pub(crate) fn close(&self, namespace: &str, pod: &str) {
+        if let Some(s) = self.lock().get(&(namespace.to_string(), pod.to_string())) {
+            s.closer.close();
+        }
     }
 
     /// Forgets a pod's connection, unless a newer connection replaced it.

@@ -11,6 +11,7 @@
 //! one part holds per policy is bounded too, by the traffic vocabulary.
 //! Reports are parsed once per change of their ConfigMap, not per read.
 
+mod dedup;
 mod parsed;
 pub(crate) mod shards;
 
@@ -83,7 +84,7 @@ impl Peers {
     }
 
     /// Every other replica's report parts, each parsed once.
-    fn reports(&self) -> Vec<Arc<PeerReport>> {
+    pub(crate) fn reports(&self) -> Vec<Arc<PeerReport>> {
         self.parsed.of(&self.reports.state(), &self.me)
     }
 }
@@ -113,6 +114,11 @@ pub(crate) struct PeerReport {
     /// changes with every request).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     traffic: BTreeMap<String, WindowTotal>,
+    /// Its sidecars' streams: a digest of each pod (`namespace/pod`) and
+    /// when its stream connected, so that a pod holds one stream across
+    /// the replicas (`peers/dedup.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pods: BTreeMap<String, i64>,
 }
 
 impl PeerReport {
@@ -187,8 +193,22 @@ pub(crate) async fn publish(
     let mut last: Option<(BTreeMap<String, PeerCount>, i64)> = None;
     // Parts written last time: a part no longer needed is emptied once.
     let mut parts_written = 1;
+    let peers = cache
+        .peers
+        .as_ref()
+        .map(|watched| Peers::new(watched.store.clone(), me.clone()));
     loop {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        // A pod holds one stream across the replicas: the older closes.
+        if let Some(peers) = &peers {
+            let closed = dedup::close_replaced(&registry, &peers.reports(), now);
+            if closed > 0 {
+                tracing::info!(
+                    closed,
+                    "streams of pods connected anew to another replica closed"
+                );
+            }
+        }
         let counts: BTreeMap<String, PeerCount> = cache
             .policies()
             .iter()
@@ -211,6 +231,7 @@ pub(crate) async fn publish(
                 heartbeat: now,
                 counts: counts.clone(),
                 traffic: shards::published(registry.traffic().all(now)),
+                pods: dedup::published(&registry),
             };
             let parts = shards::split(&report, shards::PART_BYTES);
             let written = parts.len();
@@ -282,7 +303,7 @@ mod tests {
                     in_sync,
                 },
             )]),
-            traffic: BTreeMap::new(),
+            ..PeerReport::default()
         };
         let peers = [
             report(100, 4, 3, 3),
@@ -325,6 +346,7 @@ mod tests {
                     sidecars: 2,
                 },
             )]),
+            ..PeerReport::default()
         };
         let peers = [report(100, 10), report(95, 5), report(10, 1000)];
         let all = fresh_traffic(&peers, 100);

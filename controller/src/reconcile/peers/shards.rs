@@ -69,7 +69,7 @@ pub(super) fn split(report: &PeerReport, budget: usize) -> Vec<String> {
     })
     .len()
         // `"traffic":{}` is left out when empty, and the commas.
-        + r#","traffic":{}"#.len();
+        + r#","traffic":{},"pods":{}"#.len();
     let mut parts = Vec::new();
     let mut part = PeerReport {
         heartbeat: report.heartbeat,
@@ -77,11 +77,12 @@ pub(super) fn split(report: &PeerReport, budget: usize) -> Vec<String> {
     };
     let mut size = frame;
     let mut flush = |part: &mut PeerReport, size: &mut usize| {
-        if !part.counts.is_empty() || !part.traffic.is_empty() {
+        if !part.counts.is_empty() || !part.traffic.is_empty() || !part.pods.is_empty() {
             parts.push(encode(part));
         }
         part.counts.clear();
         part.traffic.clear();
+        part.pods.clear();
         *size = frame;
     };
     for (id, count) in &report.counts {
@@ -98,6 +99,14 @@ pub(super) fn split(report: &PeerReport, budget: usize) -> Vec<String> {
             flush(&mut part, &mut size);
         }
         part.traffic.insert(id.clone(), traffic.clone());
+        size += n;
+    }
+    for (pod, since) in &report.pods {
+        let n = entry_len(pod, since);
+        if size + n > budget {
+            flush(&mut part, &mut size);
+        }
+        part.pods.insert(pod.clone(), *since);
         size += n;
     }
     flush(&mut part, &mut size);
@@ -198,14 +207,28 @@ mod tests {
                     .map(|i| (longest_id(i), largest_traffic()))
                     .collect(),
             ),
+            // A replica's every pod: a digest and when it connected.
+            pods: (0..10_000)
+                .map(|i| {
+                    (
+                        super::super::dedup::digest("n".repeat(63).as_str(), &format!("{i:0>253}")),
+                        i64::MAX,
+                    )
+                })
+                .collect(),
         };
+        let one_pod = report
+            .pods
+            .iter()
+            .next()
+            .map_or(0, |(k, v)| entry_len(k, v));
         let one_count = entry_len(&longest_id(0), &report.counts[&longest_id(0)]);
         let one_traffic = entry_len(&longest_id(0), &report.traffic[&longest_id(0)]);
         let parts = split(&report, PART_BYTES);
         let largest = parts.iter().map(String::len).max().unwrap_or(0);
         println!(
-            "worst case: {one_count} bytes of counts and {one_traffic} of traffic per policy; \
-             {entries} policies in {} parts of at most {largest} bytes",
+            "worst case: {one_count} bytes of counts and {one_traffic} of traffic per policy, {one_pod} per pod; \
+             {entries} policies and 10,000 pods in {} parts of at most {largest} bytes",
             parts.len()
         );
         assert!(largest <= PART_BYTES, "{largest}");
@@ -220,7 +243,8 @@ mod tests {
             .collect();
         let counts: usize = back.iter().map(|p| p.counts.len()).sum();
         let traffic: usize = back.iter().map(|p| p.traffic.len()).sum();
-        assert_eq!((counts, traffic), (entries, entries));
+        let pods: usize = back.iter().map(|p| p.pods.len()).sum();
+        assert_eq!((counts, traffic, pods), (entries, entries, 10_000));
         assert!(back.iter().all(|p| p.heartbeat == i64::MAX));
     }
 
@@ -229,7 +253,7 @@ mod tests {
         let report = PeerReport {
             heartbeat: 7,
             counts: [("shop/reads".to_string(), PeerCount::default())].into(),
-            traffic: BTreeMap::new(),
+            ..PeerReport::default()
         };
         assert_eq!(split(&report, PART_BYTES), [encode(&report)]);
         assert_eq!(split(&PeerReport::default(), PART_BYTES).len(), 1);
