@@ -102,7 +102,11 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         },
         TlsSource::Dir(dir) => tls::Store::Dir(dir.clone()),
     };
-    tokio::spawn(tls::keep_renewed(store, options.tls_sans.clone(), serving));
+    tokio::spawn(tls::keep_renewed(
+        store,
+        options.tls_sans.clone(),
+        Arc::clone(&serving),
+    ));
     if let Some(webhook) = &options.webhook {
         let native = inject::supports_native_sidecars(&client).await;
         let server = Arc::new(
@@ -115,6 +119,7 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
                 inject::ApiServer::from_cache_and_env(cache.clone()),
             )
             .with_certificate(material.cert_pem.clone())
+            .with_serving(Arc::clone(&serving))
             .with_limits(webhook.limits),
         );
         let listener = bind(webhook.addr).await?;

@@ -131,6 +131,8 @@ pub(crate) struct Webhook {
     limits: WebhookLimits,
     /// Slots for bodies being read.
     bodies: tokio::sync::Semaphore,
+    /// The certificate the listener serves now (renewed while it runs).
+    serving: Option<Arc<crate::tls::Reloadable>>,
 }
 
 impl Webhook {
@@ -153,7 +155,14 @@ impl Webhook {
             api_server,
             bodies: tokio::sync::Semaphore::new(limits.pending_bodies),
             limits,
+            serving: None,
         }
+    }
+
+    /// Answers `GET /certificate` with what `serving` presents now.
+    pub(crate) fn with_serving(mut self, serving: Arc<crate::tls::Reloadable>) -> Self {
+        self.serving = Some(serving);
+        self
     }
 
     /// This webhook held to `limits`.
@@ -352,10 +361,14 @@ impl Webhook {
 impl Webhook {
     /// `GET /certificate`: the serving chain, or 404 when none was given.
     fn certificate(&self) -> Response<Full<Bytes>> {
-        if self.certificate_pem.is_empty() {
+        let pem = match &self.serving {
+            Some(serving) => serving.serving_pem(),
+            None => self.certificate_pem.clone(),
+        };
+        if pem.is_empty() {
             return not_found();
         }
-        let mut resp = plain(StatusCode::OK, self.certificate_pem.clone());
+        let mut resp = plain(StatusCode::OK, pem);
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/x-pem-file"),
