@@ -45,7 +45,7 @@ pub enum Command {
     Explain(explain::Args),
 
     /// Run the controller (in cluster, or out of cluster with KUBECONFIG).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 /// `--namespace`, the controller's own namespace, as `run` and `selftest`
@@ -224,6 +224,13 @@ impl RunArgs {
     }
 }
 
+/// A client from the in-cluster configuration or `KUBECONFIG`.
+pub async fn client() -> anyhow::Result<kube::Client> {
+    kube::Client::try_default()
+        .await
+        .context("no Kubernetes configuration (in cluster or KUBECONFIG)")
+}
+
 #[cfg(test)]
 mod duration_tests {
     use super::*;
@@ -237,11 +244,4 @@ mod duration_tests {
             assert!(duration(bad).is_err(), "{bad}");
         }
     }
-}
-
-/// A client from the in-cluster configuration or `KUBECONFIG`.
-pub async fn client() -> anyhow::Result<kube::Client> {
-    kube::Client::try_default()
-        .await
-        .context("no Kubernetes configuration (in cluster or KUBECONFIG)")
 }

@@ -230,9 +230,8 @@ async fn the_webhooks_unfinished_bodies_and_idle_connections_are_bounded() {
     for tls in &mut unfinished {
         let mut buf = [0u8; 512];
         let left = Duration::from_secs(6).saturating_sub(started.elapsed());
-        match tokio::time::timeout(left, tls.read(&mut buf)).await {
-            Ok(_) => answered += 1,
-            Err(_) => {}
+        if tokio::time::timeout(left, tls.read(&mut buf)).await.is_ok() {
+            answered += 1;
         }
     }
     println!(

@@ -244,8 +244,11 @@ impl TokenReviewer {
 /// expired entries evicted first, then the oldest.
 #[derive(Debug, Default)]
 pub(crate) struct ReviewCache {
-    entries: Mutex<HashMap<Fingerprint, (Instant, Result<String, AuthError>)>>,
+    entries: Mutex<HashMap<Fingerprint, Said>>,
 }
+
+/// When a TokenReview said what: the ServiceAccount, or the refusal.
+type Said = (Instant, Result<String, AuthError>);
 
 /// A SHA-256 digest of a token and the pod it claims: a hit proves the same
 /// token, as a comparison of the token would.

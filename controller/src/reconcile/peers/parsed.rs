@@ -13,8 +13,11 @@ use super::{of_other, PeerReport};
 /// Reports by ConfigMap name, with the resource version they were parsed at.
 #[derive(Debug, Default)]
 pub(super) struct Parsed {
-    by_name: Mutex<HashMap<String, (String, Option<Arc<PeerReport>>)>>,
+    by_name: Mutex<HashMap<String, Versioned>>,
 }
+
+/// A ConfigMap's resource version and the report it carried then.
+type Versioned = (String, Option<Arc<PeerReport>>);
 
 impl Parsed {
     /// The reports of `cms` that are not `me`'s, parsing only those whose
