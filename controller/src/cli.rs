@@ -116,8 +116,10 @@ pub struct RunArgs {
     /// Connections the push listener holds at once.
     #[arg(long, default_value_t = 65_536)]
     push_max_connections: usize,
-    /// Connections the push listener holds at once from one address.
-    #[arg(long, default_value_t = 32)]
+    /// Connections the push listener holds at once from one address
+    /// (raise it where many pods' sidecars share one: host network, a NAT
+    /// before an out-of-cluster controller; 0: no cap per address).
+    #[arg(long, default_value_t = 256)]
     push_max_connections_per_source: usize,
     /// Connections the metrics listener holds at once.
     #[arg(long, default_value_t = 64)]
@@ -201,7 +203,8 @@ impl RunArgs {
             push_addr: self.push_addr,
             push_limits: Limits {
                 max_connections: self.push_max_connections,
-                max_per_source: Some(self.push_max_connections_per_source),
+                max_per_source: (self.push_max_connections_per_source > 0)
+                    .then_some(self.push_max_connections_per_source),
                 header_timeout: self.header_timeout,
                 idle_timeout: self.push_idle_timeout,
             },

@@ -38,10 +38,12 @@ pub(super) const MAX_ACK_BYTES: usize = 64 * 1024;
 const PUSH_MAX_STREAMS: u32 = 4;
 
 /// The push listener's limits by default: room for every pod of a large
-/// cluster, a handful per source address (a pod's stream, its reconnect).
+/// cluster, and per source address far more than a pod needs (its stream,
+/// a reconnect) yet room for the sidecars of pods that share an address
+/// (host network, a NAT before an out-of-cluster controller).
 pub const PUSH_LIMITS: Limits = Limits {
     max_connections: 65_536,
-    max_per_source: Some(32),
+    max_per_source: Some(256),
     header_timeout: std::time::Duration::from_secs(10),
     // Three heartbeats: a healthy stream moves every one.
     idle_timeout: std::time::Duration::from_secs(3 * reprise_crds::protocol::HEARTBEAT_SECS),
