@@ -108,7 +108,7 @@ async fn a_pod_that_lives_less_than_a_report_interval_is_counted() {
             .count()
             == 3
     });
-    let web = web_pod(&c);
+    web_pod(&c);
     c.until("In-Sync 1/1", Duration::from_secs(60), || {
         c.policy_field("reads", "{.status.inSync}") == "1/1"
     });
@@ -175,7 +175,23 @@ async fn a_pod_that_lives_less_than_a_report_interval_is_counted() {
         "the flaky pod failed some first tries: {status}"
     );
 
-    step("4. web makes 300 GETs, and its Deployment is rolled right after");
+    step("4. web gets a 30 s termination grace (a rollout), makes 300 GETs, and is rolled right after");
+    // The app drains 5 s on SIGTERM; its sidecar is stopped after it and
+    // needs its own seconds within the pod's grace, which the test app's
+    // 5 s leaves none of.
+    c.kubectl(&[
+        "-n",
+        &c.ns,
+        "patch",
+        "deployment",
+        "web",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"terminationGracePeriodSeconds":30}}}}"#,
+    ])
+    .expect("patch");
+    c.kubectl(&["-n", &c.ns, "rollout", "status", "deployment/web", "--timeout=120s"])
+        .expect("rollout");
+    let web = web_pod(&c);
     let web_app = std::net::SocketAddr::new(ip(&web).parse().expect("pod IP"), 8080);
     let r = drive(web_app, "http://api/", 300, 0).await.expect("drive");
     assert_eq!(r["failed"], 0, "{r}");
