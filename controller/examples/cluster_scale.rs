@@ -252,6 +252,7 @@ fn policy(namespace: &str, k: usize, priority: i32, generation: i64) -> RetryPol
                 )
                 .expect("selector"),
             ),
+            caller_namespaces: None,
             rule,
         },
     );
@@ -410,10 +411,19 @@ async fn server(n: usize) -> anyhow::Result<()> {
         listener.local_addr()?,
         material.ca_pem.replace('\n', "|")
     );
-    tokio::spawn(server.serve(
+    // Every modelled sidecar connects from loopback: no cap per source.
+    let gate = reprise_controller::listen::Gate::new(
+        "push",
+        reprise_controller::listen::Limits {
+            max_per_source: None,
+            ..reprise_controller::push::PUSH_LIMITS
+        },
+    );
+    tokio::spawn(server.serve_within(
         listener,
         reprise_controller::tls::server_config(&material)?,
         std::future::pending(),
+        gate,
     ));
     let mut lines =
         tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(tokio::io::stdin()));

@@ -206,6 +206,11 @@ pub struct ProxySettings {
     /// system's (`/etc/resolv.conf`, its search domains and `ndots`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dns_resolvers: Vec<SocketAddr>,
+    /// Let host-named endpoints resolve to loopback and link-local
+    /// addresses (standalone use: a name in `/etc/hosts` for a local
+    /// service). Off in Kubernetes mode: a name a Service points anywhere
+    /// must not lead to the pod itself or the node's metadata service.
+    pub dns_allow_local: bool,
 }
 
 impl Config {

@@ -152,6 +152,10 @@ pub struct ProxySpec {
     /// system's resolver configuration).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dns_resolvers: Vec<String>,
+    /// Let host-named endpoints resolve to loopback and link-local
+    /// addresses (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_allow_local: Option<bool>,
 }
 
 /// Default connect timeout.
@@ -479,6 +483,7 @@ impl ProxySpec {
             diagnostics_retained: usize::try_from(diagnostics)
                 .unwrap_or(DEFAULT_DIAGNOSTICS_RETAINED),
             forward_unknown_hosts: false,
+            dns_allow_local: self.dns_allow_local.unwrap_or(false),
             dns_resolvers: self
                 .dns_resolvers
                 .iter()

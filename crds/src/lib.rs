@@ -95,6 +95,14 @@ pub enum Error {
         /// What did not match.
         reason: String,
     },
+    /// A sidecar's traffic report breaks a rule (`traffic.rs`): refused whole.
+    #[error("traffic report: {field}: {rule}")]
+    Report {
+        /// The field, e.g. `traffic["shop/reads"].success`.
+        field: String,
+        /// The rule it breaks, with the value it had.
+        rule: String,
+    },
     /// The configuration parsed but breaks one or more rules.
     #[error("{path}: {source}")]
     Invalid {

@@ -730,8 +730,13 @@ mod tests {
         }
     }
 
+    /// `(id, precedence)` of each policy.
+    type Ranks = Vec<(String, u8)>;
+    /// Each upstream's hosts.
+    type Hosts = BTreeMap<String, Vec<String>>;
+
     /// `(id, precedence)` of each policy, and each upstream's hosts.
-    fn seen(entries: &Entries) -> (Vec<(String, u8)>, BTreeMap<String, Vec<String>>) {
+    fn seen(entries: &Entries) -> (Ranks, Hosts) {
         (
             entries
                 .policies

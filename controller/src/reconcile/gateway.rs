@@ -350,8 +350,8 @@ mod tests {
     fn only_reprises_entries_change_and_an_unchanged_one_is_not_written() {
         let other = json!({ "parentRef": { "kind": "Service", "name": "api" }, "controllerName": "istio.io/mesh", "conditions": [] });
         let mine = json!({ "parentRef": { "kind": "Service", "name": "api" }, "controllerName": CONTROLLER_NAME, "conditions": [{"type": "Accepted"}] });
-        let updated =
-            updated_parents(&[other.clone()], std::slice::from_ref(&mine)).expect("added");
+        let updated = updated_parents(std::slice::from_ref(&other), std::slice::from_ref(&mine))
+            .expect("added");
         assert_eq!(updated, vec![other.clone(), mine.clone()]);
         assert_eq!(
             updated_parents(&updated, std::slice::from_ref(&mine)),

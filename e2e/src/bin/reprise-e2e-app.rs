@@ -39,6 +39,13 @@
 //!   server (every path but these four), for counting attempts at the pods.
 //! - `GET /healthz`: `200`, for probes.
 //!
+//! - **One-shot client**: with `$DRIVE` set (a `/drive` query, e.g.
+//!   `url=http://api/&n=100`), it runs that drive at start, prints the JSON
+//!   summary and exits (0 when every request succeeded): a Job's or a test
+//!   pod's life, shorter than the sidecar's report interval. With
+//!   `$READY_ADDR` (`127.0.0.1:15000`, the sidecar's admin port) it waits
+//!   for the sidecar's `/ready` first.
+//!
 //! `PORT` (default 8080) is the listening port, on every address.
 
 use std::collections::BTreeMap;
@@ -153,6 +160,20 @@ fn env(name: &str) -> String {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
+    let one_shot = env("DRIVE");
+    if !one_shot.is_empty() {
+        // `$READY_ADDR` (the sidecar's admin address): its /ready first, so
+        // the calls go out once the sidecar has its configuration.
+        if let Ok(admin) = env("READY_ADDR").parse::<SocketAddr>() {
+            wait_ready(admin, Duration::from_secs(30)).await;
+        }
+        let summary = drive(&one_shot).await?;
+        println!("{summary}");
+        let failed = serde_json::from_str::<serde_json::Value>(&summary)
+            .map(|s| s["failed"].as_u64().unwrap_or(1))
+            .unwrap_or(1);
+        std::process::exit(i32::from(failed > 0));
+    }
     let port: u16 = env("PORT").parse().unwrap_or(8080);
     let name = env("POD_NAME");
     let flaky = !name.is_empty() && env("FLAKY_POD") == name;
@@ -277,6 +298,24 @@ fn grpc_answer(flaky: bool, n: usize) -> reprise_testkit::grpc::GrpcAction {
     } else {
         GrpcAction::Ok
     }
+}
+
+/// Waits (at most `within`) until `GET /ready` at `admin` answers 200.
+async fn wait_ready(admin: SocketAddr, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(admin).await {
+            let _ = s
+                .write_all(b"GET /ready HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+                .await;
+            let mut head = [0u8; 12];
+            if s.read_exact(&mut head).await.is_ok() && head.ends_with(b" 200") {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("{admin}/ready did not answer 200 within {within:?}: driving anyway");
 }
 
 /// `/drive-grpc`: makes the calls and returns the JSON summary.

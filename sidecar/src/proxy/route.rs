@@ -92,6 +92,10 @@ fn with_dns(u: &Upstream, dns: &Dns) -> Upstream {
     for d in &u.dns {
         for ip in dns.addresses(&d.host) {
             let addr = SocketAddr::new(ip, d.port);
+            // A name that leads back to the sidecar itself is no endpoint.
+            if dns.is_own(addr) {
+                continue;
+            }
             if !out.endpoints.iter().any(|e| e.addr == addr) {
                 out.endpoints.push(Endpoint {
                     addr,
@@ -269,7 +273,10 @@ impl Routes {
                 }
             }
         }
-        TrafficReport { traffic }
+        TrafficReport {
+            traffic,
+            ..TrafficReport::default()
+        }
     }
 
     /// Where a request routed as `dest` goes: the upstream its host names

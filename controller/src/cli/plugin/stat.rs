@@ -211,7 +211,7 @@ pub(super) fn render_with_routes(
             r.route,
             r.service,
             r.accepted,
-            super::table::printable(&traffic)
+            crate::untrusted::escaped(&traffic, false)
         ));
     }
     Ok(out)
@@ -290,7 +290,11 @@ pub(super) fn render(
             return printed;
         }
     }
-    Ok(table(rows, namespace, output == Some(Output::Wide), now))
+    // A status holds names pods reported: shown escaped.
+    Ok(crate::untrusted::escaped(
+        &table(rows, namespace, output == Some(Output::Wide), now),
+        true,
+    ))
 }
 
 fn table(rows: &[PolicyTraffic], namespace: Option<&str>, wide: bool, now: Timestamp) -> String {
@@ -556,6 +560,41 @@ mod tests {
             lines[3],
             "shop/writes: no reports yet (its sidecars have not reported a window)"
         );
+    }
+
+    /// No control character reaches the terminal, whatever the status holds.
+    fn assert_printable(out: &str) {
+        assert!(
+            !out.chars().any(|c| c.is_control() && c != '\n'),
+            "a control character printed: {out:?}"
+        );
+    }
+
+    #[test]
+    fn names_a_pod_reported_are_printed_escaped() {
+        // Clear the screen, then write the clipboard (OSC 52).
+        let hostile = "x\u{1b}[2J\u{1b}]52;c;cm0gLXJmIH4=\u{7}";
+        let mut traffic = reported();
+        traffic["topFailure"] = json!(hostile);
+        traffic["exhausted"] = json!({ hostile: 2 });
+        traffic["skipped"] = json!({ "a\nFORGED ROW": 1 });
+        for output in [None, Some(Output::Wide)] {
+            let out = render(
+                &[row("reads", traffic.clone())],
+                None,
+                output,
+                at("2026-12-06T10:03:20Z"),
+            )
+            .expect("table");
+            assert_printable(&out);
+            assert_eq!(out.lines().count(), 2, "one row: {out}");
+            if output.is_some() {
+                assert!(
+                    out.contains("x\\u{1b}[2J\\u{1b}]52;c;cm0gLXJmIH4=\\u{7}"),
+                    "{out}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -17,8 +17,16 @@ impl Table {
         }
     }
 
+    /// Adds a row; each cell is shown escaped ([`crate::untrusted`]): a
+    /// cell may hold what a pod wrote, and a line break or a terminal
+    /// sequence in it would forge rows or drive the terminal.
     pub(super) fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows.push(
+            cells
+                .into_iter()
+                .map(|c| crate::untrusted::escaped(&c, false))
+                .collect(),
+        );
     }
 
     /// The header line, then one line per row, each without trailing blanks.
@@ -55,22 +63,6 @@ impl Table {
 
 /// `seconds` as kubectl prints an age (apimachinery's `HumanDuration`):
 /// `45s`, `3m20s`, `95m`, `5h10m`, `30h`, `3d4h`, `400d`, `2y30d`.
-/// `s` with control characters escaped: a status another controller (or a
-/// pod) wrote must not drive the terminal.
-pub(super) fn printable(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            let escape = c.is_control();
-            let escaped: Vec<char> = if escape {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect()
-}
-
 pub(super) fn age(seconds: i64) -> String {
     let s = seconds.max(0);
     let (m, h) = (s / 60, s / 3600);
@@ -141,9 +133,10 @@ mod tests {
     }
 
     #[test]
-    fn control_characters_are_escaped() {
-        assert_eq!(printable("a\u{1b}]52;c;x\u{7}b"), "a\\u{1b}]52;c;x\\u{7}b");
-        assert_eq!(printable("plain, ünïcode"), "plain, ünïcode");
+    fn a_cell_cannot_break_its_row_or_drive_the_terminal() {
+        let mut t = Table::new(vec!["KEY"]);
+        t.row(vec!["a\nFAKE   ROW\u{1b}[2J".into()]);
+        assert_eq!(t.render(), "KEY\na\\u{a}FAKE   ROW\\u{1b}[2J\n");
     }
 
     #[test]

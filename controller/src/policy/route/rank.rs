@@ -194,10 +194,14 @@ mod tests {
     #[test]
     fn grpc_matches_run_first_longest_service_then_method() {
         let http_root = http(("PathPrefix", "/"));
-        let mut service = RouteMatch::default();
-        service.path_prefix = Some("/pkg.Svc/".into());
-        let mut method = RouteMatch::default();
-        method.path_exact = Some("/pkg.Svc/Get".into());
+        let service = RouteMatch {
+            path_prefix: Some("/pkg.Svc/".into()),
+            ..RouteMatch::default()
+        };
+        let method = RouteMatch {
+            path_exact: Some("/pkg.Svc/Get".into()),
+            ..RouteMatch::default()
+        };
         let g = |m: &'static RouteMatch| Ranked {
             kind: RouteKind::Grpc,
             created: None,
