@@ -12,10 +12,11 @@ use crate::retry_rule::RetryRule;
 /// deadline. The Service's ready pods are the alternate endpoints: each retry
 /// goes to a pod the request has not tried yet.
 // Each printcolumn repeats `type_`; clippy takes that for a duplicated attribute.
+// `namespace` is a CEL reserved word: Kubernetes exposes the field as `__namespace__`.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[x_kube(validation = Rule::new(
-    "!has(self.callerNamespaces) || self.callerNamespaces.from == 'Same' || !has(self.targetRef.namespace)"
+    "!has(self.callerNamespaces) || self.callerNamespaces.from == 'Same' || !has(self.targetRef.__namespace__)"
 ).message("callerNamespaces other than Same needs a Service in this namespace (omit targetRef.namespace): a policy applies to other namespaces' callers only for a Service its own namespace owns").field_path(".callerNamespaces"))]
 #[kube(
     group = "reprise.dev",
