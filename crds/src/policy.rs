@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod deadlines;
+pub use self::deadlines::DeadlinePolicy;
+
 /// Most retries beyond the first attempt.
 pub const MAX_RETRIES: u32 = 10;
 /// Largest per-rule replay buffer.
@@ -112,6 +115,8 @@ pub struct RetryPolicy {
     pub retry_after_max: Duration,
     /// The user acknowledged that retries may duplicate an upstream operation.
     pub duplicate_risk_acknowledged: bool,
+    /// Deadlines across hops: sent to the next hop, accepted from the caller.
+    pub deadlines: DeadlinePolicy,
 }
 
 const METHODS: [(&str, u16); 8] = [

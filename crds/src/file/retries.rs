@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::common;
+use super::deadlines::DeadlinesSpec;
 use crate::config::BudgetSettings;
 use crate::policy::{
     FailureBoundary, MethodSet, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_RETRIES,
@@ -74,6 +75,10 @@ pub struct RetriesSpec {
     /// Extension: longest Retry-After honoured, in ms (default 30000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_max_ms: Option<u64>,
+    /// Extension: deadlines across hops for this upstream's requests
+    /// (default both on).
+    #[serde(default, skip_serializing_if = "DeadlinesSpec::is_empty")]
+    pub deadlines: DeadlinesSpec,
 }
 
 /// A status list entry: a code or a preset name (`gateway`, `transient`).
@@ -203,6 +208,7 @@ impl RetriesSpec {
             reuse_endpoints: self.reuse_endpoints.unwrap_or(false),
             retry_after_max: Duration::from_millis(retry_after_max),
             duplicate_risk_acknowledged: acknowledged || retry_post,
+            deadlines: self.deadlines.resolve(),
         };
         let budget = BudgetSettings {
             percent,

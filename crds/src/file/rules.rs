@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::common;
+use super::deadlines::DeadlinesSpec;
 use super::retries::{HedgeSpec, StatusEntry};
 use crate::config::Rule;
 use crate::matching::RequestMatch;
@@ -81,6 +82,9 @@ pub struct RuleSpec {
     /// Longest Retry-After honoured, in ms (default 30000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_max_ms: Option<u64>,
+    /// Deadlines across hops for this rule's requests (default both on).
+    #[serde(default, skip_serializing_if = "DeadlinesSpec::is_empty")]
+    pub deadlines: DeadlinesSpec,
 }
 
 impl RuleSpec {
@@ -178,6 +182,7 @@ impl RuleSpec {
                 reuse_endpoints: self.reuse_endpoints.unwrap_or(false),
                 retry_after_max: Duration::from_millis(retry_after_max),
                 duplicate_risk_acknowledged: acknowledged,
+                deadlines: self.deadlines.resolve(),
             },
         }
     }
