@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 pub use reprise_crds::file::{
-    ConfigFile, EndpointSpec, HedgeSpec, ProxySpec, RetriesSpec, RuleSpec, StatusEntry, TlsSpec,
-    UpstreamSpec,
+    ConfigFile, DeadlinesSpec, EndpointSpec, HedgeSpec, ProxySpec, RetriesSpec, RuleSpec,
+    StatusEntry, TlsSpec, UpstreamSpec,
 };
 pub use reprise_crds::policy::{FailureBoundary, Protocol};
 
@@ -48,6 +48,14 @@ impl IntoStatus for u16 {
 impl IntoStatus for &str {
     fn into_status(self) -> StatusEntry {
         StatusEntry::Preset(self.to_string())
+    }
+}
+
+/// `deadlines: { propagate, accept_incoming }`.
+fn deadlines(propagate: bool, accept_incoming: bool) -> DeadlinesSpec {
+    DeadlinesSpec {
+        propagate: Some(propagate),
+        accept_incoming: Some(accept_incoming),
     }
 }
 
@@ -267,6 +275,12 @@ impl Retries {
         retry_after_max_ms: u64,
     }
 
+    /// Sets `deadlines: { propagate, accept_incoming }`.
+    pub fn deadlines(mut self, propagate: bool, accept_incoming: bool) -> Retries {
+        self.0.deadlines = deadlines(propagate, accept_incoming);
+        self
+    }
+
     /// Sets `hedge: { delay_ms }`.
     pub fn hedge_delay_ms(mut self, delay_ms: u64) -> Retries {
         self.0.hedge = Some(HedgeSpec::Delay { delay_ms });
@@ -347,6 +361,12 @@ impl Rule {
         self
     }
 
+    /// Sets `deadlines: { propagate, accept_incoming }`.
+    pub fn deadlines(mut self, propagate: bool, accept_incoming: bool) -> Rule {
+        self.0.deadlines = deadlines(propagate, accept_incoming);
+        self
+    }
+
     /// Sets `hedge: { delay_ms }`.
     pub fn hedge_delay_ms(mut self, delay_ms: u64) -> Rule {
         self.0.hedge = Some(HedgeSpec::Delay { delay_ms });
@@ -377,6 +397,12 @@ impl ProxyConfig {
         access_log: bool,
         max_connections: u64,
         diagnostics_retained: usize,
+    }
+
+    /// Sets `deadlines: { propagate, accept_incoming }`.
+    pub fn deadlines(mut self, propagate: bool, accept_incoming: bool) -> ProxyConfig {
+        self.0.deadlines = deadlines(propagate, accept_incoming);
+        self
     }
 
     /// Resolves host-named endpoints with the DNS server at `server`
