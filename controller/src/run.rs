@@ -97,7 +97,8 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
                 // The Services are watched already: no extra access for the API server's address.
                 inject::ApiServer::from_cache_and_env(cache.clone()),
             )
-            .with_certificate(material.cert_pem.clone()),
+            .with_certificate(material.cert_pem.clone())
+            .with_namespaces(inject::Namespaces::new(client.clone())),
         );
         let listener = bind(webhook.addr).await?;
         tracing::info!(addr = %webhook.addr, native, "injection webhook listening");
