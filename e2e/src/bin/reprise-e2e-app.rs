@@ -28,6 +28,21 @@
 //!   `bodies` (which pod answered) and `tls_certificate` (failures whose
 //!   `grpc-message` names that kind). Bounded like `/drive`.
 //! - `GET /healthz`: `200`, for probes.
+//! - **Chain mode** (`$NEXT_HOP`, a host such as `orders`): every other
+//!   request is a call to the next hop through `$HTTP_PROXY` (the sidecar),
+//!   made as an OpenTelemetry-instrumented application makes it: the
+//!   request's `traceparent` and `baggage` extracted and injected with
+//!   OpenTelemetry's propagators, the call cancelled when the request's
+//!   connection closes (`reprise_e2e::hop`). It answers with what the next
+//!   hop answered.
+//! - **Last hop** (no `$NEXT_HOP`): `?delay_ms=N` (at most 600 000; default
+//!   `$DELAY_MS`) waits before answering, and `$FAIL_PERCENT` answers 503 to that share of
+//!   requests on every pod; a gRPC request (`content-type:
+//!   application/grpc`) gets one `Echo` message (`hi from $POD_NAME`) and
+//!   `grpc-status: 0`, or `UNAVAILABLE` when it fails.
+//! - `GET /stats`: what the server did, as JSON: requests `started`,
+//!   `finished` and `cancelled` (the caller went away first), and the
+//!   chain's `calls` and `calls_cancelled`.
 //!
 //! `PORT` (default 8080) is the listening port, on every address.
 
@@ -39,11 +54,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rand::Rng;
+use reprise_e2e::hop;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug)]
@@ -52,6 +67,12 @@ struct State {
     ip: String,
     fail_percent: u32,
     draining: AtomicBool,
+    /// Chain mode: where calls go.
+    next: Option<hop::Next>,
+    /// The last hop's wait before answering (`$DELAY_MS`), unless the
+    /// request's `?delay_ms=` says otherwise.
+    delay_ms: u64,
+    counts: hop::Counts,
 }
 
 fn env(name: &str) -> String {
@@ -63,24 +84,36 @@ async fn main() -> anyhow::Result<()> {
     let port: u16 = env("PORT").parse().unwrap_or(8080);
     let name = env("POD_NAME");
     let flaky = !name.is_empty() && env("FLAKY_POD") == name;
+    let next = match env("NEXT_HOP") {
+        host if host.is_empty() => None,
+        host => Some(hop::Next {
+            host,
+            sidecar: proxy_addr()
+                .ok_or_else(|| anyhow::anyhow!("NEXT_HOP needs HTTP_PROXY (the sidecar)"))?,
+        }),
+    };
     let state = Arc::new(State {
         ip: env("POD_IP"),
         fail_percent: if flaky {
             env("FLAKY_PERCENT").parse().unwrap_or(50).min(100)
         } else {
-            0
+            env("FAIL_PERCENT").parse().unwrap_or(0).min(100)
         },
         name,
         draining: AtomicBool::new(false),
+        next,
+        delay_ms: env("DELAY_MS").parse().unwrap_or(0),
+        counts: hop::Counts::default(),
     });
     let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(5000));
     let tls = tls_acceptor()?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
     eprintln!(
-        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%, {})",
+        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%, {}, next hop {:?})",
         state.name,
         state.fail_percent,
-        if tls.is_some() { "https" } else { "http" }
+        if tls.is_some() { "https" } else { "http" },
+        state.next.as_ref().map(|n| n.host.as_str())
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Its own task: the listener keeps accepting through the drain. (Dropped
@@ -276,40 +309,130 @@ fn tls_acceptor() -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
 async fn handle(
     state: Arc<State>,
     req: http::Request<Incoming>,
-) -> Result<http::Response<Full<Bytes>>, Infallible> {
-    let (status, body, content_type) = match req.uri().path() {
+) -> Result<http::Response<hop::Body>, Infallible> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let (status, body, content_type) = match path.as_str() {
         "/healthz" => (200, "ok\n".to_string(), "text/plain"),
-        "/drive" => match drive(req.uri().query().unwrap_or("")).await {
+        "/stats" => (200, state.counts.json().to_string(), "application/json"),
+        "/drive" => match drive(&query).await {
             Ok(json) => (200, json, "application/json"),
             Err(e) => (400, format!("{e}\n"), "text/plain"),
         },
-        "/drive-grpc" => match drive_grpc(req.uri().query().unwrap_or("")).await {
+        "/drive-grpc" => match drive_grpc(&query).await {
             Ok(json) => (200, json, "application/json"),
             Err(e) => (400, format!("{e}\n"), "text/plain"),
         },
-        "/unavailable" => (503, format!("{}: unavailable\n", state.name), "text/plain"),
-        _ if rand::rng().random_range(0..100) < state.fail_percent => {
-            (503, format!("{}: unavailable\n", state.name), "text/plain")
+        _ => {
+            let guard = state.counts.request();
+            let mut resp = match &state.next {
+                Some(next) => hop::forward(req, next, &state.counts).await,
+                None => last_hop(&state, &req, &query).await,
+            };
+            guard.finish();
+            closing(&state, &mut resp);
+            return Ok(resp);
         }
-        _ => (
-            200,
-            format!("hello from {} ({})\n", state.name, state.ip),
-            "text/plain",
-        ),
     };
-    let mut resp = http::Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+    let mut resp = hop::text(status, body);
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static(content_type),
     );
+    closing(&state, &mut resp);
+    Ok(resp)
+}
+
+/// `Connection: close` on every answer while draining.
+fn closing(state: &State, resp: &mut http::Response<hop::Body>) {
     if state.draining.load(Ordering::Relaxed) {
         resp.headers_mut().insert(
             http::header::CONNECTION,
             http::HeaderValue::from_static("close"),
         );
     }
-    Ok(resp)
+}
+
+/// The last hop's answer: after `?delay_ms=`, a failure for a share of
+/// requests, else hello; a gRPC request's answer is gRPC.
+async fn last_hop(
+    state: &State,
+    req: &http::Request<Incoming>,
+    query: &str,
+) -> http::Response<hop::Body> {
+    let delay_ms = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("delay_ms="))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(state.delay_ms)
+        .min(600_000);
+    if delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    }
+    let fail =
+        req.uri().path() == "/unavailable" || rand::rng().random_range(0..100) < state.fail_percent;
+    let grpc = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        return grpc_answer(&state.name, fail);
+    }
+    if fail {
+        hop::text(503, format!("{}: unavailable\n", state.name))
+    } else {
+        hop::text(200, format!("hello from {} ({})\n", state.name, state.ip))
+    }
+}
+
+/// A unary gRPC answer: one `Echo { text: "hi from NAME" }` message and
+/// `grpc-status: 0`, or a Trailers-Only `UNAVAILABLE`.
+fn grpc_answer(name: &str, fail: bool) -> http::Response<hop::Body> {
+    use http_body_util::BodyExt;
+    let mut resp = if fail {
+        let mut r =
+            http::Response::new(http_body_util::Empty::new().map_err(|e| match e {}).boxed());
+        r.headers_mut()
+            .insert("grpc-status", http::HeaderValue::from_static("14"));
+        r
+    } else {
+        // Echo's field 1 (a string): tag, length, bytes; then the gRPC
+        // frame: uncompressed, length, message.
+        let text = format!("hi from {name}");
+        let mut message = vec![0x0a, text.len() as u8];
+        message.extend_from_slice(text.as_bytes());
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&message);
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let frames = [
+            hyper::body::Frame::data(Bytes::from(frame)),
+            hyper::body::Frame::trailers(trailers),
+        ];
+        http::Response::new(
+            http_body_util::StreamBody::new(futures_util::stream::iter(
+                frames.into_iter().map(Ok::<_, Infallible>),
+            ))
+            .boxed(),
+        )
+    };
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    resp
+}
+
+/// `$HTTP_PROXY`'s address, when it is `http://IP:PORT`.
+fn proxy_addr() -> Option<SocketAddr> {
+    std::env::var("HTTP_PROXY")
+        .or_else(|_| std::env::var("http_proxy"))
+        .ok()?
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .ok()
 }
 
 /// `/drive`: sends the requests and returns the JSON summary.
