@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 mod deadlines;
-pub use self::deadlines::DeadlinePolicy;
+pub use self::deadlines::{DeadlinePolicy, RetryLayers};
 
 /// Most retries beyond the first attempt.
 pub const MAX_RETRIES: u32 = 10;
@@ -117,6 +117,8 @@ pub struct RetryPolicy {
     pub duplicate_risk_acknowledged: bool,
     /// Deadlines across hops: sent to the next hop, accepted from the caller.
     pub deadlines: DeadlinePolicy,
+    /// Whether a request an upper layer already retried is retried here.
+    pub retry_layers: RetryLayers,
 }
 
 const METHODS: [(&str, u16); 8] = [

@@ -9,7 +9,7 @@ mod tests;
 
 use serde::{Deserialize, Serialize};
 
-pub use self::deadlines::Deadlines;
+pub use self::deadlines::{Deadlines, Layers};
 
 /// Which requests are retried and how: a rule's match and safety fields plus a
 /// retries block.
@@ -74,6 +74,12 @@ pub struct RetryRule {
     /// caller (both on when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadlines: Option<Deadlines>,
+    /// `Every` (default): every layer of a call chain retries under its own
+    /// policy. `Once`: a request an upper layer already retried is not
+    /// retried again here, and this policy's retries say so to the layers
+    /// below (in `baggage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_layers: Option<Layers>,
 }
 
 /// An HTTP method a rule matches; `*` is every method but CONNECT and TRACE.
@@ -267,6 +273,7 @@ impl Default for RetryRule {
             acknowledge_duplicate_risk: false,
             retries: Retries::default(),
             deadlines: None,
+            retry_layers: None,
         }
     }
 }

@@ -33,6 +33,7 @@ use std::sync::{Arc, Weak};
 
 use arc_swap::ArcSwap;
 use http::{Method, Request, Response};
+use reprise_crds::policy::RetryLayers;
 use reprise_crds::Config;
 use tokio::time::Instant;
 
@@ -317,7 +318,14 @@ impl Proxy {
             };
 
             // 2. Admit.
-            let admitted = admit::admit(&routes, &upstream, &template, upgrade, &self.metrics);
+            let mut admitted = admit::admit(&routes, &upstream, &template, upgrade, &self.metrics);
+            if admitted
+                .plan
+                .policy
+                .is_some_and(|p| p.retry_layers == RetryLayers::Once)
+            {
+                deadline::once_across_layers(&mut admitted, &mut template);
+            }
 
             let switches = deadline::switches(routes.config.proxy.deadlines, admitted.plan.policy);
             let received = deadline::received(&template.head.headers, switches, &upstream, &span);

@@ -16,7 +16,7 @@ pub use reprise_crds::file::{
     ConfigFile, DeadlinesSpec, EndpointSpec, HedgeSpec, ProxySpec, RetriesSpec, RuleSpec,
     StatusEntry, TlsSpec, UpstreamSpec,
 };
-pub use reprise_crds::policy::{FailureBoundary, Protocol};
+pub use reprise_crds::policy::{FailureBoundary, Protocol, RetryLayers};
 
 /// Setters that put `Some(value)` into the wrapped spec's field of the same
 /// name (`field: type`), or into that field of a nested block (`field in
@@ -273,6 +273,7 @@ impl Retries {
         budget_window_ms: u64,
         budget_min_retries_per_second: u32,
         retry_after_max_ms: u64,
+        retry_layers: RetryLayers,
     }
 
     /// Sets `deadlines: { propagate, accept_incoming }`.
@@ -341,6 +342,7 @@ impl Rule {
         attempt_timeout_ms: u64,
         reuse_endpoints: bool,
         retry_after_max_ms: u64,
+        retry_layers: RetryLayers,
     }
 
     /// Sets `methods`.

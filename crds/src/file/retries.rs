@@ -10,7 +10,7 @@ use super::common;
 use super::deadlines::DeadlinesSpec;
 use crate::config::BudgetSettings;
 use crate::policy::{
-    FailureBoundary, MethodSet, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_RETRIES,
+    FailureBoundary, MethodSet, RetryLayers, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_RETRIES,
 };
 use crate::validation::ValidationErrors;
 
@@ -79,6 +79,10 @@ pub struct RetriesSpec {
     /// (default both on).
     #[serde(default, skip_serializing_if = "DeadlinesSpec::is_empty")]
     pub deadlines: DeadlinesSpec,
+    /// Extension: `every` (default) or `once`: a request an upper layer
+    /// already retried is not retried here, and these retries say so below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_layers: Option<RetryLayers>,
 }
 
 /// A status list entry: a code or a preset name (`gateway`, `transient`).
@@ -209,6 +213,7 @@ impl RetriesSpec {
             retry_after_max: Duration::from_millis(retry_after_max),
             duplicate_risk_acknowledged: acknowledged || retry_post,
             deadlines: self.deadlines.resolve(),
+            retry_layers: self.retry_layers.unwrap_or_default(),
         };
         let budget = BudgetSettings {
             percent,

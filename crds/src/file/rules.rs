@@ -11,7 +11,7 @@ use super::deadlines::DeadlinesSpec;
 use super::retries::{HedgeSpec, StatusEntry};
 use crate::config::Rule;
 use crate::matching::RequestMatch;
-use crate::policy::{FailureBoundary, MethodSet, RetryPolicy, MAX_RETRIES};
+use crate::policy::{FailureBoundary, MethodSet, RetryLayers, RetryPolicy, MAX_RETRIES};
 use crate::validation::ValidationErrors;
 
 /// A retry rule as written. Defaults are the safe starting
@@ -85,6 +85,9 @@ pub struct RuleSpec {
     /// Deadlines across hops for this rule's requests (default both on).
     #[serde(default, skip_serializing_if = "DeadlinesSpec::is_empty")]
     pub deadlines: DeadlinesSpec,
+    /// `every` (default) or `once`, as in `retries`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_layers: Option<RetryLayers>,
 }
 
 impl RuleSpec {
@@ -183,6 +186,7 @@ impl RuleSpec {
                 retry_after_max: Duration::from_millis(retry_after_max),
                 duplicate_risk_acknowledged: acknowledged,
                 deadlines: self.deadlines.resolve(),
+                retry_layers: self.retry_layers.unwrap_or_default(),
             },
         }
     }

@@ -42,6 +42,20 @@ impl Default for DeadlinePolicy {
     }
 }
 
+/// Which layers of a call chain retry one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryLayers {
+    /// Every layer retries what fails, under its own policy (the default).
+    #[default]
+    Every,
+    /// A request that is already an upper layer's retry or hedge (it
+    /// carries `reprise-retry` in `baggage`) is not retried here, and this
+    /// policy's retries and hedges carry the mark so the layers below do
+    /// the same.
+    Once,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,30 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::DeadlinePolicy;
+use crate::policy::{DeadlinePolicy, RetryLayers};
+
+/// Which layers of a call chain retry one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "resource", derive(schemars::JsonSchema))]
+pub enum Layers {
+    /// Every layer retries what fails under its own policy (the default).
+    #[default]
+    Every,
+    /// A request that is already an upper layer's retry or hedge (marked
+    /// `reprise-retry` in `baggage`) is not retried here, and this policy's
+    /// retries and hedges carry the mark so the layers below do the same.
+    Once,
+}
+
+impl Layers {
+    /// What the sidecar runs.
+    pub(crate) fn resolve(self) -> RetryLayers {
+        match self {
+            Layers::Every => RetryLayers::Every,
+            Layers::Once => RetryLayers::Once,
+        }
+    }
+}
 
 /// Deadlines across hops.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -111,6 +111,9 @@ impl RetryRule {
                     .deadlines
                     .as_ref()
                     .map_or(crate::policy::DeadlinePolicy::ON, super::Deadlines::resolve),
+                retry_layers: self
+                    .retry_layers
+                    .map_or(crate::policy::RetryLayers::Every, super::Layers::resolve),
             },
         };
         (rule, limits.budget)

@@ -19,7 +19,11 @@
 //! several valid entries the earliest counts (any caller may set one, and
 //! it may only ever shorten that caller's own request).
 //!
-//! Writing ([`with_deadline`]): the application's list-members are kept, in
+//! A second entry, `reprise-retry=1`, marks an attempt that is an upper
+//! layer's retry or hedge, for policies that retry once across layers
+//! (`retry_layers: once`; [`has_retry_mark`], [`with_entries`]).
+//!
+//! Writing ([`with_entries`]): the application's list-members are kept, in
 //! their order, byte for byte but for the whitespace around them; the
 //! Reprise entry takes the place of the first one already there (others of
 //! its key go, a deduplication the specification allows) or is appended.
@@ -38,6 +42,9 @@ use tokio::time::Instant;
 pub(crate) const BAGGAGE: HeaderName = HeaderName::from_static("baggage");
 /// The key of the Reprise entry.
 pub(crate) const KEY: &str = "reprise-deadline";
+/// The key of the mark an upper layer's retry or hedge carries
+/// (`retry_layers: once`).
+pub(crate) const RETRY_KEY: &str = "reprise-retry";
 /// List-members a baggage field may hold for every conforming platform to
 /// keep them all (W3C Baggage, "Limits").
 pub(crate) const MAX_MEMBERS: usize = 64;
@@ -259,11 +266,26 @@ pub(crate) fn read(headers: &HeaderMap, now_ms: u64) -> Received {
     }
 }
 
+/// True when `headers`' baggage carries the mark of an upper layer's retry.
+pub(crate) fn has_retry_mark(headers: &HeaderMap) -> bool {
+    headers.get_all(BAGGAGE).iter().any(|field| {
+        field
+            .as_bytes()
+            .split(|b| *b == b',')
+            .any(|m| value_of(RETRY_KEY, m).is_some())
+    })
+}
+
 /// The value of `member` (its properties left out) when its key is the
 /// Reprise entry's.
 fn own_value(member: &[u8]) -> Option<&[u8]> {
+    value_of(KEY, member)
+}
+
+/// The value of `member` (its properties left out) when its key is `key`.
+fn value_of<'m>(key: &str, member: &'m [u8]) -> Option<&'m [u8]> {
     let member = trim(member);
-    let rest = member.strip_prefix(KEY.as_bytes())?;
+    let rest = member.strip_prefix(key.as_bytes())?;
     let rest = trim_start(rest).strip_prefix(b"=")?;
     let value = rest.split(|b| *b == b';').next().unwrap_or_default();
     Some(trim(value))
@@ -291,13 +313,27 @@ fn millis(d: Duration) -> u64 {
 /// The baggage field an attempt sends: `headers`' baggage with the Reprise
 /// entry set to `deadline_ms`, or why it cannot carry it (the field is then
 /// left as it is).
+#[cfg(test)]
 pub(crate) fn with_deadline(
     headers: &HeaderMap,
     deadline_ms: u64,
 ) -> Result<HeaderValue, NotWritten> {
+    with_entries(headers, Some(deadline_ms), false)
+}
+
+/// The baggage field an attempt sends: `headers`' baggage with the Reprise
+/// entry set to `deadline_ms` when given (an entry already there stays
+/// otherwise), and with the retry mark when `mark` (once), or why it cannot
+/// carry them (the field is then left as it is).
+pub(crate) fn with_entries(
+    headers: &HeaderMap,
+    deadline_ms: Option<u64>,
+    mark: bool,
+) -> Result<HeaderValue, NotWritten> {
     let mut out = String::with_capacity(64);
     let mut members = 0usize;
-    let mut written = false;
+    let mut written = deadline_ms.is_none();
+    let mut marked = !mark;
     for field in headers.get_all(BAGGAGE) {
         for member in field.as_bytes().split(|b| *b == b',') {
             let member = trim(member);
@@ -306,21 +342,27 @@ pub(crate) fn with_deadline(
             if member.is_empty() {
                 continue;
             }
-            if own_value(member).is_some() {
-                if written {
-                    continue;
+            match deadline_ms {
+                Some(ms) if own_value(member).is_some() => {
+                    if written {
+                        continue;
+                    }
+                    written = true;
+                    push_entry(&mut out, KEY, ms);
                 }
-                written = true;
-                push_own(&mut out, deadline_ms);
-            } else {
-                if !is_member(member) {
-                    return Err(NotWritten::Malformed);
+                _ => {
+                    if !is_member(member) {
+                        return Err(NotWritten::Malformed);
+                    }
+                    if value_of(RETRY_KEY, member).is_some() {
+                        marked = true;
+                    }
+                    if !out.is_empty() {
+                        out.push(',');
+                    }
+                    // ASCII: is_member accepted only visible ASCII, spaces and tabs.
+                    out.push_str(std::str::from_utf8(member).map_err(|_| NotWritten::Malformed)?);
                 }
-                if !out.is_empty() {
-                    out.push(',');
-                }
-                // ASCII: is_member accepted only visible ASCII, spaces and tabs.
-                out.push_str(std::str::from_utf8(member).map_err(|_| NotWritten::Malformed)?);
             }
             members += 1;
             if members > MAX_MEMBERS || out.len() > MAX_BYTES {
@@ -328,8 +370,12 @@ pub(crate) fn with_deadline(
             }
         }
     }
-    if !written {
-        push_own(&mut out, deadline_ms);
+    if let (false, Some(ms)) = (written, deadline_ms) {
+        push_entry(&mut out, KEY, ms);
+        members += 1;
+    }
+    if !marked {
+        push_entry(&mut out, RETRY_KEY, 1);
         members += 1;
     }
     if members > MAX_MEMBERS || out.len() > MAX_BYTES {
@@ -338,13 +384,13 @@ pub(crate) fn with_deadline(
     HeaderValue::from_str(&out).map_err(|_| NotWritten::Malformed)
 }
 
-/// Appends `reprise-deadline=<ms>`, after a comma when `out` has members.
-fn push_own(out: &mut String, deadline_ms: u64) {
+/// Appends `key=value`, after a comma when `out` has members.
+fn push_entry(out: &mut String, key: &str, value: u64) {
     use std::fmt::Write;
     if !out.is_empty() {
         out.push(',');
     }
-    let _ = write!(out, "{KEY}={deadline_ms}");
+    let _ = write!(out, "{key}={value}");
 }
 
 /// True for a list-member of the W3C grammar: `key OWS "=" OWS value *( OWS

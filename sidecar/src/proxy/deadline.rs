@@ -15,19 +15,38 @@
 //!   (ExternalName Services, hosts outside the cluster). With no deadline
 //!   anywhere nothing is read but the lookup of `baggage`, and nothing is
 //!   written.
+//! - Once across layers ([`once_across_layers`], a policy's `retry_layers:
+//!   once`): a request marked as an upper layer's retry is not retried, and
+//!   the policy's own retries and hedges carry the mark.
 
 use reprise_crds::policy::DeadlinePolicy;
 use reprise_crds::RetryPolicy;
 use tokio::time::Instant;
 
+use super::admit::Admission;
 use crate::clock;
 use crate::exchange::deadline::{self, Hops, Received, BAGGAGE};
+use crate::exchange::outcome::SkipReason;
 use crate::observe::spans::RequestSpan;
+use crate::retry::attempt::RequestTemplate;
 use crate::retry::upstream::UpstreamState;
 
 /// The switches of a request under `policy` on a sidecar set to `sidecar`.
 pub(crate) fn switches(sidecar: DeadlinePolicy, policy: Option<&RetryPolicy>) -> DeadlinePolicy {
     policy.map_or(sidecar, |p| sidecar.and(p.deadlines))
+}
+
+/// A request under a policy that retries once across layers: not retried
+/// when it is an upper layer's retry (a reason known up front wins), and
+/// its retries marked.
+pub(crate) fn once_across_layers(admitted: &mut Admission<'_>, template: &mut RequestTemplate) {
+    if deadline::has_retry_mark(&template.head.headers) {
+        admitted
+            .plan
+            .skip
+            .get_or_insert(SkipReason::UpperLayerRetry);
+    }
+    template.mark_retries = true;
 }
 
 /// The deadline that came in `headers`, when it is accepted: counted by

@@ -486,3 +486,77 @@ async fn each_way_turns_off_for_the_sidecar_or_for_one_rule() {
     off.get_with("/", &[]).await;
     assert_eq!(a.received().last().and_then(|g| g.header("baggage")), None);
 }
+
+#[tokio::test]
+async fn once_across_layers_an_upper_layers_retry_is_not_retried_and_own_retries_are_marked() {
+    use reprise_testkit::config::RetryLayers;
+    let (a, b) = (
+        Upstream::always(Action::Reply(503)).await,
+        Upstream::always(Action::Reply(503)).await,
+    );
+    let sidecar = Sidecar::start(
+        UpstreamConfig::new("api")
+            .endpoints([a.addr, b.addr])
+            .retries(
+                full_budget()
+                    .attempts(1)
+                    .retry_statuses([503])
+                    .backoff_base_ms(1)
+                    .backoff_cap_ms(1)
+                    .retry_layers(RetryLayers::Once),
+            ),
+    )
+    .await;
+    // A request an upper layer already retried: one attempt here.
+    let r = sidecar
+        .get_with("/", &[("baggage", "userId=alice,reprise-retry=1")])
+        .await;
+    assert_eq!(r.status, 503);
+    assert_eq!(a.count() + b.count(), 1, "not retried again");
+    assert_eq!(sidecar.outcomes("api", "skipped"), 1);
+    let stats = sidecar.stats("api");
+    assert_eq!(
+        stats.outcomes.get(&("skipped", "upper_layer_retry")),
+        Some(&1),
+        "{stats:?}"
+    );
+    // A first attempt: retried, and only the retry carries the mark.
+    let r = sidecar.get_with("/", &[("baggage", "userId=alice")]).await;
+    assert_eq!(r.status, 503);
+    let mut got: Vec<_> = [&a, &b].iter().flat_map(|u| u.received()).collect();
+    got.sort_by_key(|rec| rec.at);
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[1].header("baggage"), Some("userId=alice"));
+    assert_eq!(
+        got[2].header("baggage"),
+        Some("userId=alice,reprise-retry=1")
+    );
+}
+
+#[tokio::test]
+async fn every_layer_retries_by_default_whatever_the_mark_says() {
+    let (a, b) = (
+        Upstream::always(Action::Reply(503)).await,
+        Upstream::always(Action::Reply(503)).await,
+    );
+    let sidecar = Sidecar::start(
+        UpstreamConfig::new("api")
+            .endpoints([a.addr, b.addr])
+            .retries(
+                full_budget()
+                    .attempts(1)
+                    .retry_statuses([503])
+                    .backoff_base_ms(1)
+                    .backoff_cap_ms(1),
+            ),
+    )
+    .await;
+    sidecar
+        .get_with("/", &[("baggage", "reprise-retry=1")])
+        .await;
+    assert_eq!(a.count() + b.count(), 2);
+    assert!([&a, &b]
+        .iter()
+        .flat_map(|u| u.received())
+        .all(|rec| rec.header("baggage") == Some("reprise-retry=1")));
+}

@@ -332,3 +332,26 @@ async fn instants_and_wall_milliseconds_map_both_ways_from_one_reading() {
     assert_eq!(hops.ms(at + Duration::from_micros(500_500)), NOW + 500);
     assert_eq!(hops.ms(at + Duration::from_micros(499_500)), NOW + 499);
 }
+
+#[test]
+fn the_retry_mark_is_read_anywhere_and_written_once_beside_the_deadline() {
+    assert!(!has_retry_mark(&fields(&["userId=alice"])));
+    assert!(!has_retry_mark(&fields(&["reprise-retrying=1"])));
+    assert!(has_retry_mark(&fields(&["a=1", "reprise-retry=1;x"])));
+    let marked = |values: &[&str], deadline| {
+        with_entries(&fields(values), deadline, true)
+            .map(|v| v.to_str().expect("ascii").to_string())
+    };
+    assert_eq!(marked(&[], None).as_deref(), Ok("reprise-retry=1"));
+    assert_eq!(
+        marked(&["a=1,reprise-deadline=5"], None).as_deref(),
+        Ok("a=1,reprise-deadline=5,reprise-retry=1"),
+        "without a deadline of its own, the forwarded one stays"
+    );
+    assert_eq!(
+        marked(&["reprise-retry=1,a=1"], Some(NOW)).as_deref(),
+        Ok("reprise-retry=1,a=1,reprise-deadline=1796601600000"),
+        "already marked: not twice"
+    );
+    assert_eq!(marked(&["a b"], None), Err(NotWritten::Malformed));
+}

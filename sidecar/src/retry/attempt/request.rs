@@ -44,6 +44,8 @@ pub(crate) struct RequestTemplate {
     /// Boxed: most requests have none, and the template moves with the
     /// request's future.
     pub(crate) hops: Option<Box<Hops>>,
+    /// Retries and hedges carry the retry mark (`retry_layers: once`).
+    pub(crate) mark_retries: bool,
 }
 
 impl RequestTemplate {
@@ -63,6 +65,7 @@ impl RequestTemplate {
             grpc,
             grpc_deadline: None,
             hops: None,
+            mark_retries: false,
         }
     }
 
@@ -175,11 +178,17 @@ impl RequestTemplate {
         if self.numbered && (n > 1 || self.version != Version::HTTP_2) {
             fields.set_attempt(n, self.grpc);
         }
+        let mark = self.mark_retries && n > 1;
         match (until, self.hops.as_deref()) {
-            (Some(until), Some(hops)) => self.carry(&head.headers, up, hops, until, &mut fields),
+            (Some(until), Some(hops)) => {
+                self.carry(&head.headers, up, Some((hops, until)), mark, &mut fields)
+            }
             _ => {
                 if let Some(deadline) = self.grpc_deadline {
                     fields.set_grpc_timeout(deadline.saturating_duration_since(Instant::now()));
+                }
+                if mark {
+                    self.carry(&head.headers, up, None, true, &mut fields);
                 }
             }
         }
@@ -213,27 +222,31 @@ impl RequestTemplate {
 }
 
 impl RequestTemplate {
-    /// Sets the fields that carry the attempt's deadline `until` to the
-    /// next hop: `grpc-timeout` for gRPC, and the Reprise entry of
-    /// `baggage`, unless the entry the application forwarded already says
-    /// the same (the common pass-through costs no rewrite).
+    /// Sets the fields that carry the attempt's deadline (`hops`, `until`)
+    /// to the next hop, and the retry mark when `mark`: `grpc-timeout` for
+    /// gRPC, and the Reprise entries of `baggage`, unless the entry the
+    /// application forwarded already says the same deadline and no mark is
+    /// due (the common pass-through costs no rewrite).
     #[cold]
     fn carry(
         &self,
         headers: &HeaderMap,
         up: &UpstreamState,
-        hops: &Hops,
-        until: Instant,
+        deadline: Option<(&Hops, Instant)>,
+        mark: bool,
         fields: &mut AttemptFields,
     ) {
-        if self.grpc {
-            fields.set_grpc_timeout(until.saturating_duration_since(Instant::now()));
-        }
-        let ms = hops.ms(until);
-        if hops.incoming_ms == Some(ms) {
+        let ms = deadline.and_then(|(hops, until)| {
+            if self.grpc {
+                fields.set_grpc_timeout(until.saturating_duration_since(Instant::now()));
+            }
+            let ms = hops.ms(until);
+            (hops.incoming_ms != Some(ms)).then_some(ms)
+        });
+        if ms.is_none() && !mark {
             return;
         }
-        match deadline::with_deadline(headers, ms) {
+        match deadline::with_entries(headers, ms, mark) {
             Ok(value) => fields.set_baggage(value),
             Err(why) => up.metrics.record_deadline_not_written(why),
         }
