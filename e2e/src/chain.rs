@@ -18,7 +18,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use reprise_testkit::config::{Config, ProxyConfig, UpstreamConfig};
+use reprise_testkit::config::{Config, ProxyConfig, Rule, UpstreamConfig};
 use reprise_testkit::sidecar::{self, free_addr, Launch, Running};
 use reprise_testkit::tls::TestCa;
 
@@ -45,8 +45,12 @@ pub struct Spec {
     pub replicas: usize,
     /// How the sidecars reach the apps.
     pub leg: Leg,
-    /// Each sidecar's retries block for its upstream.
+    /// Each sidecar's retries block for its upstream (and its budget, which
+    /// rules use too).
     pub retries: Retries,
+    /// Rules, by sidecar: `rules[i]` for sidecar `i` (the client's is 0),
+    /// none where the list is shorter.
+    pub rules: Vec<Vec<Rule>>,
     /// The last hop's share of 503s.
     pub fail_percent: u32,
     /// The last hop's wait before answering (`DELAY_MS`; a request's
@@ -56,6 +60,8 @@ pub struct Spec {
     pub proxy: ProxyConfig,
     /// Extra environment for every sidecar.
     pub sidecar_env: Vec<(String, String)>,
+    /// The chain's apps cancel their call when their request goes away.
+    pub apps_cancel: bool,
 }
 
 /// One app process, killed when dropped.
@@ -133,10 +139,12 @@ impl Chain {
                     .stderr(Stdio::null());
                 match spec.hops.get(i + 1) {
                     Some(next) => {
-                        cmd.env("NEXT_HOP", next).env(
-                            "HTTP_PROXY",
-                            format!("http://{}", launches[i + 1].listen_addr()),
-                        );
+                        cmd.env("NEXT_HOP", next)
+                            .env(
+                                "HTTP_PROXY",
+                                format!("http://{}", launches[i + 1].listen_addr()),
+                            )
+                            .env("CANCEL_CALLS", spec.apps_cancel.to_string());
                     }
                     None => {
                         cmd.env("FAIL_PERCENT", spec.fail_percent.to_string())
@@ -171,10 +179,11 @@ impl Chain {
                 }
                 (Leg::Tls, None) => bail!("TLS without an authority"),
             };
-            Config::new()
-                .upstream(upstream)
-                .proxy(spec.proxy.clone())
-                .write(&configs[i])?;
+            let mut config = Config::new().upstream(upstream).proxy(spec.proxy.clone());
+            for rule in spec.rules.get(i).into_iter().flatten() {
+                config = config.rule(rule.clone());
+            }
+            config.write(&configs[i])?;
             let env: Vec<(&str, &str)> = spec
                 .sidecar_env
                 .iter()
@@ -203,6 +212,18 @@ impl Chain {
             sum.calls_cancelled += n("calls_cancelled");
         }
         Ok(sum)
+    }
+
+    /// The requests hop `i`'s apps saw with a `chain.request` id, all apps
+    /// together.
+    pub async fn seen(&self, i: usize) -> anyhow::Result<Vec<crate::hop::Seen>> {
+        let mut out = Vec::new();
+        for app in &self.apps[i] {
+            let stats = stats(app.addr, self.ca.as_ref()).await?;
+            let seen: Vec<crate::hop::Seen> = serde_json::from_value(stats["seen"].clone())?;
+            out.extend(seen);
+        }
+        Ok(out)
     }
 
     /// Every hop's counts, first to last.

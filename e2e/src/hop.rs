@@ -11,9 +11,15 @@
 //! its connection: when the inbound connection closes (or its HTTP/2
 //! stream is reset) the server drops the handler, and with it the outbound
 //! call and its connection, as real frameworks cancel a request's context.
+//! [`Next::detached`] makes an application that does not: its call runs on
+//! in a task of its own whatever becomes of the request.
 //!
 //! [`Counts`] says what a hop did, for `/stats`: requests started,
-//! finished and cancelled, and the same for the calls it made.
+//! finished and cancelled, and the same for the calls it made; and, for the
+//! chain measurement, each request that came with a `chain.request` entry
+//! in its baggage (read with the same propagator): that id, the
+//! `chain.sent_ms` the client wrote beside it, when it started and what it
+//! was answered ([`Seen`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -37,6 +43,22 @@ pub type Body = BoxBody<Bytes, Infallible>;
 /// Longest a hop waits for the next one (a client gives up long before).
 const CALL_WITHIN: Duration = Duration::from_secs(120);
 
+/// Requests [`Counts`] keeps at most in [`Counts::seen`].
+const SEEN_AT_MOST: usize = 200_000;
+
+/// One request a hop saw with a `chain.request` baggage entry.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Seen {
+    /// The client's id of the request (`chain.request`).
+    pub id: String,
+    /// When the client sent it (`chain.sent_ms`, Unix ms), when it said.
+    pub sent_ms: Option<u64>,
+    /// When this hop began it (Unix ms).
+    pub started_ms: u64,
+    /// The status it was answered with, once answered.
+    pub status: Option<u16>,
+}
+
 /// What a hop (or the last one) did so far.
 #[derive(Debug, Default)]
 pub struct Counts {
@@ -50,6 +72,8 @@ pub struct Counts {
     pub calls: AtomicU64,
     /// Calls dropped before their answer came (cancelled with the request).
     pub calls_cancelled: AtomicU64,
+    /// Requests that came with a `chain.request` id.
+    pub seen: std::sync::Mutex<Vec<Seen>>,
 }
 
 impl Counts {
@@ -62,7 +86,47 @@ impl Counts {
             "cancelled": n(&self.cancelled),
             "calls": n(&self.calls),
             "calls_cancelled": n(&self.calls_cancelled),
+            "seen": serde_json::to_value(&*self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+                .unwrap_or_default(),
         })
+    }
+
+    /// Keeps a request whose baggage names it (`chain.request`); its index
+    /// in [`Counts::seen`], for [`Counts::answered`].
+    pub fn saw(&self, headers: &http::HeaderMap) -> Option<usize> {
+        use opentelemetry::baggage::BaggageExt;
+        let cx = BaggagePropagator::new().extract(&HeaderExtractor(headers));
+        let baggage = cx.baggage();
+        let id = baggage.get("chain.request")?.to_string();
+        let sent_ms = baggage
+            .get("chain.sent_ms")
+            .and_then(|v| v.as_str().parse().ok());
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() >= SEEN_AT_MOST {
+            return None;
+        }
+        seen.push(Seen {
+            id,
+            sent_ms,
+            started_ms: now_ms(),
+            status: None,
+        });
+        Some(seen.len() - 1)
+    }
+
+    /// The request [`Counts::saw`] kept at `index` was answered `status`.
+    pub fn answered(&self, index: Option<usize>, status: u16) {
+        let Some(i) = index else {
+            return;
+        };
+        if let Some(s) = self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(i)
+        {
+            s.status = Some(status);
+        }
     }
 
     /// Counts a request begun; the guard counts it finished, or cancelled
@@ -121,6 +185,9 @@ pub struct Next {
     pub host: String,
     /// The pod's sidecar.
     pub sidecar: SocketAddr,
+    /// Calls run on when their request goes away (an application that
+    /// does not cancel).
+    pub detached: bool,
 }
 
 /// The propagators an OpenTelemetry SDK installs by default
@@ -134,12 +201,31 @@ fn propagator() -> TextMapCompositePropagator {
 
 /// Calls `next` for `req` and answers with what came back: its status,
 /// `content-type`, body and trailers. A call that fails is `502`.
-pub async fn forward(req: Request<Incoming>, next: &Next, counts: &Counts) -> Response<Body> {
-    let call = counts.call();
-    let answer = tokio::time::timeout(CALL_WITHIN, call_next(req, next)).await;
-    // Reached only when the call ended: dropped with the handler, `call`
-    // counts a cancellation.
-    call.finish();
+pub async fn forward(
+    req: Request<Incoming>,
+    next: &Next,
+    counts: &std::sync::Arc<Counts>,
+) -> Response<Body> {
+    let answer = if next.detached {
+        let (next, counts) = (next.clone(), std::sync::Arc::clone(counts));
+        let task = tokio::spawn(async move {
+            let call = counts.call();
+            let answer = tokio::time::timeout(CALL_WITHIN, call_next(req, &next)).await;
+            call.finish();
+            answer
+        });
+        match task.await {
+            Ok(answer) => answer,
+            Err(e) => return text(502, format!("the call's task failed: {e}\n")),
+        }
+    } else {
+        let call = counts.call();
+        let answer = tokio::time::timeout(CALL_WITHIN, call_next(req, next)).await;
+        // Reached only when the call ended: dropped with the handler, `call`
+        // counts a cancellation.
+        call.finish();
+        answer
+    };
     match answer {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => text(502, format!("next hop {}: {e}\n", next.host)),
@@ -148,6 +234,13 @@ pub async fn forward(req: Request<Incoming>, next: &Next, counts: &Counts) -> Re
             format!("next hop {}: no answer in {CALL_WITHIN:?}\n", next.host),
         ),
     }
+}
+
+/// The wall clock in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A plain-text answer.

@@ -32,10 +32,12 @@ fn spec(leg: Leg) -> Spec {
             .buffer_max_bytes(65_536)
             .reuse_endpoints(true)
             .budget_min_retries_per_second(1000),
+        rules: Vec::new(),
         fail_percent: 0,
         delay_ms: 30_000,
         proxy: ProxyConfig::new().access_log(false),
         sidecar_env: Vec::new(),
+        apps_cancel: true,
     }
 }
 

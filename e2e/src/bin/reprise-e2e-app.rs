@@ -33,16 +33,17 @@
 //!   made as an OpenTelemetry-instrumented application makes it: the
 //!   request's `traceparent` and `baggage` extracted and injected with
 //!   OpenTelemetry's propagators, the call cancelled when the request's
-//!   connection closes (`reprise_e2e::hop`). It answers with what the next
-//!   hop answered.
+//!   connection closes (`reprise_e2e::hop`; `$CANCEL_CALLS=false`: an app
+//!   that lets it run on). It answers with what the next hop answered.
 //! - **Last hop** (no `$NEXT_HOP`): `?delay_ms=N` (at most 600 000; default
 //!   `$DELAY_MS`) waits before answering, and `$FAIL_PERCENT` answers 503 to that share of
 //!   requests on every pod; a gRPC request (`content-type:
 //!   application/grpc`) gets one `Echo` message (`hi from $POD_NAME`) and
 //!   `grpc-status: 0`, or `UNAVAILABLE` when it fails.
 //! - `GET /stats`: what the server did, as JSON: requests `started`,
-//!   `finished` and `cancelled` (the caller went away first), and the
-//!   chain's `calls` and `calls_cancelled`.
+//!   `finished` and `cancelled` (the caller went away first), the chain's
+//!   `calls` and `calls_cancelled`, and at the last hop each request that
+//!   came with a `chain.request` baggage entry (`seen`).
 //!
 //! `PORT` (default 8080) is the listening port, on every address.
 
@@ -72,7 +73,7 @@ struct State {
     /// The last hop's wait before answering (`$DELAY_MS`), unless the
     /// request's `?delay_ms=` says otherwise.
     delay_ms: u64,
-    counts: hop::Counts,
+    counts: Arc<hop::Counts>,
 }
 
 fn env(name: &str) -> String {
@@ -90,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
             host,
             sidecar: proxy_addr()
                 .ok_or_else(|| anyhow::anyhow!("NEXT_HOP needs HTTP_PROXY (the sidecar)"))?,
+            detached: env("CANCEL_CALLS") == "false",
         }),
     };
     let state = Arc::new(State {
@@ -103,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
         draining: AtomicBool::new(false),
         next,
         delay_ms: env("DELAY_MS").parse().unwrap_or(0),
-        counts: hop::Counts::default(),
+        counts: Arc::default(),
     });
     let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(5000));
     let tls = tls_acceptor()?;
@@ -356,6 +358,17 @@ fn closing(state: &State, resp: &mut http::Response<hop::Body>) {
 /// The last hop's answer: after `?delay_ms=`, a failure for a share of
 /// requests, else hello; a gRPC request's answer is gRPC.
 async fn last_hop(
+    state: &State,
+    req: &http::Request<Incoming>,
+    query: &str,
+) -> http::Response<hop::Body> {
+    let seen = state.counts.saw(req.headers());
+    let resp = last_hop_answer(state, req, query).await;
+    state.counts.answered(seen, resp.status().as_u16());
+    resp
+}
+
+async fn last_hop_answer(
     state: &State,
     req: &http::Request<Incoming>,
     query: &str,
