@@ -21,7 +21,9 @@
 //!   (the injected sidecar), and answers with JSON counts: `ok`, `failed`,
 //!   `statuses`, `errors`, the `bodies` seen and the `x-reprise-error`
 //!   values of the failures (`reprise_errors`). Bounded: `n` ≤ 100 000 and
-//!   the whole run stops at `timeout_s` (≤ 600).
+//!   the whole run stops at `timeout_s` (≤ 600). With `&chain_tag=T` each
+//!   request carries `baggage: chain.request=T-N,chain.sent_ms=<Unix ms>`
+//!   and the summary each one's status (`by_id`).
 //! - **gRPC client**: `GET /drive-grpc?target=api-grpc:443&n=100[&timeout_s=120]`
 //!   makes `n` `Say` calls over h2c to `$HTTP_PROXY` (the sidecar) with that
 //!   `:authority`, and answers with JSON counts: `ok`, `failed`, `codes`, the
@@ -33,11 +35,12 @@
 //!   made as an OpenTelemetry-instrumented application makes it: the
 //!   request's `traceparent` and `baggage` extracted and injected with
 //!   OpenTelemetry's propagators, the call cancelled when the request's
-//!   connection closes (`reprise_e2e::hop`; `$CANCEL_CALLS=false`: an app
-//!   that lets it run on). It answers with what the next hop answered.
+//!   connection closes (`reprise_e2e::hop`; `$CANCEL_CALLS=false`, or a
+//!   request's `?cancel_calls=false`: an app that lets it run on). It
+//!   answers with what the next hop answered.
 //! - **Last hop** (no `$NEXT_HOP`): `?delay_ms=N` (at most 600 000; default
-//!   `$DELAY_MS`) waits before answering, and `$FAIL_PERCENT` answers 503 to that share of
-//!   requests on every pod; a gRPC request (`content-type:
+//!   `$DELAY_MS`) waits before answering, and `?fail_percent=` (default
+//!   `$FAIL_PERCENT`) answers 503 to that share of requests on every pod; a gRPC request (`content-type:
 //!   application/grpc`) gets one `Echo` message (`hi from $POD_NAME`) and
 //!   `grpc-status: 0`, or `UNAVAILABLE` when it fails.
 //! - `GET /stats`: what the server did, as JSON: requests `started`,
@@ -328,7 +331,15 @@ async fn handle(
         _ => {
             let guard = state.counts.request();
             let mut resp = match &state.next {
-                Some(next) => hop::forward(req, next, &state.counts).await,
+                Some(next) => {
+                    // `?cancel_calls=false` makes this request's hops ones
+                    // that let their calls run on.
+                    let mut next = next.clone();
+                    if query.split('&').any(|p| p == "cancel_calls=false") {
+                        next.detached = true;
+                    }
+                    hop::forward(req, &next, &state.counts).await
+                }
                 None => last_hop(&state, &req, &query).await,
             };
             guard.finish();
@@ -382,8 +393,13 @@ async fn last_hop_answer(
     if delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
     }
+    let fail_percent = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("fail_percent="))
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(state.fail_percent, |p| p.min(100));
     let fail =
-        req.uri().path() == "/unavailable" || rand::rng().random_range(0..100) < state.fail_percent;
+        req.uri().path() == "/unavailable" || rand::rng().random_range(0..100) < fail_percent;
     let grpc = req
         .headers()
         .get(http::header::CONTENT_TYPE)
@@ -451,6 +467,7 @@ fn proxy_addr() -> Option<SocketAddr> {
 /// `/drive`: sends the requests and returns the JSON summary.
 async fn drive(query: &str) -> anyhow::Result<String> {
     let mut url = String::new();
+    let mut chain_tag = None;
     let (mut n, mut interval_ms, mut timeout_s) = (1u64, 0u64, 120u64);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -459,9 +476,16 @@ async fn drive(query: &str) -> anyhow::Result<String> {
             "n" => n = v.parse()?,
             "interval_ms" => interval_ms = v.parse()?,
             "timeout_s" => timeout_s = v.parse()?,
+            "chain_tag" => chain_tag = Some(percent_decode(v)),
             _ => anyhow::bail!("unknown parameter {k}"),
         }
     }
+    anyhow::ensure!(
+        chain_tag
+            .as_deref()
+            .is_none_or(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')),
+        "chain_tag must be letters, digits and dashes"
+    );
     anyhow::ensure!(n <= 100_000, "n must be at most 100000");
     anyhow::ensure!(timeout_s <= 600, "timeout_s must be at most 600");
     let rest = url
@@ -502,14 +526,36 @@ async fn drive(query: &str) -> anyhow::Result<String> {
     let mut bodies = BTreeMap::<String, u64>::new();
     let mut reprise_errors = BTreeMap::<String, u64>::new();
     let mut first_failures = Vec::new();
+    let mut by_id = BTreeMap::<String, u16>::new();
     while sent < n && Instant::now() < deadline {
         sent += 1;
+        // With a tag, each request names itself and its send time in its
+        // baggage, for the chain's last hop to record (`/stats`).
+        let tagged;
+        let (request, id) = match &chain_tag {
+            Some(tag) => {
+                let id = format!("{tag}-{sent}");
+                tagged = request.replacen(
+                    "\r\n\r\n",
+                    &format!(
+                        "\r\nbaggage: chain.request={id},chain.sent_ms={}\r\n\r\n",
+                        hop::now_ms()
+                    ),
+                    1,
+                );
+                (tagged.as_str(), Some(id))
+            }
+            None => (request.as_str(), None),
+        };
         let one = tokio::time::timeout(
             Duration::from_secs(10),
             once(&connect_to, request.as_bytes()),
         )
         .await
         .unwrap_or_else(|_| Err("timeout".to_string()));
+        if let Some(id) = id {
+            by_id.insert(id, one.as_ref().map_or(0, |(status, _, _)| *status));
+        }
         match one {
             Ok((status, body, reprise_error)) => {
                 if let Some(kind) = reprise_error {
@@ -558,6 +604,7 @@ async fn drive(query: &str) -> anyhow::Result<String> {
         "bodies": bodies,
         "reprise_errors": reprise_errors,
         "first_failures": first_failures,
+        "by_id": by_id,
         "duration_ms": start.elapsed().as_millis() as u64,
     })
     .to_string())
