@@ -150,6 +150,7 @@ pub(crate) async fn run(
     let fin = 'run: {
         // A deadline already past: no attempt, nothing counted by the budget.
         if state.deadline.is_some_and(|d| d <= now) {
+            state.report.first_error = Some(FailureKind::DeadlineExceeded);
             state.stop(Outcome::Exhausted(ExhaustedBy::Deadline), trace);
             state.deadline_stop(DeadlineStop::BeforeFirstAttempt, trace);
             break 'run Final::Local(FailureKind::DeadlineExceeded);

@@ -25,6 +25,7 @@
 //! `tls.rs` (BackendTLSPolicy) and `plugin.rs` (`kubectl reprise`) install
 //! releases of their own.
 
+mod chain;
 mod plugin;
 mod tls;
 

@@ -223,7 +223,7 @@ impl Hops {
             Some(after) => self.wall_ms.saturating_add(whole(after)),
             None => {
                 let before = self.at.saturating_duration_since(t);
-                let part = u64::from(before.subsec_nanos() % 1_000_000 != 0);
+                let part = u64::from(!before.subsec_nanos().is_multiple_of(1_000_000));
                 self.wall_ms
                     .saturating_sub(whole(before).saturating_add(part))
             }
