@@ -299,9 +299,26 @@ check "RBAC: leases/webhook restricted by resourceNames" \
 check "helm test Pod runs selftest as reprise-test" \
   'one("Pod","reprise-test")["metadata"]["annotations"]["helm.sh/hook"] == "test" and one("Pod","reprise-test")["spec"]["containers"][0]["command"] == ["/usr/local/bin/reprise-controller","selftest","--namespace","'"$NS"'","--webhook-configuration","reprise-sidecar-injector"] and one("Pod","reprise-test")["spec"]["serviceAccountName"] == "reprise-test" and one("Pod","reprise-test")["spec"]["restartPolicy"] == "Never"' \
   '+helm.sh/hook: test' '+- selftest' '+serviceAccountName: reprise-test'
+check "the webhook's whole-request time is its timeoutSeconds" \
+  '"--webhook-timeout=5s" in args()' \
+  '+- --webhook-timeout=5s$'
+check "NetworkPolicy reprise-controller: push from anywhere, webhook from webhookFrom, metrics from no pod" \
+  '(lambda np: np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "controller" and np["spec"]["policyTypes"] == ["Ingress"] and [r["ports"][0]["port"] for r in np["spec"]["ingress"]] == ["push","webhook"] and "from" not in np["spec"]["ingress"][0] and [p["ipBlock"]["cidr"] for p in np["spec"]["ingress"][1]["from"]] == ["0.0.0.0/0","::/0"])(one("NetworkPolicy","reprise-controller"))' \
+  '+^kind: NetworkPolicy$' '+- port: push$' '+- port: webhook$' '-- port: metrics$'
 check "no ServiceMonitor, PrometheusRule, dashboard, Jaeger or cert-manager objects" \
   'not find("ServiceMonitor") and not find("PrometheusRule") and not find("ConfigMap","reprise-dashboard") and not find("Certificate") and not find("Issuer") and not find("Deployment","reprise-jaeger")' \
   '-kind: ServiceMonitor' '-kind: PrometheusRule' '-grafana_dashboard' '-kind: Certificate' '-reprise-jaeger'
+
+# --- networkPolicy --------------------------------------------------------------------
+render netpol-off --set networkPolicy.enabled=false
+check "no NetworkPolicy when networkPolicy.enabled=false" \
+  'not find("NetworkPolicy")' \
+  '-kind: NetworkPolicy'
+render netpol-sources --set-json 'networkPolicy.webhookFrom=[{"ipBlock":{"cidr":"10.0.0.0/24"}}]' \
+  --set-json 'networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]'
+check "NetworkPolicy: the webhook from the values' sources, metrics from Prometheus's namespace" \
+  '(lambda r: r[1]["from"] == [{"ipBlock":{"cidr":"10.0.0.0/24"}}] and r[2]["ports"][0]["port"] == "metrics" and r[2]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring")(one("NetworkPolicy","reprise-controller")["spec"]["ingress"])' \
+  '+cidr: 10.0.0.0/24' '+- port: metrics$' '+kubernetes.io/metadata.name: monitoring'
 
 # --- replicas=1 ----------------------------------------------------------------------
 render replicas1 --set controller.replicas=1
@@ -338,7 +355,7 @@ check "ServiceMonitor scrapes the metrics port every 15s" \
   '+kind: ServiceMonitor' '+port: metrics' '+interval: 15s'
 
 # --- Grafana dashboard and PrometheusRule ---------------------------------------------
-ALERTS='{"RepriseRetryBudgetRefusing","RepriseEffectiveSuccessLow","RepriseSnapshotNacked","RepriseSidecarsOutOfSync","RepriseTraceSpansDropped","RepriseUpstreamCertificateExpiring"}'
+ALERTS='{"RepriseRetryBudgetRefusing","RepriseEffectiveSuccessLow","RepriseSnapshotNacked","RepriseSidecarsOutOfSync","RepriseTraceSpansDropped","RepriseWebhookFailingOpen","RepriseUpstreamCertificateExpiring"}'
 render monitoring --set grafanaDashboard.enabled=true --set prometheusRule.enabled=true
 check "dashboard ConfigMap labelled grafana_dashboard: \"1\", carrying dashboards/reprise.json as it is" \
   'one("ConfigMap","reprise-dashboard")["metadata"]["labels"]["grafana_dashboard"] == "1" and one("ConfigMap","reprise-dashboard")["metadata"]["namespace"] == "'"$NS"'" and dashboard() == json.load(open("'"$CHART"'/dashboards/reprise.json"))' \
@@ -346,7 +363,7 @@ check "dashboard ConfigMap labelled grafana_dashboard: \"1\", carrying dashboard
 check "dashboard: six panels, every query on the \${datasource} variable" \
   'len(dashboard()["panels"]) == 6 and all(t["datasource"]["uid"] == "${datasource}" and t["expr"] for p in dashboard()["panels"] for t in p["targets"])' \
   '+"title": "Sidecars in sync"' '+"uid": "\$\{datasource\}"'
-check "PrometheusRule reprise-alerts: the six alerts, each with a severity, a summary and a description" \
+check "PrometheusRule reprise-alerts: the seven alerts, each with a severity, a summary and a description" \
   'set(alerts()) == '"$ALERTS"' and all(r["labels"]["severity"] in ("warning","critical") and r["annotations"]["summary"] and r["annotations"]["description"] for r in alerts().values())' \
   '+^kind: PrometheusRule$' '+- alert: RepriseSnapshotNacked$' '+- alert: RepriseUpstreamCertificateExpiring$'
 check "alerts: effective success under 0.95, certificates expiring within 7 days" \

@@ -26,8 +26,8 @@
 # Progress goes to stderr. stdout gets one NAME=/abs/path line per tool
 # (KUBE_APISERVER, KUBE_CONTROLLER_MANAGER, ETCD, JAEGER, HELM, PROMTOOL, and KUBELET,
 # KUBE_PROXY, KUBE_SCHEDULER, COREDNS, PROMETHEUS, CRICTL unless --api-only;
-# GATEWAY_API_CRDS, the path of the pinned module's BackendTLSPolicy CRD,
-# always) and a last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file
+# GATEWAY_API_CRD_DIR, the pinned module's config/crd with its standard/ and
+# experimental/ channels, always) and a last line REPRISE_TOOLS_ENV=<cache>/env-<hash>.sh naming a file
 # that exports them; with --docs-only, MDBOOK and MDBOOK_LINKCHECK only.
 #
 # Usage:
@@ -305,19 +305,25 @@ BUILD_TAGS=remove_all_sd,enable_kubernetes_sd build_tool PROMTOOL promtool "$PRO
 # The tests apply the CRDs Gateway API publishes rather than copies written by
 # hand: the module's own files, from the module cache, at the pinned version
 # (go.sum checks the download).
+# Gateway API v1.7.0's go.mod asks for Go 1.27: for this module alone the go
+# command fetches that toolchain through the module proxy (once, about 76 MB)
+# instead of the machine's (GOTOOLCHAIN=local above); nothing is built with it.
 GATEWAY_API_VERSION="$(module_version "$TOOLS_DIR/gateway-api" sigs.k8s.io/gateway-api)"
 gateway_api_dir="$(cd "$TOOLS_DIR/gateway-api" &&
-  go mod download -json sigs.k8s.io/gateway-api | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')" ||
+  GOTOOLCHAIN=go1.27.3 go mod download -json sigs.k8s.io/gateway-api | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')" ||
   die "gateway-api $GATEWAY_API_VERSION: go mod download failed"
-PATHS[GATEWAY_API_CRDS]="$gateway_api_dir/config/crd/standard/gateway.networking.k8s.io_backendtlspolicies.yaml"
-[[ -f "${PATHS[GATEWAY_API_CRDS]}" ]] ||
-  die "gateway-api $GATEWAY_API_VERSION: no ${PATHS[GATEWAY_API_CRDS]}"
-log "gateway-api $GATEWAY_API_VERSION: BackendTLSPolicy CRD at ${PATHS[GATEWAY_API_CRDS]}"
+# Both channels: standard/ and experimental/ (XBackendTrafficPolicy).
+PATHS[GATEWAY_API_CRD_DIR]="$gateway_api_dir/config/crd"
+for f in standard/gateway.networking.k8s.io_httproutes.yaml experimental/gateway.networking.x-k8s.io_xbackendtrafficpolicies.yaml; do
+  [[ -f "${PATHS[GATEWAY_API_CRD_DIR]}/$f" ]] ||
+    die "gateway-api $GATEWAY_API_VERSION: no ${PATHS[GATEWAY_API_CRD_DIR]}/$f"
+done
+log "gateway-api $GATEWAY_API_VERSION: CRDs (standard and experimental channels) in ${PATHS[GATEWAY_API_CRD_DIR]}"
 
 # --- Output -------------------------------------------------------------------
 VARS=(KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD JAEGER HELM PROMTOOL)
 ((API_ONLY)) || VARS+=(KUBELET KUBE_PROXY KUBE_SCHEDULER COREDNS PROMETHEUS CRICTL)
-VARS+=(GATEWAY_API_CRDS)
+VARS+=(GATEWAY_API_CRD_DIR)
 lines=""
 for v in "${VARS[@]}"; do
   lines+="$v=${PATHS[$v]}"$'\n'

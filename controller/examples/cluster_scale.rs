@@ -36,7 +36,15 @@
 //! controller a report every 10 s, as a serving sidecar does; the detail
 //! line says how many the controller holds at the end.
 //!
-//! `cargo run --release -p reprise-controller --example cluster_scale -- 10000 [--replicas 3] [--out FILE]`
+//! With `--routes` (issue 53), a third of the policies are producer
+//! HTTPRoutes instead: policy `p-k` of namespace `i` with `(i + k) % 3 == 0`
+//! becomes route `r-k` attached to `svc-k` in its namespace (retry on 503,
+//! three attempts), which applies to every sidecar of every namespace (its
+//! Service's endpoints in every snapshot: eager). The restarted Service
+//! `ns-000/svc-0` is then a producer's: every sidecar is affected by its
+//! churn. The edited policy stays a policy.
+//!
+//! `cargo run --release -p reprise-controller --example cluster_scale -- 10000 [--replicas 3] [--routes] [--out FILE]`
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
@@ -51,6 +59,7 @@ use reprise_controller::cache::{Cache, Feed};
 use reprise_controller::metrics::{Counter, Metrics};
 use reprise_controller::push::{self, AuthError, Identity, PushServer};
 use reprise_controller::sidecars::SidecarRegistry;
+use reprise_controller::HTTPRoute;
 use reprise_crds::resource::{RetryPolicy, RetryPolicySpec, TargetRef};
 use reprise_crds::retry_rule::RetryRule;
 use reprise_crds::snapshot::Snapshot;
@@ -103,6 +112,16 @@ fn raise_descriptor_limit() {
 }
 
 // ---------------------------------------------------------------- model
+
+/// `--routes`: set in the driver's environment, inherited by its processes.
+fn routes_mode() -> bool {
+    std::env::var_os("CLUSTER_SCALE_ROUTES").is_some()
+}
+
+/// Whether policy `k` of namespace `i` is a producer route in `--routes` mode.
+fn producer(i: usize, k: usize) -> bool {
+    routes_mode() && (i + k).is_multiple_of(3)
+}
 
 fn ns(i: usize) -> String {
     format!("ns-{i:03}")
@@ -168,7 +187,9 @@ fn fnv(s: &str) -> u64 {
 /// Whether the change of a kind reaches this pod: the policies select by
 /// `app` within their namespace.
 fn calls_restarted(p: &Pod) -> bool {
-    p.namespace == RESTARTED_NS && p.labels.get("app").map(String::as_str) == Some("app-0")
+    // A producer's route reaches every sidecar.
+    routes_mode()
+        || p.namespace == RESTARTED_NS && p.labels.get("app").map(String::as_str) == Some("app-0")
 }
 
 fn edit_selects(p: &Pod) -> bool {
@@ -222,6 +243,7 @@ fn policy(namespace: &str, k: usize, priority: i32, generation: i64) -> RetryPol
         RetryPolicySpec {
             target_ref: TargetRef {
                 name: format!("svc-{k}"),
+                namespace: None,
                 port: None,
             },
             pod_selector: Some(
@@ -230,6 +252,7 @@ fn policy(namespace: &str, k: usize, priority: i32, generation: i64) -> RetryPol
                 )
                 .expect("selector"),
             ),
+            caller_namespaces: None,
             rule,
         },
     );
@@ -238,14 +261,43 @@ fn policy(namespace: &str, k: usize, priority: i32, generation: i64) -> RetryPol
     p
 }
 
-/// The cluster's objects: policies, Services, EndpointSlices.
-fn cluster() -> (Vec<RetryPolicy>, Vec<Service>, Vec<EndpointSlice>) {
+/// Producer route `r-k`, in `namespace`, attached to `svc-k`.
+fn route(namespace: &str, k: usize) -> HTTPRoute {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": { "name": format!("r-{k}"), "namespace": namespace, "generation": 1,
+                      "creationTimestamp": "2026-12-01T00:00:00Z" },
+        "spec": {
+            "parentRefs": [{ "group": "", "kind": "Service", "name": format!("svc-{k}"), "port": 80 }],
+            "rules": [{
+                "matches": [{ "path": { "type": "PathPrefix", "value": "/" } }],
+                "retry": { "codes": [503], "attempts": 3 },
+                "backendRefs": [{ "name": format!("svc-{k}"), "port": 80 }]
+            }]
+        }
+    }))
+    .expect("route")
+}
+
+/// The cluster's objects: policies, Services, EndpointSlices, and with
+/// `--routes` the producer routes.
+fn cluster() -> (
+    Vec<RetryPolicy>,
+    Vec<Service>,
+    Vec<EndpointSlice>,
+    Vec<HTTPRoute>,
+) {
     let (mut policies, mut services, mut slices) = (Vec::new(), Vec::new(), Vec::new());
+    let mut routes = Vec::new();
     let mut next_ip = u32::from_be_bytes([10, 0, 0, 1]);
     for i in 0..NAMESPACES {
         let namespace = ns(i);
         for k in 0..POLICIES_PER_NAMESPACE {
-            policies.push(policy(&namespace, k, 0, 1));
+            if producer(i, k) {
+                routes.push(route(&namespace, k));
+            } else {
+                policies.push(policy(&namespace, k, 0, 1));
+            }
         }
         for s in 0..SERVICES_PER_NAMESPACE {
             let name = format!("svc-{s}");
@@ -277,7 +329,7 @@ fn cluster() -> (Vec<RetryPolicy>, Vec<Service>, Vec<EndpointSlice>) {
             }
         }
     }
-    (policies, services, slices)
+    (policies, services, slices, routes)
 }
 
 // ---------------------------------------------------------------- server
@@ -294,7 +346,7 @@ fn epoch_us() -> u64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn server(n: usize) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let (policies, services, slices) = cluster();
+    let (policies, services, slices, routes) = cluster();
     let restarted: Vec<EndpointSlice> = slices
         .iter()
         .filter(|s| {
@@ -308,8 +360,11 @@ async fn server(n: usize) -> anyhow::Result<()> {
         })
         .cloned()
         .collect();
-    let counts = (policies.len(), services.len(), slices.len());
+    let counts = (policies.len(), services.len(), slices.len(), routes.len());
     let (cache, mut feed) = Cache::fed(policies, services, slices);
+    for r in routes {
+        feed.apply_http_route(r);
+    }
     let labels: HashMap<(String, String), BTreeMap<String, String>> = pods(n)
         .into_iter()
         .map(|p| ((p.namespace, p.name), p.labels))
@@ -318,8 +373,9 @@ async fn server(n: usize) -> anyhow::Result<()> {
     let source = push::cache_source(cache.clone());
     check_affected(&*source, n);
     println!(
-        "model {} policies, {} services, {} slices, {} pods, fed and checked in {:.1?}",
+        "model {} policies, {} producer routes, {} services, {} slices, {} pods, fed and checked in {:.1?}",
         counts.0,
+        counts.3,
         counts.1,
         counts.2,
         labels.len(),
@@ -355,10 +411,19 @@ async fn server(n: usize) -> anyhow::Result<()> {
         listener.local_addr()?,
         material.ca_pem.replace('\n', "|")
     );
-    tokio::spawn(server.serve(
+    // Every modelled sidecar connects from loopback: no cap per source.
+    let gate = reprise_controller::listen::Gate::new(
+        "push",
+        reprise_controller::listen::Limits {
+            max_per_source: None,
+            ..reprise_controller::push::PUSH_LIMITS
+        },
+    );
+    tokio::spawn(server.serve_within(
         listener,
         reprise_controller::tls::server_config(&material)?,
         std::future::pending(),
+        gate,
     ));
     let mut lines =
         tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(tokio::io::stdin()));
@@ -668,6 +733,8 @@ fn driver(args: &[String]) -> anyhow::Result<()> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--replicas" => replicas = it.next().map_or(Ok(1), |v| v.parse())?,
+            // Read by every process of the run, through the environment.
+            "--routes" => std::env::set_var("CLUSTER_SCALE_ROUTES", "1"),
             "--out" => out = it.next().cloned(),
             v => n = v.parse()?,
         }

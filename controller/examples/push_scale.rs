@@ -61,6 +61,8 @@ fn snapshot(round: u16) -> Snapshot {
         generation: i64::from(round),
         upstream: "api.bench".into(),
         rule: RetryRule::default(),
+        precedence: 0,
+        route: None,
     };
     Snapshot::new(vec![up], vec![p])
 }
@@ -94,10 +96,19 @@ async fn server(dir: &str) -> anyhow::Result<()> {
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("addr {}", listener.local_addr()?);
-    tokio::spawn(server.serve(
+    // Every modelled sidecar connects from loopback: no cap per source.
+    let gate = reprise_controller::listen::Gate::new(
+        "push",
+        reprise_controller::listen::Limits {
+            max_per_source: None,
+            ..reprise_controller::push::PUSH_LIMITS
+        },
+    );
+    tokio::spawn(server.serve_within(
         listener,
         reprise_controller::tls::server_config(&material)?,
         std::future::pending(),
+        gate,
     ));
     let mut lines =
         tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(tokio::io::stdin()));

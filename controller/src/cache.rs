@@ -8,6 +8,9 @@
 //! | EndpointSlice (all namespaces) | push source and reconciler (endpoints), `Controller` triggers |
 //! | ConfigMap `reprise.dev/sync-counts` (controller namespace, leader election only) | reconciler (peers' sync counts), `Controller` triggers |
 //! | BackendTLSPolicy (all namespaces; Gateway API's CRD, watched again with backoff while it is not installed) | push source and reconciler (the target's TLS), `Controller` triggers |
+//! | Namespace (labels) | push source and sync counts (a producer policy's `callerNamespaces.selector`) |
+//! | HTTPRoute, GRPCRoute (all namespaces; Gateway API's, watched again with backoff while not installed) | push source (route rules, [`routes`]), route status writer |
+//! | XBackendTrafficPolicy (all namespaces; Gateway API's experimental channel, likewise) | push source (an upstream's budget), its status writer |
 //!
 //! The ConfigMaps BackendTLSPolicies reference (key `ca.crt`) are read one
 //! by one, never watched cluster-wide: every minute (`backend_tls::CA_REFRESH`) and whenever
@@ -23,9 +26,11 @@
 //! [`Feed`] ([`Cache::fed`]), whose events take the watches' path.
 
 mod backend_tls;
+mod budget;
 mod dirty;
 mod feed;
 mod relay;
+pub(crate) mod routes;
 mod watch;
 
 use std::net::IpAddr;
@@ -33,7 +38,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::Stream;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -51,6 +58,8 @@ pub(crate) use relay::Relay;
 pub(crate) use watch::Watched;
 
 use crate::policy::backend_tls::BackendTLSPolicy;
+use crate::policy::budget::XBackendTrafficPolicy;
+use crate::policy::route::{GRPCRoute, HTTPRoute};
 use crate::policy::target::{self, TargetProblem, SERVICE_NAME_LABEL};
 
 /// The label on every replica's sync-count ConfigMap; its value is the
@@ -68,6 +77,14 @@ pub struct Cache {
     pub(crate) peers: Option<Watched<ConfigMap>>,
     /// Gateway API BackendTLSPolicies (empty while the CRD is not installed).
     pub(crate) backend_tls: Watched<BackendTLSPolicy>,
+    /// Namespaces, for their labels.
+    pub(crate) namespaces: Watched<Namespace>,
+    /// Gateway API HTTPRoutes (empty while the CRD is not installed).
+    pub(crate) http_routes: Watched<HTTPRoute>,
+    /// Gateway API GRPCRoutes (likewise).
+    pub(crate) grpc_routes: Watched<GRPCRoute>,
+    /// Gateway API XBackendTrafficPolicies (likewise).
+    pub(crate) traffic_policies: Watched<XBackendTrafficPolicy>,
     /// The CA bundles they reference.
     ca_bundles: Arc<RwLock<CaBundles>>,
     /// Set once the CA bundles referenced at start have been read.
@@ -120,6 +137,22 @@ impl Cache {
             backend_tls,
             ca_bundles,
             ca_read,
+            namespaces: Watched::start(Api::all(client.clone()), all(), signals.clone(), |n| {
+                Touch::Namespace(n.name_any())
+            }),
+            http_routes: Watched::start(Api::all(client.clone()), all(), signals.clone(), |r| {
+                Touch::Route(r.namespace().unwrap_or_default())
+            }),
+            grpc_routes: Watched::start(Api::all(client.clone()), all(), signals.clone(), |r| {
+                Touch::Route(r.namespace().unwrap_or_default())
+            }),
+            // Few, and they reach every upstream of their Services: any change computes everything again.
+            traffic_policies: Watched::start(
+                Api::all(client.clone()),
+                all(),
+                signals.clone(),
+                |_| Touch::All,
+            ),
             policies: Watched::start(Api::all(client.clone()), all(), signals.clone(), |p| {
                 Touch::Policy(p.namespace().unwrap_or_default(), p.name_any())
             }),
@@ -168,6 +201,10 @@ impl Cache {
             slices: Watched::fixed(slices),
             peers: None,
             backend_tls: Watched::fixed([]),
+            namespaces: Watched::fixed([]),
+            http_routes: Watched::fixed([]),
+            grpc_routes: Watched::fixed([]),
+            traffic_policies: Watched::fixed([]),
             ca_bundles: Arc::default(),
             ca_read: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             changes: change::channel(0).1,
@@ -193,6 +230,22 @@ impl Cache {
         self
     }
 
+    /// This fixed cache with `namespaces` (for their labels), HTTPRoutes,
+    /// GRPCRoutes and XBackendTrafficPolicies (for tests and `explain`).
+    pub fn with_gateway_api(
+        mut self,
+        namespaces: impl IntoIterator<Item = Namespace>,
+        http_routes: impl IntoIterator<Item = HTTPRoute>,
+        grpc_routes: impl IntoIterator<Item = GRPCRoute>,
+        traffic_policies: impl IntoIterator<Item = XBackendTrafficPolicy>,
+    ) -> Self {
+        self.namespaces = Watched::fixed(namespaces);
+        self.http_routes = Watched::fixed(http_routes);
+        self.grpc_routes = Watched::fixed(grpc_routes);
+        self.traffic_policies = Watched::fixed(traffic_policies);
+        self
+    }
+
     /// Waits until every store holds a complete list, so nothing is
     /// computed from a half-filled cache. `false` when a watch is gone.
     pub(crate) async fn ready(&self) -> bool {
@@ -204,11 +257,25 @@ impl Cache {
         };
         // BackendTLSPolicies too, when their CRD is installed: a snapshot
         // computed before they are listed would leave a TLS port in plain text.
-        let (policies, services, slices, peers, backend_tls) = tokio::join!(
+        // Routes and budgets too: a snapshot computed before them would
+        // retry what a route says not to, or spend another budget.
+        let gateway = async {
+            // Namespaces too, but a replica under an older chart's RBAC
+            // (not allowed to list them) goes on without their labels.
+            let (namespaces, http, grpc, budgets) = tokio::join!(
+                self.namespaces.ready_or_missing(),
+                self.http_routes.ready_or_missing(),
+                self.grpc_routes.ready_or_missing(),
+                self.traffic_policies.ready_or_missing(),
+            );
+            namespaces && http && grpc && budgets
+        };
+        let (policies, services, slices, peers, gateway, backend_tls) = tokio::join!(
             self.policies.store.wait_until_ready(),
             self.services.store.wait_until_ready(),
             self.slices.store.wait_until_ready(),
             peers,
+            gateway,
             async {
                 // And the CA bundles they reference, read once.
                 let ready = self.backend_tls.ready_or_missing().await;
@@ -218,7 +285,7 @@ impl Cache {
                 ready
             },
         );
-        policies.is_ok() && services.is_ok() && slices.is_ok() && peers && backend_tls
+        policies.is_ok() && services.is_ok() && slices.is_ok() && peers && gateway && backend_tls
     }
 
     /// Bumped on every change to anything snapshots are made of.
@@ -261,31 +328,72 @@ impl Cache {
         self.policies.store.state()
     }
 
+    /// The labels of `namespace` (none while it is not known).
+    pub(crate) fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
+        self.namespaces
+            .store
+            .get(&ObjectRef::new(namespace))
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default()
+    }
+
     /// The upstream `policy`'s `targetRef` resolves to, for clients in the
     /// policy's namespace.
     pub(crate) fn target(&self, policy: &RetryPolicy) -> Result<SnapshotUpstream, TargetProblem> {
-        let namespace = policy.namespace().unwrap_or_default();
-        let name = &policy.spec.target_ref.name;
+        let own = policy.namespace().unwrap_or_default();
+        self.target_for(policy, &own)
+    }
+
+    /// The upstream `policy`'s `targetRef` resolves to, for clients in
+    /// `client_namespace` (the short name reaches it only from its own).
+    pub(crate) fn target_for(
+        &self,
+        policy: &RetryPolicy,
+        client_namespace: &str,
+    ) -> Result<SnapshotUpstream, TargetProblem> {
+        let own = policy.namespace().unwrap_or_default();
+        self.service_upstream(
+            policy.spec.target_namespace(&own),
+            &policy.spec.target_ref.name,
+            policy.spec.target_ref.port,
+            client_namespace,
+        )
+    }
+
+    /// The upstream the Service `name` in `namespace` is, on `port`, for
+    /// clients in `client_namespace`: its endpoints, its TLS (a
+    /// BackendTLSPolicy) and its budget (an XBackendTrafficPolicy).
+    pub(crate) fn service_upstream(
+        &self,
+        namespace: &str,
+        name: &str,
+        port: Option<i32>,
+        client_namespace: &str,
+    ) -> Result<SnapshotUpstream, TargetProblem> {
         let service = self
             .services
             .store
-            .get(&ObjectRef::new(name).within(&namespace));
+            .get(&ObjectRef::new(name).within(namespace));
         let slices = self.slices.store.state_filter(|s| {
-            s.namespace().as_deref() == Some(namespace.as_str())
-                && s.labels().get(SERVICE_NAME_LABEL) == Some(name)
+            s.namespace().as_deref() == Some(namespace)
+                && s.labels().get(SERVICE_NAME_LABEL).map(String::as_str) == Some(name)
         });
         let mut upstream = target::resolve(
             service.as_deref(),
             slices.iter().map(|s| &**s),
-            policy.spec.target_ref.port,
-            &namespace,
+            port,
+            client_namespace,
         )?;
-        let port_name = target::port_name(service.as_deref(), policy.spec.target_ref.port);
-        self.with_tls(&mut upstream, &namespace, name, port_name.as_deref())?;
+        let port_name = target::port_name(service.as_deref(), port);
+        self.with_tls(&mut upstream, namespace, name, port_name.as_deref())?;
+        if let Some((_, Ok(budget))) = self.budget_of(namespace, name) {
+            upstream.budget = Some(budget);
+        }
         Ok(upstream)
     }
 
-    /// The policies whose `targetRef` names the Service `service` in `namespace`.
+    /// The policies whose `targetRef` names the Service `service` in
+    /// `namespace`, from any namespace.
     pub(crate) fn targeting(
         &self,
         namespace: Option<&str>,
@@ -296,7 +404,8 @@ impl Cache {
             .state()
             .iter()
             .filter(|p| {
-                p.namespace().as_deref() == namespace
+                let own = p.namespace().unwrap_or_default();
+                Some(p.spec.target_namespace(&own)) == namespace
                     && Some(p.spec.target_ref.name.as_str()) == service
             })
             .map(|p| ObjectRef::from_obj(&**p))

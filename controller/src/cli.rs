@@ -17,8 +17,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use crate::inject::InjectionConfig;
+use crate::inject::{InjectionConfig, WebhookLimits};
 use crate::leader::{LeaseSettings, LEASE_NAME};
+use crate::listen::Limits;
 use crate::run::{Options, TlsSource, WebhookOptions};
 use crate::telemetry::Tracing;
 
@@ -44,7 +45,7 @@ pub enum Command {
     Explain(explain::Args),
 
     /// Run the controller (in cluster, or out of cluster with KUBECONFIG).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 /// `--namespace`, the controller's own namespace, as `run` and `selftest`
@@ -100,6 +101,61 @@ pub struct RunArgs {
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Time for a TLS handshake and for each request head, on every
+    /// listener (an idle keep-alive connection closes after it too).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    header_timeout: Duration,
+    /// Time the webhook's and the metrics listener's connections may go
+    /// without a byte moving.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    idle_timeout: Duration,
+    /// Time a push stream may go without a byte moving (its heartbeats
+    /// move every 15 s).
+    #[arg(long, default_value = "45s", value_parser = duration)]
+    push_idle_timeout: Duration,
+    /// Connections the push listener holds at once.
+    #[arg(long, default_value_t = 65_536)]
+    push_max_connections: usize,
+    /// Connections the push listener holds at once from one address
+    /// (raise it where many pods' sidecars share one: host network, a NAT
+    /// before an out-of-cluster controller; 0: no cap per address).
+    #[arg(long, default_value_t = 256)]
+    push_max_connections_per_source: usize,
+    /// Connections the metrics listener holds at once.
+    #[arg(long, default_value_t = 64)]
+    metrics_max_connections: usize,
+    /// Connections the webhook holds at once.
+    #[arg(long, default_value_t = 64)]
+    webhook_max_connections: usize,
+    /// Request bodies the webhook reads at once (each up to 3 MiB).
+    #[arg(long, default_value_t = 8)]
+    webhook_max_pending_bodies: usize,
+    /// A webhook request's whole time, its body's included: the webhook
+    /// configuration's timeoutSeconds (the API server gives up then).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    webhook_timeout: Duration,
+}
+
+/// A duration as the flags take it: `500ms`, `10s`, `2m`.
+fn duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: a whole number and a unit (ms, s, m), e.g. 10s"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        _ => return Err(format!("{text:?}: the unit must be ms, s or m")),
+    };
+    if d.is_zero() {
+        return Err(format!("{text:?}: must be more than zero"));
+    }
+    Ok(d)
 }
 
 impl RunArgs {
@@ -115,6 +171,16 @@ impl RunArgs {
                     addr,
                     injection: InjectionConfig::load(&path)?,
                     configuration: self.webhook_configuration,
+                    limits: WebhookLimits {
+                        listener: Limits {
+                            max_connections: self.webhook_max_connections,
+                            max_per_source: None,
+                            header_timeout: self.header_timeout,
+                            idle_timeout: self.idle_timeout,
+                        },
+                        pending_bodies: self.webhook_max_pending_bodies.max(1),
+                        request_timeout: self.webhook_timeout,
+                    },
                 })
             }
             None => None,
@@ -135,7 +201,20 @@ impl RunArgs {
         };
         Ok(Options {
             push_addr: self.push_addr,
+            push_limits: Limits {
+                max_connections: self.push_max_connections,
+                max_per_source: (self.push_max_connections_per_source > 0)
+                    .then_some(self.push_max_connections_per_source),
+                header_timeout: self.header_timeout,
+                idle_timeout: self.push_idle_timeout,
+            },
             metrics_addr: self.metrics_addr,
+            metrics_limits: Limits {
+                max_connections: self.metrics_max_connections,
+                max_per_source: None,
+                header_timeout: self.header_timeout,
+                idle_timeout: self.idle_timeout,
+            },
             tls,
             tls_sans: self.tls_sans,
             lease,
@@ -153,4 +232,19 @@ pub async fn client() -> anyhow::Result<kube::Client> {
     kube::Client::try_default()
         .await
         .context("no Kubernetes configuration (in cluster or KUBECONFIG)")
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_with_their_unit_and_bad_ones_say_why() {
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["10", "s", "1.5s", "0s", "10h", "-1s"] {
+            assert!(duration(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -20,15 +20,23 @@ pub(crate) fn policy() -> PolicyBuilder {
         RetryPolicySpec {
             target_ref: TargetRef {
                 name: "api".into(),
+                namespace: None,
                 port: None,
             },
             pod_selector: None,
+            caller_namespaces: None,
             rule: RetryRule::default(),
         },
     );
     p.metadata.namespace = Some("shop".into());
     p.metadata.generation = Some(3);
     PolicyBuilder(p)
+}
+
+impl From<RetryPolicy> for PolicyBuilder {
+    fn from(p: RetryPolicy) -> Self {
+        PolicyBuilder(p)
+    }
 }
 
 impl PolicyBuilder {
@@ -47,6 +55,35 @@ impl PolicyBuilder {
     /// With `rule`.
     pub(crate) fn rule(mut self, rule: RetryRule) -> Self {
         self.0.spec.rule = rule;
+        self
+    }
+
+    /// In namespace `namespace`.
+    pub(crate) fn in_namespace(mut self, namespace: &str) -> Self {
+        self.0.metadata.namespace = Some(namespace.into());
+        self
+    }
+
+    /// For the Service `name` in `namespace` (a consumer policy when that is
+    /// not its own).
+    pub(crate) fn targeting(mut self, namespace: &str, name: &str) -> Self {
+        self.0.spec.target_ref.namespace = Some(namespace.into());
+        self.0.spec.target_ref.name = name.into();
+        self
+    }
+
+    /// Applying to callers in every namespace (`All`) or those with the
+    /// label `key=value` (`Selector`).
+    pub(crate) fn callers(mut self, selector: Option<(&str, &str)>) -> Self {
+        self.0.spec.caller_namespaces = Some(
+            match selector {
+                None => serde_json::from_value(serde_json::json!({ "from": "All" })),
+                Some((k, v)) => serde_json::from_value(serde_json::json!({
+                    "from": "Selector", "selector": { "matchLabels": { k: v } }
+                })),
+            }
+            .expect("callerNamespaces"),
+        );
         self
     }
 
@@ -217,4 +254,43 @@ pub(crate) fn injected_namespace(name: &str) -> k8s_openapi::api::core::v1::Name
         "metadata": { "name": name, "labels": { "reprise.dev/inject": "enabled" } }
     }))
     .expect("namespace")
+}
+
+/// The Namespace `name` with `labels`.
+pub(crate) fn namespace(
+    name: &str,
+    labels: &[(&str, &str)],
+) -> k8s_openapi::api::core::v1::Namespace {
+    let labels: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
+    serde_json::from_value(serde_json::json!({ "metadata": { "name": name, "labels": labels } }))
+        .expect("namespace")
+}
+
+/// The HTTPRoute `namespace/name` attached to the Service
+/// `service_namespace/api`, one rule for `PathPrefix path` retrying
+/// `codes` `attempts` times, its backend the Service itself.
+pub(crate) fn http_route(
+    namespace: &str,
+    name: &str,
+    service_namespace: &str,
+    path: &str,
+    codes: &[i32],
+    attempts: i64,
+) -> crate::policy::route::HTTPRoute {
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "namespace": namespace, "generation": 1,
+                      "creationTimestamp": "2026-12-01T00:00:00Z" },
+        "spec": {
+            "parentRefs": [{ "group": "", "kind": "Service", "name": "api", "namespace": service_namespace }],
+            "rules": [{
+                "matches": [{ "path": { "type": "PathPrefix", "value": path } }],
+                "retry": { "codes": codes, "attempts": attempts },
+                "backendRefs": [{ "name": "api", "namespace": service_namespace, "port": 80 }]
+            }]
+        }
+    }))
+    .expect("route")
 }

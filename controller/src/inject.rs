@@ -25,7 +25,7 @@ mod webhook;
 pub(crate) use ca_bundle::keep_ca_bundle;
 pub(crate) use config::InjectionConfig;
 pub(crate) use namespaces::Namespaces;
-pub(crate) use webhook::{supports_native_sidecars, ApiServer, Webhook};
+pub(crate) use webhook::{supports_native_sidecars, ApiServer, Webhook, WebhookLimits};
 
 /// Name of the injected container.
 pub(crate) const SIDECAR_NAME: &str = "reprise-sidecar";

@@ -26,8 +26,9 @@
 //! - [`metrics`], [`telemetry`]: counters and their listener; spans.
 //! - [`cache`], [`sidecars`]: what every reader shares: the watched
 //!   cluster; the connected sidecars and what each ACKed.
-//! - `policy`, `error`, [`tls`], `leader`: the leaves, which import nothing
-//!   from the crate.
+//! - `policy`, `error`, [`tls`], `leader`, [`traffic`], [`untrusted`]: the
+//!   leaves, which import nothing from the crate but the floor below them
+//!   (`listen`: the listeners' limits).
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
@@ -36,6 +37,7 @@ pub mod cli;
 mod error;
 mod inject;
 mod leader;
+pub mod listen;
 pub mod metrics;
 mod policy;
 pub mod push;
@@ -45,6 +47,7 @@ pub mod sidecars;
 pub mod telemetry;
 pub mod tls;
 pub mod traffic;
+pub mod untrusted;
 
 #[cfg(test)]
 mod fixtures;
@@ -52,3 +55,7 @@ mod fixtures;
 pub use error::Error;
 /// Gateway API's BackendTLSPolicy, as Reprise reads it.
 pub use policy::backend_tls;
+/// Gateway API's XBackendTrafficPolicy, as Reprise reads it.
+pub use policy::budget::XBackendTrafficPolicy;
+/// Gateway API's routes, as Reprise reads them.
+pub use policy::route::{GRPCRoute, HTTPRoute};

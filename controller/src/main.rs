@@ -13,7 +13,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Crd => Ok(cli::crd::print()?),
         Command::Explain(args) => cli::explain::print(args).await,
         Command::Selftest(args) => cli::selftest::print(args).await,
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
     }
 }
 

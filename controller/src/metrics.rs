@@ -10,6 +10,7 @@ use std::time::Duration;
 use reprise_telemetry::prometheus::{Exposition, Family, Histogram, Kind};
 use reprise_telemetry::{SpanCounters, Tracing};
 
+use crate::listen::{Closed, Gate, Limits};
 use crate::sidecars::SidecarRegistry;
 use crate::Error;
 
@@ -45,6 +46,53 @@ pub enum Counter {
 
 /// How many [`Counter`]s there are.
 const COUNTERS: usize = 12;
+
+/// Counters with one label, whose values are fixed names (never text from
+/// a request), each its own family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Labelled {
+    /// Sidecars' traffic reports, by what became of them (`result`).
+    TrafficReports,
+    /// What was dropped from recorded reports (`what`: unknown fields,
+    /// names, policies never sent to the pod).
+    TrafficDropped,
+    /// Push requests' authentications, by result.
+    PushAuthentications,
+    /// Lines sidecars sent on their streams that were read past (`reason`).
+    SidecarLinesIgnored,
+    /// Admission requests the webhook could not answer (`reason`).
+    WebhookFailedOpen,
+}
+
+impl Labelled {
+    fn family(self) -> &'static str {
+        match self {
+            Labelled::TrafficReports => TRAFFIC_REPORTS,
+            Labelled::TrafficDropped => TRAFFIC_DROPPED,
+            Labelled::PushAuthentications => PUSH_AUTHENTICATIONS,
+            Labelled::SidecarLinesIgnored => SIDECAR_LINES_IGNORED,
+            Labelled::WebhookFailedOpen => WEBHOOK_FAILED_OPEN,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Labelled::TrafficReports => "result",
+            Labelled::TrafficDropped => "what",
+            Labelled::PushAuthentications => "result",
+            Labelled::SidecarLinesIgnored => "reason",
+            Labelled::WebhookFailedOpen => "reason",
+        }
+    }
+}
+
+const TRAFFIC_REPORTS: &str = "reprise_controller_traffic_reports_total";
+const TRAFFIC_DROPPED: &str = "reprise_controller_traffic_report_dropped_total";
+const PUSH_AUTHENTICATIONS: &str = "reprise_controller_push_authentications_total";
+const SIDECAR_LINES_IGNORED: &str = "reprise_controller_sidecar_lines_ignored_total";
+const WEBHOOK_FAILED_OPEN: &str = "reprise_controller_webhook_failed_open_total";
+const LISTENER_CONNECTIONS: &str = "reprise_controller_listener_connections";
+const LISTENER_CLOSED: &str = "reprise_controller_listener_closed_total";
 
 const RECONCILE_ERRORS: &str = "reprise_controller_reconcile_errors_total";
 const CONNECTED_SIDECARS: &str = "reprise_controller_connected_sidecars";
@@ -131,6 +179,35 @@ const FAMILIES: &[Family] = &[
         kind: Kind::Gauge,
         help: "Groups of alike sidecars (namespace, labels, capabilities) sharing one snapshot on this replica.",
     },
+    counter(
+        TRAFFIC_REPORTS,
+        "Sidecars' traffic reports by what became of them (`result`: recorded; invalid, too_soon, after_final, not_connected: refused whole).",
+    ),
+    counter(
+        TRAFFIC_DROPPED,
+        "What recorded traffic reports carried that was dropped (`what`: field, name this controller does not know; policy never sent to the pod).",
+    ),
+    counter(
+        PUSH_AUTHENTICATIONS,
+        "Push requests' authentications by `result`: accepted; refused (no, a forged or another pod's token); rate_limited (a source address that failed too often, answered 429 before any TokenReview); busy (too many token checks in flight, or one pod's too often); unavailable (the API server did not answer).",
+    ),
+    counter(
+        SIDECAR_LINES_IGNORED,
+        "Lines sidecars sent on their streams that were read past (`reason`: unsolicited, an ACK, NACK or resync when no push awaited one).",
+    ),
+    counter(
+        WEBHOOK_FAILED_OPEN,
+        "Admission requests the webhook could not answer, by `reason` (over_capacity, timeout, too_large, unreadable): under failurePolicy Ignore each one's Pod was created without the sidecar.",
+    ),
+    Family {
+        name: LISTENER_CONNECTIONS,
+        kind: Kind::Gauge,
+        help: "Connections open on each controller listener (`listener`: push, webhook, metrics).",
+    },
+    counter(
+        LISTENER_CLOSED,
+        "Connections a controller listener closed (`listener`) by `reason`: over_capacity, over_source_capacity (at accept), handshake_timeout, idle (no byte moved for the idle timeout).",
+    ),
 ];
 
 const fn counter(name: &'static str, help: &'static str) -> Family {
@@ -158,6 +235,10 @@ pub struct Metrics {
     push_latency: Histogram<12>,
     /// Live snapshot groups.
     groups: AtomicU64,
+    /// The [`Labelled`] counters, by label value.
+    labelled: Mutex<BTreeMap<(Labelled, &'static str), u64>>,
+    /// The listeners whose connections are counted.
+    gates: Mutex<Vec<Arc<Gate>>>,
 }
 
 impl Default for Metrics {
@@ -167,6 +248,8 @@ impl Default for Metrics {
             reconcile_errors: Mutex::default(),
             push_latency: Histogram::new(PUSH_LATENCY_BUCKETS),
             groups: AtomicU64::new(0),
+            labelled: Mutex::default(),
+            gates: Mutex::default(),
         }
     }
 }
@@ -180,6 +263,31 @@ impl Metrics {
     /// Adds `n` to `counter`.
     pub(crate) fn add_n(&self, counter: Counter, n: u64) {
         self.counters[counter as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts the connections of the listener `gate` holds.
+    pub(crate) fn listener(&self, gate: &Arc<Gate>) {
+        self.gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::clone(gate));
+    }
+
+    /// Adds `n` to `counter` under the label value `value`.
+    pub(crate) fn count(&self, counter: Labelled, value: &'static str, n: u64) {
+        if n > 0 {
+            let mut labelled = self.labelled.lock().unwrap_or_else(|e| e.into_inner());
+            *labelled.entry((counter, value)).or_insert(0) += n;
+        }
+    }
+
+    /// The value of `counter` under the label value `value`.
+    pub fn counted(&self, counter: Labelled, value: &str) -> u64 {
+        let labelled = self.labelled.lock().unwrap_or_else(|e| e.into_inner());
+        labelled
+            .iter()
+            .find(|((c, v), _)| *c == counter && *v == value)
+            .map_or(0, |(_, n)| *n)
     }
 
     /// Counts a batch of changes: `computed` group snapshots computed
@@ -234,6 +342,33 @@ impl Metrics {
         out.sample(SPANS_DROPPED, &[], traces.map_or(0, SpanCounters::dropped));
         self.push_latency.render(&mut out, PUSH_LATENCY, &[]);
         out.sample(SNAPSHOT_GROUPS, &[], self.groups.load(Ordering::Relaxed));
+        for ((counter, value), n) in self
+            .labelled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            out.sample(counter.family(), &[(counter.label(), value)], n);
+        }
+        for gate in self.gates.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            out.sample(
+                LISTENER_CONNECTIONS,
+                &[("listener", gate.name)],
+                gate.open(),
+            );
+            for why in Closed::ALL {
+                let n = gate.closed(why);
+                out.sample(
+                    LISTENER_CLOSED,
+                    &[("listener", gate.name), ("reason", why.name())],
+                    n,
+                );
+                // A connection the webhook refused is an admission that failed open.
+                if gate.name == "webhook" && why == Closed::OverCapacity && n > 0 {
+                    out.sample(WEBHOOK_FAILED_OPEN, &[("reason", "over_capacity")], n);
+                }
+            }
+        }
         out.finish()
     }
 
@@ -291,6 +426,7 @@ pub(crate) async fn serve(
     metrics: Arc<Metrics>,
     registry: Arc<SidecarRegistry>,
     traces: Tracing,
+    gate: Arc<Gate>,
 ) {
     use http_body_util::Full;
     use hyper::service::service_fn;
@@ -304,11 +440,18 @@ pub(crate) async fn serve(
     };
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        // Over a cap: closed here, counted by the gate.
+        let Some(slot) = gate.admit(peer) else {
             continue;
         };
         let local = peer.ip().to_canonical().is_loopback();
+        let stream = gate.watch(stream, slot);
         let (metrics, registry, traces) =
             (Arc::clone(&metrics), Arc::clone(&registry), traces.clone());
+        let limits = gate.limits;
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 // Prometheus 3 refuses a scrape without a Content-Type.
@@ -330,12 +473,21 @@ pub(crate) async fn serve(
                 );
                 async move { Ok::<_, std::convert::Infallible>(resp) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            // Nothing here reads a body: a request is its head, answered
+            // at once; a client not reading its answer is cut as idle.
+            crate::listen::serve_http(TokioIo::new(stream), false, &limits, 1, service).await;
         });
     }
 }
+
+/// The metrics listener's limits by default: Prometheus, the kubelet's
+/// probes and an administrator's port-forward need a handful.
+pub const METRICS_LIMITS: Limits = Limits {
+    max_connections: 64,
+    max_per_source: None,
+    header_timeout: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(60),
+};
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,8 @@
 //! `explain` all ask them, so each question has one answer.
 
 pub mod backend_tls;
+pub(crate) mod budget;
+pub(crate) mod route;
 pub(crate) mod selection;
 pub(crate) mod target;
 
@@ -23,9 +25,18 @@ pub(crate) fn id(policy: &RetryPolicy) -> String {
     )
 }
 
-/// Validates a policy with the shared rules (the same the sidecar runs).
+/// Validates a policy with the shared rules (the same the sidecar runs),
+/// and the CRD's rule on where a producer's callers may be, which the API
+/// server enforces: a policy it did not see (an older CRD) is refused here.
 pub(crate) fn validate(policy: &RetryPolicy) -> ValidationErrors {
     let mut errs = ValidationErrors::default();
+    let own = policy.namespace().unwrap_or_default();
+    if selection::is_producer(policy) && policy.spec.target_namespace(&own) != own {
+        errs.push(
+            "spec.callerNamespaces",
+            "callerNamespaces other than Same needs a Service in this namespace (omit targetRef.namespace)",
+        );
+    }
     let _ = policy
         .spec
         .rule

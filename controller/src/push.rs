@@ -11,7 +11,9 @@
 //!   a change may affect it, its lines (whole or delta) encoded once.
 //! - `source.rs`: what a sidecar is pushed, computed from the shared cache,
 //!   each policy's entries kept until a change touches them.
-//! - `auth.rs`: who is on the other end (TokenReview).
+//! - `auth.rs`: who is on the other end (TokenReview), at a bounded cost.
+//! - `paced.rs`: paces per key (source address, pod) for what a client could
+//!   otherwise repeat at the controller's expense.
 //!
 //! What each sidecar was sent and ACKed is recorded in the
 //! [`SidecarRegistry`](crate::sidecars::SidecarRegistry), a module below
@@ -19,13 +21,14 @@
 
 mod auth;
 mod groups;
+mod paced;
 mod server;
 mod source;
 mod stream;
 
 pub(crate) use auth::TokenReviewer;
 pub use auth::{AuthError, Authenticating, Authenticator, Identity};
-pub use server::PushServer;
+pub use server::{PushServer, StreamLimits, PUSH_LIMITS};
 pub(crate) use source::CacheSource;
 pub use source::{Changed, SnapshotSource};
 

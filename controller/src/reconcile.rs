@@ -11,10 +11,12 @@
 //! - [`peers`]: sync counts across replicas.
 //! - [`traffic`]: `status.traffic`, published at most once a minute.
 //! - [`triggers`]: the kube `Controller` and what re-triggers a policy.
+//! - [`gateway`]: the status of the Gateway API routes and budgets Reprise reads.
 
 pub(crate) mod backend_tls;
 pub(crate) mod conditions;
 mod events;
+pub(crate) mod gateway;
 pub(crate) mod peers;
 pub(crate) mod status;
 pub(crate) mod traffic;
@@ -123,12 +125,13 @@ async fn reconcile_policy(
     ctx.metrics.add(Counter::Reconciles);
     let namespace = policy.namespace().ok_or(Error::MissingNamespace)?;
     let target = ctx.cache.target(policy);
-    let mut counts = ctx.sidecars.counts(policy);
+    let labels = |ns: &str| ctx.cache.namespace_labels(ns);
+    let mut counts = ctx.sidecars.counts(policy, &labels);
     if let Some(peers) = &ctx.peers {
         counts = peers.add(counts, policy);
     }
     if let Ok(upstream) = &target {
-        counts.outdated = ctx.sidecars.outdated(policy, &upstream.needs());
+        counts.outdated = ctx.sidecars.outdated(policy, &upstream.needs(), &labels);
     }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let mut eval = status::evaluate(policy, &target, counts, now.clone());

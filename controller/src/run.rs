@@ -13,12 +13,13 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::cache::{Cache, Relay};
-use crate::inject::{self, InjectionConfig};
+use crate::inject::{self, InjectionConfig, WebhookLimits};
 use crate::leader::{self, LeaseSettings};
+use crate::listen::{Gate, Limits};
 use crate::metrics::{self, Metrics};
 use crate::push::{CacheSource, PushServer, TokenReviewer};
 use crate::reconcile::peers::{self, Peers};
-use crate::reconcile::{triggers, Context, MANAGER};
+use crate::reconcile::{gateway, triggers, Context, MANAGER};
 use crate::sidecars::SidecarRegistry;
 use crate::telemetry::Tracing;
 use crate::{tls, Error};
@@ -29,9 +30,13 @@ use crate::{tls, Error};
 pub struct Options {
     /// Push stream listener.
     pub(crate) push_addr: SocketAddr,
+    /// What it holds its connections to.
+    pub(crate) push_limits: Limits,
     /// Metrics and health listener; its /debug/sidecars pages (what each
     /// connected sidecar was last sent) answer loopback connections only.
     pub(crate) metrics_addr: SocketAddr,
+    /// What it holds its connections to.
+    pub(crate) metrics_limits: Limits,
     /// Where the CA and serving certificate are kept.
     pub(crate) tls: TlsSource,
     /// Names in a generated serving certificate.
@@ -67,6 +72,8 @@ pub(crate) struct WebhookOptions {
     /// MutatingWebhookConfiguration whose caBundle the controller keeps set;
     /// `None` when something else (cert-manager) does it.
     pub(crate) configuration: Option<String>,
+    /// What its listener holds requests to.
+    pub(crate) limits: WebhookLimits,
 }
 
 /// Runs until the process is stopped.
@@ -85,7 +92,21 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         }
         TlsSource::Dir(dir) => tls::load_or_generate(dir, &options.tls_sans)?,
     };
-    let tls_config = tls::server_config(&material)?;
+    let (tls_config, serving) = tls::server_config_reloadable(&material)?;
+    // A generated serving certificate is renewed before it expires.
+    let store = match &options.tls {
+        TlsSource::Secret(name) => tls::Store::Secret {
+            client: client.clone(),
+            namespace: options.namespace.clone(),
+            name: name.clone(),
+        },
+        TlsSource::Dir(dir) => tls::Store::Dir(dir.clone()),
+    };
+    tokio::spawn(tls::keep_renewed(
+        store,
+        options.tls_sans.clone(),
+        Arc::clone(&serving),
+    ));
     if let Some(webhook) = &options.webhook {
         let native = inject::supports_native_sidecars(&client).await;
         let server = Arc::new(
@@ -98,11 +119,15 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
                 inject::ApiServer::from_cache_and_env(cache.clone()),
             )
             .with_certificate(material.cert_pem.clone())
-            .with_namespaces(inject::Namespaces::new(client.clone())),
+            .with_namespaces(inject::Namespaces::new(client.clone()))
+            .with_serving(Arc::clone(&serving))
+            .with_limits(webhook.limits),
         );
         let listener = bind(webhook.addr).await?;
         tracing::info!(addr = %webhook.addr, native, "injection webhook listening");
-        tokio::spawn(server.serve(listener, Arc::clone(&tls_config)));
+        let gate = Gate::new("webhook", server.listener_limits());
+        metrics.listener(&gate);
+        tokio::spawn(server.serve(listener, Arc::clone(&tls_config), gate));
         if let Some(name) = webhook.configuration.clone() {
             tokio::spawn(inject::keep_ca_bundle(
                 client.clone(),
@@ -111,11 +136,14 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
             ));
         }
     }
+    let gate = Gate::new("metrics", options.metrics_limits);
+    metrics.listener(&gate);
     tokio::spawn(metrics::serve(
         options.metrics_addr,
         Arc::clone(&metrics),
         Arc::clone(&registry),
         options.tracing.clone(),
+        gate,
     ));
 
     // The push server reports every replica's changed sync counts; they
@@ -142,7 +170,9 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
         return Ok(());
     }
     tracing::info!(addr = %options.push_addr, "push server listening");
-    tokio::spawn(push.serve(listener, tls_config, std::future::pending()));
+    let gate = Gate::new("push", options.push_limits);
+    metrics.listener(&gate);
+    tokio::spawn(push.serve_within(listener, tls_config, std::future::pending(), gate));
 
     // Only the leader reconciles; with several replicas, each publishes its
     // sidecars' sync counts for the leader to add up.
@@ -156,10 +186,10 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
             cache.clone(),
             Arc::clone(&registry),
         ));
-        peers = cache.peers.as_ref().map(|watched| Peers {
-            reports: watched.store.clone(),
-            me: lease.identity.clone(),
-        });
+        peers = cache
+            .peers
+            .as_ref()
+            .map(|watched| Peers::new(watched.store.clone(), lease.identity.clone()));
         tokio::spawn(leader::run(client.clone(), lease, leading_tx));
     }
 
@@ -183,7 +213,8 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
             ..Context::new(client.clone(), cache.clone(), options.tracing.clone())
         });
         tokio::select! {
-            () = triggers::run(cache.clone(), ctx, synced.subscribe()) => return Ok(()),
+            () = triggers::run(cache.clone(), Arc::clone(&ctx), synced.subscribe()) => return Ok(()),
+            () = gateway::run(ctx) => return Ok(()),
             () = lost(&mut leading) => tracing::warn!("leadership lost: reconciler stopped"),
         }
     }

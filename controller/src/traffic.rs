@@ -3,6 +3,14 @@
 //! the `status.traffic` it comes to. Reports are counts since the sidecar's
 //! last one, so a sidecar that stops reporting simply ages out, and counts
 //! from several replicas add up.
+//!
+//! The book is bounded whatever the pods send: a report reaches it only
+//! checked ([`TrafficReport::check`]: known names, bounded integers) and
+//! paced ([`Pace`]: one per report interval per pod, a burst of
+//! [`REPORT_BURST`], a final report exempt), under the policies the pod was
+//! sent. So it holds, per policy, at most one bucket per [`BUCKET_SECS`] of
+//! the window, each with the fixed vocabulary's keys and at most
+//! [`BOOK_FAILURE_KINDS`] failure kinds, and one timestamp per reporting pod.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -17,6 +25,56 @@ pub const WINDOW_SECS: i64 = 300;
 pub const WINDOW: &str = "5m";
 /// Reports falling in one bucket are added together.
 pub const BUCKET_SECS: i64 = 10;
+
+/// Reports a pod may send back to back before the pace of one per report
+/// interval holds: a report delayed on the network arrives close to the
+/// next one, and neither is lost.
+pub const REPORT_BURST: u64 = 3;
+
+/// Distinct failure kinds one policy's bucket keeps; further kinds are
+/// added to `other` (the status names only the top one).
+pub const BOOK_FAILURE_KINDS: usize = 64;
+
+/// One pod's report pace (a GCRA): a report is taken when the pod has not
+/// sent more than [`REPORT_BURST`] within as many intervals; a final report
+/// (the pod is stopping) is taken once per interval whatever the pace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pace {
+    /// When the pod's next report would be on time (ms, the caller's clock).
+    due_ms: u64,
+    /// When its last final report was taken.
+    last_final_ms: Option<u64>,
+}
+
+impl Pace {
+    /// Whether a report (`last`: a final one) at `now_ms` is taken, with
+    /// reports due every `interval_ms`; updates the pace when it is.
+    pub fn take(&mut self, now_ms: u64, interval_ms: u64, last: bool) -> bool {
+        if last
+            && self
+                .last_final_ms
+                .is_none_or(|t| now_ms >= t.saturating_add(interval_ms))
+        {
+            self.last_final_ms = Some(now_ms);
+            return true;
+        }
+        let slack = interval_ms.saturating_mul(REPORT_BURST - 1);
+        if self.due_ms > now_ms.saturating_add(slack) {
+            return false;
+        }
+        self.due_ms = self.due_ms.max(now_ms).saturating_add(interval_ms);
+        true
+    }
+
+    /// True when the pace is as a pod's that never reported: forgetting it
+    /// changes nothing.
+    pub fn is_rested(&self, now_ms: u64, interval_ms: u64) -> bool {
+        self.due_ms <= now_ms
+            && self
+                .last_final_ms
+                .is_none_or(|t| now_ms >= t.saturating_add(interval_ms))
+    }
+}
 
 /// One policy's counts over the window, and how many sidecars reported them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +147,9 @@ impl TrafficBook {
                 Some((start, c)) if *start == bucket => c.add(counts),
                 _ => w.buckets.push_back((bucket, counts.clone())),
             }
+            if let Some((_, c)) = w.buckets.back_mut() {
+                fold_failures(c);
+            }
             w.reporters.insert(sidecar.to_string(), now);
             w.prune(now);
         }
@@ -115,6 +176,23 @@ impl TrafficBook {
             .map(|(id, w)| (id.clone(), w.total()))
             .collect()
     }
+}
+
+/// Keeps at most [`BOOK_FAILURE_KINDS`] failure kinds in `c`, the most
+/// counted; the others' counts go to `other`.
+fn fold_failures(c: &mut TrafficCounts) {
+    if c.failures.len() <= BOOK_FAILURE_KINDS {
+        return;
+    }
+    let mut kinds: Vec<(String, u64)> = std::mem::take(&mut c.failures).into_iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let rest: u64 = kinds
+        .drain(BOOK_FAILURE_KINDS - 1..)
+        .map(|(_, n)| n)
+        .fold(0, u64::saturating_add);
+    c.failures = kinds.into_iter().collect();
+    let other = c.failures.entry("other".to_string()).or_default();
+    *other = other.saturating_add(rest);
 }
 
 /// The `status.traffic` of `total`, observed at `observed_at` (RFC 3339).
@@ -186,6 +264,7 @@ mod tests {
                 },
             )]
             .into(),
+            ..TrafficReport::default()
         }
     }
 
@@ -241,6 +320,48 @@ mod tests {
         assert_eq!(percent(2, 3), "66.67%");
         assert_eq!(percent(0, 0), "-");
         assert_eq!(percent(5, 5), "100.00%");
+    }
+
+    #[test]
+    fn a_pod_reports_once_an_interval_after_a_short_burst_and_finally_once_more() {
+        let mut pace = Pace::default();
+        let every = 10_000;
+        // A burst of three (a delayed report arriving beside the next one).
+        assert!(pace.take(0, every, false));
+        assert!(pace.take(100, every, false));
+        assert!(pace.take(200, every, false));
+        assert!(!pace.take(300, every, false), "a fourth within the burst");
+        assert!(!pace.take(9_000, every, false));
+        assert!(
+            pace.take(10_000, every, false),
+            "one interval later: one more"
+        );
+        assert!(!pace.take(10_500, every, false));
+        // The final report is taken whatever the pace, once an interval.
+        assert!(pace.take(10_600, every, true));
+        assert!(!pace.take(10_700, every, true), "a second final is paced");
+        assert!(!pace.is_rested(10_700, every));
+        assert!(pace.is_rested(100_000, every));
+        // A rested pace takes a burst again.
+        assert!(pace.take(100_000, every, false));
+    }
+
+    #[test]
+    fn a_policys_failure_kinds_are_bounded_in_the_book() {
+        let book = TrafficBook::default();
+        for i in 0..200u64 {
+            let mut r = report("ns/p", 10, 10);
+            if let Some(c) = r.traffic.get_mut("ns/p") {
+                c.failures = [(format!("upstream_status_{}", 400 + i), i + 1)].into();
+            }
+            book.record(&format!("ns/pod-{i}"), &r, 1_000);
+        }
+        let t = book.window("ns/p", 1_000).expect("reported");
+        assert_eq!(t.counts.failures.len(), BOOK_FAILURE_KINDS);
+        let total: u64 = t.counts.failures.values().sum();
+        assert_eq!(total, (1..=200).sum::<u64>(), "folded, not lost");
+        assert_eq!(t.counts.top_failure(), Some("other"));
+        assert_eq!(t.counts.failures.get("upstream_status_599"), Some(&200));
     }
 
     #[test]

@@ -84,6 +84,8 @@ fn snapshot(ports: &[u16], attempts: i32) -> Snapshot {
             generation: 1,
             upstream: "api.shop".into(),
             rule,
+            precedence: 0,
+            route: None,
         }],
     )
 }
@@ -111,7 +113,10 @@ async fn harness(name: &str) -> Harness {
         snapshot: Mutex::new(snapshot(&[1001], 1)),
         tx,
     });
-    let registry = Arc::new(SidecarRegistry::default());
+    // The sidecar reports every 100 ms here: the controller paces reports so.
+    let registry = Arc::new(SidecarRegistry::with_report_interval(
+        Duration::from_millis(100),
+    ));
     let metrics = Arc::new(Metrics::default());
     let server = PushServer::new(
         Arc::new(fixed_token),
@@ -648,6 +653,8 @@ fn with_tls_upstream(ports: &[u16], ca_pem: &str, dns: bool) -> Snapshot {
         generation: 1,
         upstream: "pay.shop".into(),
         rule: RetryRule::default(),
+        precedence: 0,
+        route: None,
     });
     let mut upstreams = base.upstreams.clone();
     upstreams.push(pay);
@@ -764,4 +771,62 @@ async fn changes_while_a_push_awaits_its_ack_are_one_delta_after_it() {
         .collect();
     assert_eq!(added, [1004]);
     assert_eq!(h.metrics.get(Counter::Pushes), 2, "three changes, one push");
+}
+
+#[tokio::test]
+async fn a_sidecar_that_stops_reports_what_it_counted_at_once() {
+    use reprise_sidecar::config::Farewell;
+    use reprise_testkit::upstream::{Action, Upstream};
+    let h = harness("farewell").await;
+    let up = Upstream::always(Action::Reply(200)).await;
+    h.source.set(retrying_503(&[up.addr.port()]));
+    let proxy = empty_proxy();
+    // Reports every hour: only the final one can bring the counts in time.
+    let mut subscription = h.subscription.clone();
+    subscription.report_every = Duration::from_secs(3600);
+    let farewell = Farewell::default();
+    let task =
+        tokio::spawn(subscription.run_until_farewell(Arc::clone(&proxy), None, farewell.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let serving = tokio::spawn(reprise_sidecar::serve_proxy(
+        listener,
+        Arc::clone(&proxy),
+        std::future::pending(),
+    ));
+    eventually("snapshot applied", || endpoint_ports(&proxy).len() == 1).await;
+    for _ in 0..7 {
+        let r = reprise_testkit::client::send(addr, "GET", "api", "/", b"", &[]).await;
+        assert_eq!(r.status, 200);
+    }
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs() as i64
+    };
+    assert!(h.registry.traffic().window("shop/reads", now()).is_none());
+    assert!(
+        farewell
+            .say(reprise_sidecar::config::FAREWELL_TIMEOUT)
+            .await,
+        "the final report is written"
+    );
+    eventually("the 7 requests reported", || {
+        h.registry
+            .traffic()
+            .window("shop/reads", now())
+            .is_some_and(|t| t.counts.requests == 7)
+    })
+    .await;
+    assert!(
+        h.registry
+            .get("shop", "client-a")
+            .is_some_and(|s| s.reported_final),
+        "marked final"
+    );
+    task.abort();
+    serving.abort();
 }

@@ -132,8 +132,9 @@ pub struct BudgetSettings {
     #[serde(with = "crate::policy::millis")]
     pub window: Duration,
     /// Retries per second always allowed on top of the percentage (0 = the
-    /// budget formula exactly).
-    pub min_retries_per_second: u32,
+    /// budget formula exactly); may be below one (a Gateway API
+    /// `minRetryRate` of one per ten seconds is 0.1).
+    pub min_retries_per_second: f64,
 }
 
 /// Passive health: eject an endpoint after consecutive transport failures or
@@ -153,8 +154,17 @@ pub struct PassiveHealth {
 pub struct Rule {
     /// Unique id; breaks priority ties.
     pub id: String,
+    /// Which source's rules run first, before priority: 0 for the file's
+    /// rules and a caller's own RetryPolicies, higher for the sources a
+    /// caller's own choice overrides (`docs/src/concepts/precedence.md`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub precedence: u8,
     /// Lower runs first.
     pub priority: i32,
+    /// What the rule's traffic is reported as, when it is one of several
+    /// rules of one policy (a route rule's matches): its policy's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report_as: Option<String>,
     /// Disabled rules never match.
     pub enabled: bool,
     /// Upstream names the rule applies to; empty means all.
@@ -200,6 +210,11 @@ pub struct ProxySettings {
     /// Kubernetes the `reprise.dev/deadline-*` annotations); a policy may
     /// turn a way off for its own requests.
     pub deadlines: crate::policy::DeadlinePolicy,
+    /// Let host-named endpoints resolve to loopback and link-local
+    /// addresses (standalone use: a name in `/etc/hosts` for a local
+    /// service). Off in Kubernetes mode: a name a Service points anywhere
+    /// must not lead to the pod itself or the node's metadata service.
+    pub dns_allow_local: bool,
 }
 
 impl Config {
@@ -211,14 +226,30 @@ impl Config {
     }
 }
 
+fn is_zero(v: &u8) -> bool {
+    *v == 0
+}
+
 impl Rule {
-    /// True when this rule applies to `upstream`, `method`, `path` and headers,
-    /// by every condition but [`Rule::cel`], which the caller runs next.
+    /// The id its traffic is reported under.
+    pub fn report_id(&self) -> &str {
+        self.report_as.as_deref().unwrap_or(&self.id)
+    }
+
+    /// Evaluation order: precedence, then priority, then id.
+    pub fn order(a: &Rule, b: &Rule) -> std::cmp::Ordering {
+        (a.precedence, a.priority, &a.id).cmp(&(b.precedence, b.priority, &b.id))
+    }
+
+    /// True when this rule applies to `upstream`, `method`, `path`, `query`
+    /// (without `?`) and headers, by every condition but [`Rule::cel`],
+    /// which the caller runs next.
     pub fn matches<'a>(
         &self,
         upstream: &str,
         method: &str,
         path: &str,
+        query: Option<&str>,
         header: impl Fn(&str) -> Option<&'a [u8]>,
     ) -> bool {
         self.enabled
@@ -229,5 +260,6 @@ impl Rule {
                     .any(|u| u.eq_ignore_ascii_case(upstream)))
             && self.methods.contains(method)
             && self.request_match.matches(path, header)
+            && self.request_match.matches_query(query)
     }
 }

@@ -27,7 +27,7 @@ pub use self::read::{read, FileText, MAX_FILE_BYTES};
 pub use self::retries::{HedgeSpec, RetriesSpec, StatusEntry};
 pub use self::rules::RuleSpec;
 pub use self::tls::TlsSpec;
-use crate::config::{Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, Upstream};
+use crate::config::{Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, Rule, Upstream};
 use crate::policy::{Protocol, DEFAULT_REPLAY_RESERVATION_BYTES};
 use crate::validation::ValidationErrors;
 use crate::Error;
@@ -158,6 +158,10 @@ pub struct ProxySpec {
     /// own `deadlines` may turn a way off for its requests, never on.
     #[serde(default, skip_serializing_if = "DeadlinesSpec::is_empty")]
     pub deadlines: DeadlinesSpec,
+    /// Let host-named endpoints resolve to loopback and link-local
+    /// addresses (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_allow_local: Option<bool>,
 }
 
 /// Default connect timeout.
@@ -260,7 +264,7 @@ impl ConfigFile {
             }
             rules.push(r.resolve(&p, &mut errs));
         }
-        rules.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.id.cmp(&b.id)));
+        rules.sort_by(Rule::order);
         let proxy = self.proxy.resolve(&mut errs);
         errs.into_result(Config {
             upstreams,
@@ -485,6 +489,7 @@ impl ProxySpec {
             diagnostics_retained: usize::try_from(diagnostics)
                 .unwrap_or(DEFAULT_DIAGNOSTICS_RETAINED),
             forward_unknown_hosts: false,
+            dns_allow_local: self.dns_allow_local.unwrap_or(false),
             dns_resolvers: self
                 .dns_resolvers
                 .iter()

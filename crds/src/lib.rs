@@ -14,7 +14,10 @@ pub mod grpc;
 pub mod matching;
 pub mod policy;
 pub mod protocol;
+// The same KubeSchema copy as retry_rule's, of RetryPolicySpec and
+// CallerNamespaces.
 #[cfg(feature = "resource")]
+#[allow(unreachable_pub)]
 pub mod resource;
 // kube's KubeSchema derive copies RetryRule and Retries, `pub` and all, into
 // a function body, and rustc calls each copy an unreachable `pub` item at the
@@ -91,6 +94,14 @@ pub enum Error {
     Delta {
         /// What did not match.
         reason: String,
+    },
+    /// A sidecar's traffic report breaks a rule (`traffic.rs`): refused whole.
+    #[error("traffic report: {field}: {rule}")]
+    Report {
+        /// The field, e.g. `traffic["shop/reads"].success`.
+        field: String,
+        /// The rule it breaks, with the value it had.
+        rule: String,
     },
     /// The configuration parsed but breaks one or more rules.
     #[error("{path}: {source}")]

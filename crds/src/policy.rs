@@ -101,7 +101,9 @@ pub struct RetryPolicy {
     /// Wall-clock cap from the first attempt to the last, backoff included.
     #[serde(with = "opt_millis")]
     pub total_deadline: Option<Duration>,
-    /// Time one attempt may wait for response headers (overrides the upstream's `read_ms`).
+    /// Time one attempt may wait for response headers (overrides the
+    /// upstream's `read_ms`); zero: no limit at all (a route's
+    /// `backendRequest: 0s`), not the upstream's.
     #[serde(with = "opt_millis")]
     pub attempt_timeout: Option<Duration>,
     /// Delay after which one speculative duplicate is sent to another endpoint.
@@ -119,6 +121,11 @@ pub struct RetryPolicy {
     pub deadlines: DeadlinePolicy,
     /// Whether a request an upper layer already retried is retried here.
     pub retry_layers: RetryLayers,
+    /// When the total deadline ends the retries, the client gets a `504`
+    /// naming it rather than the last response (Gateway API's request
+    /// timeout; a RetryPolicy answers the last response).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deadline_answers_timeout: bool,
 }
 
 const METHODS: [(&str, u16); 8] = [

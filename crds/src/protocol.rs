@@ -54,8 +54,12 @@ pub const CAPABILITY_DNS: &str = "dns";
 /// Deltas on the upgraded stream ([`crate::snapshot::SnapshotDelta`]):
 /// after the whole snapshot at connection, only what changed.
 pub const CAPABILITY_DELTA: &str = "delta";
+/// Rules from more than one source in one snapshot (a policy's
+/// `precedence`), rules from Gateway API routes (a policy's `route`), and a
+/// Service's own budget (an upstream's `budget`).
+pub const CAPABILITY_ROUTES: &str = "routes";
 /// Every capability this build has, as it announces them.
-pub const CAPABILITIES: &str = "tls,dns,delta";
+pub const CAPABILITIES: &str = "tls,dns,delta,routes";
 
 /// The capabilities `headers` announce (none from a sidecar older than them).
 pub fn capabilities(headers: &http::HeaderMap) -> std::collections::BTreeSet<String> {

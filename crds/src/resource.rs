@@ -1,7 +1,7 @@
 //! The `RetryPolicy` custom resource (`reprise.dev/v1alpha1`, short name `rp`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +13,10 @@ use crate::retry_rule::RetryRule;
 /// goes to a pod the request has not tried yet.
 // Each printcolumn repeats `type_`; clippy takes that for a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[x_kube(validation = Rule::new(
+    "!has(self.callerNamespaces) || self.callerNamespaces.from == 'Same' || !has(self.targetRef.namespace)"
+).message("callerNamespaces other than Same needs a Service in this namespace (omit targetRef.namespace): a policy applies to other namespaces' callers only for a Service its own namespace owns").field_path(".callerNamespaces"))]
 #[kube(
     group = "reprise.dev",
     version = "v1alpha1",
@@ -85,11 +88,20 @@ use crate::retry_rule::RetryRule;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RetryPolicySpec {
-    /// The upstream Service (in this namespace) whose ready pods are the alternate endpoints.
+    /// The upstream Service whose ready pods are the alternate endpoints:
+    /// in this namespace, or in `targetRef.namespace` (a consumer policy,
+    /// for this namespace's callers only).
     pub target_ref: TargetRef,
-    /// Client pods whose sidecars enforce this policy; empty selects every pod in the namespace.
+    /// Client pods whose sidecars enforce this policy; empty selects every
+    /// pod (in this namespace, and in the namespaces `callerNamespaces` adds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_selector: Option<LabelSelector>,
+    /// Callers in other namespaces this policy also applies to (a producer
+    /// policy: its target is a Service of this namespace). Omitted: this
+    /// namespace's pods only. A consumer policy in a caller's namespace for
+    /// the same Service and request takes precedence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller_namespaces: Option<CallerNamespaces>,
     /// The rule: matching, failure boundary, statuses, body replay and the retries block.
     #[serde(flatten)]
     pub rule: RetryRule,
@@ -105,10 +117,60 @@ pub struct TargetRef {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
+    /// The Service's namespace; omitted: the policy's own. A policy for a
+    /// Service in another namespace applies to the pods it selects in its
+    /// own namespace (their calls to that Service).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub namespace: Option<String>,
     /// Service port number the clients call; may be omitted when the Service has one port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
+}
+
+/// Which namespaces' callers a producer policy applies to, as Gateway API's
+/// `allowedRoutes.namespaces` says which namespaces' routes a listener takes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("(self.from == 'Selector') == has(self.selector)").message("selector is set with from: Selector, and only then").field_path(".selector"))]
+#[serde(rename_all = "camelCase")]
+pub struct CallerNamespaces {
+    /// `Same`: this namespace's pods only (the default). `All`: every
+    /// namespace's. `Selector`: this namespace's and those `selector` picks.
+    #[serde(default)]
+    pub from: NamespacesFrom,
+    /// Labels of the namespaces whose pods are callers, with `from: Selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// Where a producer policy's callers may be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum NamespacesFrom {
+    /// The policy's namespace only.
+    #[default]
+    Same,
+    /// Every namespace.
+    All,
+    /// The policy's namespace and those a label selector picks.
+    Selector,
+}
+
+impl RetryPolicySpec {
+    /// The target Service's namespace, for a policy in `own`.
+    pub fn target_namespace<'a>(&'a self, own: &'a str) -> &'a str {
+        self.target_ref.namespace.as_deref().unwrap_or(own)
+    }
+
+    /// Where its callers may be (`Same` when not said).
+    pub fn callers_from(&self) -> NamespacesFrom {
+        self.caller_namespaces
+            .as_ref()
+            .map_or(NamespacesFrom::Same, |c| c.from)
+    }
 }
 
 /// What the controller found and what the sidecars run.

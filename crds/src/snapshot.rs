@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{
-    BudgetSettings, Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, TrustAnchors,
-    Upstream, UpstreamTls,
+    BudgetSettings, Config, DnsEndpoint, Endpoint, PassiveHealth, ProxySettings, Rule,
+    TrustAnchors, Upstream, UpstreamTls,
 };
 use crate::file::{
     DEFAULT_CONNECT_MS, DEFAULT_DIAGNOSTICS_RETAINED, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_MS,
@@ -19,6 +19,9 @@ use crate::retry_rule::RetryRule;
 use crate::validation::ValidationErrors;
 
 mod delta;
+mod route;
+
+pub use route::{RouteKind, RouteMatch, SnapshotRoute, MAX_MATCHES};
 
 pub use delta::{
     DeltaLine, EndpointsPatch, Entries, PolicyEntry, PolicyRef, SnapshotDelta, UpstreamDigest,
@@ -66,6 +69,60 @@ pub struct SnapshotUpstream {
     /// TLS towards the endpoints (a BackendTLSPolicy targets the port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<SnapshotTls>,
+    /// The retry budget of every request to it, whatever rule retries
+    /// (an XBackendTrafficPolicy targets the Service); none: the first
+    /// policy's, by precedence, priority and id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<SnapshotBudget>,
+}
+
+/// A Service's retry budget, as Gateway API's `retryConstraint` gives it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotBudget {
+    /// Share of requests that may be retries, in 0..=100 (0: only the floor).
+    pub percent: f64,
+    /// The rolling window, in milliseconds (1 s to 1 h).
+    pub interval_ms: u64,
+    /// Retries always allowed on top of the percentage: `count` per `per_ms`.
+    #[serde(default)]
+    pub min_retries: u32,
+    /// The period of `min_retries`, in milliseconds (1 s to 1 h).
+    #[serde(default = "one_second")]
+    pub min_retries_per_ms: u64,
+}
+
+fn one_second() -> u64 {
+    1_000
+}
+
+impl SnapshotBudget {
+    /// The sidecar's budget settings, or the rules it breaks (under `p`).
+    pub fn resolve(&self, p: &str, errs: &mut ValidationErrors) -> BudgetSettings {
+        if !(0.0..=100.0).contains(&self.percent) {
+            errs.push(
+                format!("{p}.percent"),
+                format!("must be in 0..=100 (got {})", self.percent),
+            );
+        }
+        for (field, ms) in [
+            ("intervalMs", self.interval_ms),
+            ("minRetriesPerMs", self.min_retries_per_ms),
+        ] {
+            if !(1_000..=3_600_000).contains(&ms) {
+                errs.push(
+                    format!("{p}.{field}"),
+                    format!("must be in 1000..=3600000 (1 s to 1 h; got {ms})"),
+                );
+            }
+        }
+        BudgetSettings {
+            percent: self.percent,
+            window: Duration::from_millis(self.interval_ms.clamp(1_000, 3_600_000)),
+            min_retries_per_second: f64::from(self.min_retries) * 1_000.0
+                / self.min_retries_per_ms.clamp(1_000, 3_600_000) as f64,
+        }
+    }
 }
 
 /// A DNS name whose every address is an endpoint, on `port`.
@@ -104,6 +161,9 @@ impl SnapshotUpstream {
         }
         if !self.dns.is_empty() || self.host_rewrite.is_some() {
             needs.push(crate::protocol::CAPABILITY_DNS);
+        }
+        if self.budget.is_some() {
+            needs.push(crate::protocol::CAPABILITY_ROUTES);
         }
         needs
     }
@@ -157,6 +217,38 @@ pub struct SnapshotPolicy {
     pub upstream: String,
     /// The rule.
     pub rule: RetryRule,
+    /// Which source runs first for this sidecar, before `priority`: 0 for
+    /// its own namespace's RetryPolicies (the only value older sidecars
+    /// know), then its namespace's routes, then the Service's namespace's
+    /// RetryPolicies and routes (`docs/src/concepts/precedence.md`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub precedence: u8,
+    /// Set when the rule comes from a Gateway API route's rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<SnapshotRoute>,
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
+}
+
+impl SnapshotPolicy {
+    /// `namespace/name`: how ACKs, traffic reports and logs name it.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The capabilities a sidecar needs to run it as meant: an older one
+    /// would ignore the precedence and the route's conditions, and run a
+    /// producer's rule before its own namespace's or a route's rule on every
+    /// request.
+    pub fn needs(&self) -> Vec<&'static str> {
+        if self.route.is_some() || self.precedence != 0 {
+            vec![crate::protocol::CAPABILITY_ROUTES]
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 /// FNV-1a, 64 bit: a stable, fast, non-cryptographic hash.
@@ -254,23 +346,43 @@ impl Snapshot {
         // Looked up by name, not by going through the list per policy.
         let names: HashSet<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
         for p in &self.policies {
-            let id = format!("{}/{}", p.namespace, p.name);
+            let id = p.id();
             if !names.contains(p.upstream.as_str()) {
                 errs.push(
                     format!("{id}.upstream"),
                     format!("no upstream named \"{}\" in the snapshot", p.upstream),
                 );
             }
-            let (rule, budget) =
+            let (mut rule, budget) =
                 p.rule
                     .resolve(&id, &p.upstream, &format!("{id}: spec"), &mut errs);
-            budgets.push((rule.priority, id, p.upstream.clone(), budget));
-            rules.push(rule);
+            rule.precedence = p.precedence;
+            budgets.push((
+                (p.precedence, rule.priority),
+                id.clone(),
+                p.upstream.clone(),
+                budget,
+            ));
+            match &p.route {
+                Some(route) => {
+                    rules.extend(route.rules(rule, &id, &format!("{id}: route"), &mut errs))
+                }
+                None => rules.push(rule),
+            }
         }
-        rules.sort_by(|a, b| a.priority.cmp(&b.priority).then_with(|| a.id.cmp(&b.id)));
-        // An upstream's budget comes from the first policy (by priority, then id) that targets it.
+        rules.sort_by(Rule::order);
+        // An upstream's budget is its own when it has one, else the first
+        // policy's (by precedence, priority, then id) that targets it.
         budgets.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
         let mut budget_of: HashMap<&str, BudgetSettings> = HashMap::with_capacity(budgets.len());
+        for (i, u) in self.upstreams.iter().enumerate() {
+            if let Some(b) = &u.budget {
+                budget_of.insert(
+                    u.name.as_str(),
+                    b.resolve(&format!("upstreams[{i}].budget"), &mut errs),
+                );
+            }
+        }
         for b in &budgets {
             budget_of.entry(b.2.as_str()).or_insert(b.3);
         }
@@ -358,7 +470,7 @@ impl Snapshot {
                 .unwrap_or(BudgetSettings {
                     percent: 10.0,
                     window: Duration::from_secs(10),
-                    min_retries_per_second: 0,
+                    min_retries_per_second: 0.0,
                 });
             upstreams.push(Upstream {
                 tls,
@@ -399,6 +511,7 @@ impl Snapshot {
                 forward_unknown_hosts: true,
                 dns_resolvers: Vec::new(),
                 deadlines: crate::policy::DeadlinePolicy::ON,
+                dns_allow_local: false,
             },
         })
     }

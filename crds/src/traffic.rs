@@ -12,6 +12,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod check;
+mod unknown;
+
+pub use check::{
+    is_failure_kind, Dropped, EXHAUSTED_REASONS, FAILURE_KINDS, MAX_COUNT, MAX_FAILURE_KINDS,
+    RECORD_LAG, SKIP_REASONS,
+};
+pub use unknown::UnknownFields;
+
 /// The capability a controller announces in its `101 Switching Protocols`
 /// (in [`CAPABILITIES_HEADER`](crate::protocol::CAPABILITIES_HEADER)) when
 /// it reads traffic reports.
@@ -33,6 +42,14 @@ pub const LATENCY_BOUNDS_MS: [u64; 15] = [
 pub struct TrafficReport {
     /// Counts by policy.
     pub traffic: BTreeMap<String, TrafficCounts>,
+    /// The sidecar's last report: it is stopping (SIGTERM, drain). A
+    /// controller takes it even within the report interval.
+    #[serde(default, rename = "final", skip_serializing_if = "std::ops::Not::not")]
+    pub last: bool,
+    /// Fields this build does not know (a newer sidecar's): read, never
+    /// kept, and counted by [`TrafficReport::check`].
+    #[serde(flatten, skip_serializing)]
+    pub unknown: UnknownFields,
 }
 
 /// What one policy's requests came to over some time.
@@ -70,6 +87,10 @@ pub struct TrafficCounts {
     /// for the rest); empty when there were none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latency: Vec<u64>,
+    /// Fields this build does not know (a newer sidecar's): read, never
+    /// kept, and counted by [`TrafficReport::check`].
+    #[serde(flatten, skip_serializing)]
+    pub unknown: UnknownFields,
 }
 
 impl TrafficCounts {
@@ -78,28 +99,29 @@ impl TrafficCounts {
         self.requests == 0 && self.retries == 0 && self.budget_refusals == 0
     }
 
-    /// Adds `other` in.
+    /// Adds `other` in (saturating: sums never wrap).
     pub fn add(&mut self, other: &TrafficCounts) {
-        self.requests += other.requests;
-        self.first_try_success += other.first_try_success;
-        self.success += other.success;
-        self.retries += other.retries;
-        self.recovered += other.recovered;
-        self.budget_refusals += other.budget_refusals;
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut self.requests, other.requests);
+        add(&mut self.first_try_success, other.first_try_success);
+        add(&mut self.success, other.success);
+        add(&mut self.retries, other.retries);
+        add(&mut self.recovered, other.recovered);
+        add(&mut self.budget_refusals, other.budget_refusals);
         for (into, from) in [
             (&mut self.exhausted, &other.exhausted),
             (&mut self.skipped, &other.skipped),
             (&mut self.failures, &other.failures),
         ] {
             for (k, v) in from {
-                *into.entry(k.clone()).or_default() += v;
+                add(into.entry(k.clone()).or_default(), *v);
             }
         }
         if self.latency.len() < other.latency.len() {
             self.latency.resize(other.latency.len(), 0);
         }
         for (into, v) in self.latency.iter_mut().zip(&other.latency) {
-            *into += v;
+            add(into, *v);
         }
     }
 
@@ -231,6 +253,7 @@ mod tests {
                 },
             )]
             .into(),
+            ..TrafficReport::default()
         };
         let line = serde_json::to_string(&report).expect("json");
         assert_eq!(

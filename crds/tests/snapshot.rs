@@ -31,6 +31,8 @@ fn policy(name: &str, upstream: &str, rule: RetryRule) -> SnapshotPolicy {
         generation: 1,
         upstream: upstream.into(),
         rule,
+        precedence: 0,
+        route: None,
     }
 }
 
@@ -255,4 +257,73 @@ fn a_sidecar_that_does_not_announce_a_capability_gets_the_snapshot_without_what_
     );
     assert_ne!(old.version(), entries.version(), "its own version");
     assert!(old.to_snapshot().resolve().is_ok());
+}
+
+#[test]
+fn a_sidecar_without_routes_gets_no_route_rule_producer_policy_or_service_budget() {
+    use reprise_crds::snapshot::{RouteKind, SnapshotBudget, SnapshotRoute};
+    let mut budgeted = upstream("db.shop", &[5432]);
+    budgeted.budget = Some(SnapshotBudget {
+        percent: 0.0,
+        interval_ms: 10_000,
+        min_retries: 1,
+        min_retries_per_ms: 10_000,
+    });
+    let mut producer = policy("theirs", "api.shop", RetryRule::default());
+    producer.namespace = "catalog".into();
+    producer.precedence = 2;
+    let mut route = policy("HTTPRoute:r:0:api.shop", "api.shop", RetryRule::default());
+    route.route = Some(SnapshotRoute {
+        kind: RouteKind::Http,
+        route: "r".into(),
+        rule: "0".into(),
+        matches: Vec::new(),
+        deadline_answers_timeout: false,
+        no_attempt_timeout: false,
+    });
+    let full = Snapshot::new(
+        vec![upstream("api.shop", &[80]), budgeted],
+        vec![
+            policy("mine", "api.shop", RetryRule::default()),
+            producer,
+            route,
+            policy("db", "db.shop", RetryRule::default()),
+        ],
+    );
+    let entries = reprise_crds::snapshot::Entries::from_snapshot(full);
+    let current: std::collections::BTreeSet<String> = reprise_crds::protocol::CAPABILITIES
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let mut same = entries.clone();
+    assert!(same.for_capabilities(&current).is_empty());
+    assert_eq!(same, entries);
+    // A sidecar from before routes: only its own namespace's plain policy.
+    let before: std::collections::BTreeSet<String> =
+        ["tls".to_string(), "dns".to_string(), "delta".to_string()].into();
+    let mut old = entries.clone();
+    assert_eq!(old.for_capabilities(&before), ["db.shop"]);
+    let names: Vec<String> = old.policies.values().map(|p| p.policy.id()).collect();
+    assert_eq!(names, ["default/mine"]);
+    assert!(old.to_snapshot().resolve().is_ok());
+    // And what a current sidecar gets resolves, the route's rule first by
+    // precedence (0, 0, 0 then 2), the budget the Service's own.
+    let config = entries.to_snapshot().resolve().expect("valid");
+    let order: Vec<(u8, &str)> = config
+        .rules
+        .iter()
+        .map(|r| (r.precedence, r.id.as_str()))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (0, "default/HTTPRoute:r:0:api.shop"),
+            (0, "default/db"),
+            (0, "default/mine"),
+            (2, "catalog/theirs")
+        ]
+    );
+    let db = config.upstream("db.shop").expect("db");
+    assert_eq!(db.budget.percent, 0.0);
+    assert!((db.budget.min_retries_per_second - 0.1).abs() < 1e-9);
 }

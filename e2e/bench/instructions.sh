@@ -117,14 +117,35 @@ rules:
     upstreams: [bench]
     total_deadline_ms: 10000
 YAML
-  TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+deadline" 17041 \
+  TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+deadline" 17061 \
     "$SIDECAR" --config "$WORK/reprise-deadline.yaml" \
-    --listen 127.0.0.1:17041 --admin 127.0.0.1:17141
+    --listen 127.0.0.1:17061 --admin 127.0.0.1:17161
   # Reprise receiving a deadline (and two entries of the application's)
   # that it passes on unchanged.
   BAGGAGE="userId=alice,tenant=t-7,reprise-deadline=$(( $(date +%s%3N) + 1800000 ))" \
-    TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+baggage" 17051 \
+    TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+baggage" 17071 \
     "$SIDECAR" --config "$CONF/reprise.yaml" \
+    --listen 127.0.0.1:17071 --admin 127.0.0.1:17171
+  # Reprise with a rule every request matches, as a RetryPolicy resolves
+  # (string path prefix), and the same rule as a Gateway API route's rule
+  # resolves (whole-element path prefix): what a route costs per request
+  # against a RetryPolicy.
+  cat "$CONF/reprise.yaml" - >"$WORK/reprise-rule.yaml" <<'YAML'
+rules:
+  - id: policy
+    upstreams: [bench]
+    methods: [GET, HEAD]
+    match: { path_prefix: / }
+    statuses: [gateway]
+    acknowledge_duplicate_risk: true
+    attempts: 2
+YAML
+  TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+rule" 17041 \
+    "$SIDECAR" --config "$WORK/reprise-rule.yaml" \
+    --listen 127.0.0.1:17041 --admin 127.0.0.1:17141
+  sed 's/match: { path_prefix: \/ }/match: { path_segment_prefix: \/ }/' "$WORK/reprise-rule.yaml" >"$WORK/reprise-route.yaml"
+  TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+route" 17051 \
+    "$SIDECAR" --config "$WORK/reprise-route.yaml" \
     --listen 127.0.0.1:17051 --admin 127.0.0.1:17151
   per_request haproxy 17003 haproxy -db -f "$CONF/haproxy.cfg"
   per_request nginx 17004 nginx -p "$WORK/nginx/" -e stderr -c "$CONF/nginx-proxy.conf" -g 'master_process off;'

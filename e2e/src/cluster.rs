@@ -106,6 +106,45 @@ impl Cluster {
         kubectl_with(&self.kubeconfig, args)
     }
 
+    /// Gateway API's CRDs of `channel` (`standard` or `experimental`), from
+    /// the module e2e/tools/gateway-api pins (`GATEWAY_API_CRD_DIR`, exported
+    /// by `e2e/build-tools.sh`): the files Gateway API publishes, applied
+    /// server-side (they are too large for the last-applied annotation) and
+    /// waited for until Established. The chart never installs them. The
+    /// standard bundle's ValidatingAdmissionPolicy refuses experimental CRDs
+    /// over standard ones: for the experimental channel it is deleted first,
+    /// as its message tells a user to; the standard channel applies over
+    /// either. Tests that need a channel ask for it, whatever ran before.
+    pub fn gateway_api(&self, channel: &str) {
+        let root = std::env::var("GATEWAY_API_CRD_DIR").expect(
+            "GATEWAY_API_CRD_DIR: the CRDs of the pinned Gateway API module (source the env file of e2e/build-tools.sh)",
+        );
+        let dir = format!("{root}/{channel}");
+        if channel == "experimental" {
+            self.kubectl(&[
+                "delete",
+                "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                "safe-upgrades.gateway.networking.k8s.io",
+                "--ignore-not-found",
+            ])
+            .expect("delete the standard channel's safe-upgrades policy");
+        }
+        self.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &dir])
+            .unwrap_or_else(|e| panic!("apply {dir}: {e}"));
+        let mut crds = vec![
+            "crd/httproutes.gateway.networking.k8s.io",
+            "crd/grpcroutes.gateway.networking.k8s.io",
+            "crd/backendtlspolicies.gateway.networking.k8s.io",
+        ];
+        if channel == "experimental" {
+            crds.push("crd/xbackendtrafficpolicies.gateway.networking.x-k8s.io");
+        }
+        let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+        args.extend(crds);
+        self.kubectl(&args)
+            .unwrap_or_else(|e| panic!("Gateway API {channel} CRDs Established: {e}"));
+    }
+
     pub fn apply(&self, yaml: &str) -> Result<String, String> {
         let path = self.work.join(format!("apply-{}.yaml", rand_suffix()));
         std::fs::write(&path, yaml).expect("write yaml");

@@ -71,6 +71,8 @@ fn snapshot(from: u32, attempts: i32) -> Snapshot {
                 generation: 1,
                 upstream: format!("svc-{k}.ns-000"),
                 rule,
+                precedence: 0,
+                route: None,
             }
         })
         .collect();

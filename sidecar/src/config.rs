@@ -9,4 +9,4 @@ pub(crate) mod address_map;
 pub(crate) mod reload;
 pub(crate) mod subscription;
 
-pub use subscription::{Running, Subscription, TrustedCa, SAVE_EVERY};
+pub use subscription::{Farewell, Running, Subscription, TrustedCa, FAREWELL_TIMEOUT, SAVE_EVERY};

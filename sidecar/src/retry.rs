@@ -221,6 +221,13 @@ pub(crate) async fn run(
                     } else if outcome == Outcome::Exhausted(ExhaustedBy::Deadline) {
                         state.deadline_stop(DeadlineStop::Retry, trace);
                     }
+                    // A route's request timeout answers for itself (Gateway
+                    // API's 504); a RetryPolicy's deadline leaves the last answer.
+                    if outcome == Outcome::Exhausted(ExhaustedBy::Deadline)
+                        && plan.policy.is_some_and(|p| p.deadline_answers_timeout)
+                    {
+                        break 'run Final::Local(FailureKind::DeadlineExceeded);
+                    }
                     break 'run match failure.response {
                         Some(response) => Final::Upstream {
                             response,
@@ -257,9 +264,12 @@ impl<'a> RetryState<'a> {
             plan,
             deadline: policy.and_then(|p| p.total_deadline).map(|d| start() + d),
             source: DeadlineSource::Policy,
-            attempt_limit: policy
-                .and_then(|p| p.attempt_timeout)
-                .or(up.config.read_timeout),
+            // Zero turns the limit off altogether (a route's `backendRequest: 0s`).
+            attempt_limit: match policy.and_then(|p| p.attempt_timeout) {
+                Some(Duration::ZERO) => None,
+                Some(limit) => Some(limit),
+                None => up.config.read_timeout,
+            },
             retries: 0,
             grpc: false,
             first_frame: false,

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::reload;
-use crate::config::subscription::Subscription;
+use crate::config::subscription::{Farewell, Subscription, FAREWELL_TIMEOUT};
 use crate::observe::access_log::AccessLog;
 use crate::observe::log_output::{BatchedWriter, FlushGuard};
 use crate::observe::{Tracing, SERVICE};
@@ -360,15 +360,15 @@ async fn run(
             },
         ));
     }
+    let mut farewell = None;
     match source {
         Source::File(path, file) => {
             tokio::spawn(reload::watch(path, Arc::clone(&proxy), file));
         }
         Source::Controller(subscription, saved) => {
-            match saved {
-                Some(snapshot) => tokio::spawn(subscription.resume(Arc::clone(&proxy), snapshot)),
-                None => tokio::spawn(subscription.run(Arc::clone(&proxy), None)),
-            };
+            let f = Farewell::default();
+            tokio::spawn(subscription.run_until_farewell(Arc::clone(&proxy), saved, f.clone()));
+            farewell = Some(f);
         }
     }
     let listeners = server::Listeners {
@@ -377,6 +377,11 @@ async fn run(
         others: std::iter::once(args.admin).chain(args.health).collect(),
     };
     let drained = server::serve(listeners, Arc::clone(&proxy), shutdown_signal()).await;
+    // What the drained requests came to, before the process is gone.
+    if let Some(farewell) = farewell {
+        let said = farewell.say(FAREWELL_TIMEOUT).await;
+        tracing::info!(said, "final traffic report");
+    }
     if !traces.shutdown(TRACE_FLUSH_TIMEOUT).await {
         tracing::warn!("queued spans did not reach the collector in time; they are lost");
     }

@@ -122,6 +122,12 @@ pub async fn serve(
             .chain(&listeners.transparent)
             .filter_map(|l| l.local_addr().ok()),
     );
+    // No name may resolve to these either (routes built before are built
+    // again without them).
+    proxy.dns.set_own_listeners(own.clone());
+    if proxy.config().upstreams.iter().any(|u| !u.dns.is_empty()) {
+        proxy.rebuild_routes();
+    }
     let own = Arc::new(OwnListeners(own));
     // Index 0 is the proxy listener, the others are transparent.
     let all: Vec<TcpListener> = std::iter::once(listeners.proxy)

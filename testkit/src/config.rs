@@ -413,6 +413,13 @@ impl ProxyConfig {
         self.0.dns_resolvers.push(server.to_string());
         self
     }
+
+    /// Lets host-named endpoints resolve to loopback addresses (tests run
+    /// their upstreams there).
+    pub fn dns_allow_local(mut self, allow: bool) -> ProxyConfig {
+        self.0.dns_allow_local = Some(allow);
+        self
+    }
 }
 
 #[cfg(test)]

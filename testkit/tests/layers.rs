@@ -58,8 +58,10 @@ const CONTROLLER: &[&[&str]] = &[
     // sidecars and what each ACKed.
     &["cache", "sidecars"],
     // Leaves: what a policy means (pure), the error type, TLS, the Lease,
-    // the sidecars' traffic reports over a window.
-    &["policy", "error", "tls", "leader", "traffic"],
+    // the sidecars' traffic reports over a window, text from pods as shown.
+    &["policy", "error", "tls", "leader", "traffic", "untrusted"],
+    // What every listener holds a connection to (TLS's accept loop too).
+    &["listen"],
 ];
 
 /// The model both processes share: the snapshot on top, plain values below.

@@ -13,7 +13,7 @@ async fn main() -> ExitCode {
         Ok(false) => ExitCode::FAILURE,
         // One line, as kubectl reports errors: the message carries its cause.
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", plugin::error_line(&e));
             ExitCode::FAILURE
         }
     }

@@ -85,14 +85,15 @@ impl Cache {
         &self,
         policy: &RetryPolicy,
     ) -> Option<(Arc<BackendTLSPolicy>, Result<SnapshotTls, TlsProblem>)> {
-        let namespace = policy.namespace().unwrap_or_default();
+        let own = policy.namespace().unwrap_or_default();
+        let namespace = policy.spec.target_namespace(&own);
         let name = &policy.spec.target_ref.name;
         let service = self
             .services
             .store
-            .get(&ObjectRef::new(name).within(&namespace));
+            .get(&ObjectRef::new(name).within(namespace));
         let port_name = target::port_name(service.as_deref(), policy.spec.target_ref.port);
-        self.backend_tls_of(&namespace, name, port_name.as_deref())
+        self.backend_tls_of(namespace, name, port_name.as_deref())
     }
 
     /// The BackendTLSPolicy that applies to the port `port_name` of

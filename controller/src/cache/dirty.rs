@@ -22,6 +22,11 @@ pub struct Touched {
     pub policies: HashSet<(String, String)>,
     /// Services (themselves or their EndpointSlices), by namespace and name.
     pub services: HashSet<(String, String)>,
+    /// Namespaces whose labels may have changed (a producer policy's
+    /// `callerNamespaces.selector` reads them).
+    pub namespaces: HashSet<String>,
+    /// Gateway API routes, by namespace (HTTPRoute and GRPCRoute alike).
+    pub routes: HashSet<String>,
 }
 
 /// What one event touched.
@@ -31,6 +36,10 @@ pub(crate) enum Touch {
     Policy(String, String),
     /// A Service, or one of its EndpointSlices.
     Service(String, String),
+    /// A Namespace (its labels).
+    Namespace(String),
+    /// An HTTPRoute or GRPCRoute in a namespace.
+    Route(String),
     /// Something every snapshot may depend on.
     All,
     /// Nothing snapshots are made of.
@@ -51,6 +60,12 @@ impl Dirty {
             }
             Touch::Service(ns, name) if !t.all => {
                 t.services.insert((ns, name));
+            }
+            Touch::Namespace(ns) if !t.all => {
+                t.namespaces.insert(ns);
+            }
+            Touch::Route(ns) if !t.all => {
+                t.routes.insert(ns);
             }
             Touch::All => {
                 *t = Touched {
@@ -88,4 +103,14 @@ pub(crate) fn slice(s: &EndpointSlice) -> Touch {
         Some(service) => Touch::Service(s.namespace().unwrap_or_default(), service.clone()),
         None => Touch::Nothing,
     }
+}
+
+/// What an event on a Namespace touched.
+pub(crate) fn namespace(n: &k8s_openapi::api::core::v1::Namespace) -> Touch {
+    Touch::Namespace(n.name_any())
+}
+
+/// What an event on an HTTPRoute touched: its namespace's routes.
+pub(crate) fn http_route(r: &crate::policy::route::HTTPRoute) -> Touch {
+    Touch::Route(r.namespace().unwrap_or_default())
 }

@@ -6,12 +6,13 @@
 //! live watch's path (`watch::on_event`: store, change counter, relay to
 //! the reconciler), so whatever the controller does per event is exercised
 //! and measured as in a cluster. Its stores start complete (a list, as a
-//! watch's first one), so [`Cache::ready`] holds at once; BackendTLSPolicies
-//! and the replicas' sync counts are not fed (none).
+//! watch's first one), so [`Cache::ready`] holds at once; BackendTLSPolicies,
+//! GRPCRoutes, XBackendTrafficPolicies and the replicas' sync counts are not
+//! fed (none).
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
 use reprise_crds::resource::RetryPolicy;
@@ -20,6 +21,7 @@ use tokio::sync::watch as change;
 use super::relay::Relay;
 use super::watch::{self, Fed, Kind, Watched};
 use super::Cache;
+use crate::policy::route::HTTPRoute;
 
 /// Applies and deletes the objects of a [`Cache::fed`] cache, each as a
 /// watch event. For benchmarks and tests.
@@ -27,6 +29,8 @@ pub struct Feed {
     policies: Fed<RetryPolicy>,
     services: Fed<Service>,
     slices: Fed<EndpointSlice>,
+    namespaces: Fed<Namespace>,
+    http_routes: Fed<HTTPRoute>,
 }
 
 impl std::fmt::Debug for Feed {
@@ -55,13 +59,20 @@ impl Cache {
             Watched::fed(signals.clone(), policies, super::dirty::policy);
         let (services, services_fed) =
             Watched::fed(signals.clone(), services, super::dirty::service);
-        let (slices, slices_fed) = Watched::fed(signals, slices, super::dirty::slice);
+        let (slices, slices_fed) = Watched::fed(signals.clone(), slices, super::dirty::slice);
+        let (namespaces, namespaces_fed) =
+            Watched::fed(signals.clone(), [], super::dirty::namespace);
+        let (http_routes, http_routes_fed) = Watched::fed(signals, [], super::dirty::http_route);
         let cache = Cache {
             policies,
             services,
             slices,
             peers: None,
             backend_tls: Watched::fixed([]),
+            namespaces,
+            http_routes,
+            grpc_routes: Watched::fixed([]),
+            traffic_policies: Watched::fixed([]),
             ca_bundles: Arc::default(),
             ca_read: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             changes,
@@ -72,6 +83,8 @@ impl Cache {
             policies: policies_fed,
             services: services_fed,
             slices: slices_fed,
+            namespaces: namespaces_fed,
+            http_routes: http_routes_fed,
         };
         (cache, feed)
     }
@@ -106,6 +119,21 @@ impl Feed {
     /// Deletes an EndpointSlice.
     pub fn delete_slice(&mut self, slice: EndpointSlice) {
         delete(&mut self.slices, slice);
+    }
+
+    /// Adds or replaces a Namespace (its labels).
+    pub fn apply_namespace(&mut self, namespace: Namespace) {
+        apply(&mut self.namespaces, namespace);
+    }
+
+    /// Adds or replaces an HTTPRoute.
+    pub fn apply_http_route(&mut self, route: HTTPRoute) {
+        apply(&mut self.http_routes, route);
+    }
+
+    /// Deletes an HTTPRoute.
+    pub fn delete_http_route(&mut self, route: HTTPRoute) {
+        delete(&mut self.http_routes, route);
     }
 }
 

@@ -99,6 +99,48 @@ mod tests {
     }
 
     #[test]
+    fn cel_keeps_producer_policies_to_their_own_services() {
+        let check = |p: RetryPolicy| {
+            kube::core::cel::validate_cel(&p)
+                .err()
+                .map(|e| format!("{e:?}"))
+        };
+        // A consumer policy for another namespace's Service: accepted.
+        assert_eq!(
+            check(fixtures::policy().targeting("catalog", "api").build()),
+            None
+        );
+        // A producer policy for its own Service: accepted, all or selected.
+        assert_eq!(check(fixtures::policy().callers(None).build()), None);
+        assert_eq!(
+            check(fixtures::policy().callers(Some(("team", "web"))).build()),
+            None
+        );
+        // A producer policy naming another namespace's Service: refused.
+        let err = check(
+            fixtures::policy()
+                .targeting("catalog", "api")
+                .callers(None)
+                .build(),
+        )
+        .expect("refused");
+        assert!(
+            err.contains("callerNamespaces other than Same needs a Service in this namespace"),
+            "{err}"
+        );
+        // A selector without Selector, or Selector without one: the rule is
+        // on the nested object, which kube's local check does not reach
+        // through the Option (the API server does: e2e docs tests).
+        let crd = serde_json::to_value(RetryPolicy::crd()).expect("json");
+        let callers = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+            ["spec"]["properties"]["callerNamespaces"];
+        assert_eq!(
+            callers["x-kubernetes-validations"][0]["rule"],
+            "(self.from == 'Selector') == has(self.selector)"
+        );
+    }
+
+    #[test]
     fn cel_requires_cap_at_least_base() {
         let mut rule = RetryRule::default();
         rule.retries.backoff_base_ms = 100;

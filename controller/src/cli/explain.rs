@@ -2,12 +2,15 @@
 //! method, a URL and headers, which policy would apply, which endpoints are
 //! eligible, and on which failures the request would be retried. It sends no
 //! traffic: it lists the cluster into a [`Cache`] and asks the same snapshot
-//! source the push server uses, then the same matching the sidecar runs.
+//! source the push server uses, then the same matching the sidecar runs. It
+//! says which source applied (a RetryPolicy or a route, the client's
+//! namespace's or the Service's) and which matching ones it overrode
+//! (`docs/src/concepts/precedence.md`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
@@ -16,6 +19,8 @@ use reprise_crds::resource::RetryPolicy;
 use reprise_crds::{Config, FailureBoundary, Rule, Upstream};
 
 use crate::cache::Cache;
+use crate::policy::budget::XBackendTrafficPolicy;
+use crate::policy::route::{GRPCRoute, HTTPRoute};
 use crate::push::{CacheSource, Identity, SnapshotSource};
 use crate::Error;
 
@@ -118,11 +123,20 @@ async fn explain(client: Client, q: &Question) -> Result<String, Error> {
         None => q.labels.clone(),
     };
     let all = ListParams::default();
-    let policies = Api::<RetryPolicy>::namespaced(client.clone(), &q.namespace)
+    // Every namespace's: a producer's policies and routes reach this one.
+    let policies = Api::<RetryPolicy>::all(client.clone())
         .list(&all)
         .await
         .map_err(Error::Kube)?
         .items;
+    let namespaces = optional(Api::<Namespace>::all(client.clone()).list(&all).await)?;
+    let http_routes = optional(Api::<HTTPRoute>::all(client.clone()).list(&all).await)?;
+    let grpc_routes = optional(Api::<GRPCRoute>::all(client.clone()).list(&all).await)?;
+    let budgets = optional(
+        Api::<XBackendTrafficPolicy>::all(client.clone())
+            .list(&all)
+            .await,
+    )?;
     let services = Api::<Service>::all(client.clone())
         .list(&all)
         .await
@@ -133,7 +147,12 @@ async fn explain(client: Client, q: &Question) -> Result<String, Error> {
         .await
         .map_err(Error::Kube)?
         .items;
-    let cache = Cache::fixed(policies, services, slices);
+    let cache = Cache::fixed(policies, services, slices).with_gateway_api(
+        namespaces,
+        http_routes,
+        grpc_routes,
+        budgets,
+    );
     let id = Identity {
         namespace: q.namespace.clone(),
         pod: q.pod.clone().unwrap_or_default(),
@@ -158,6 +177,7 @@ async fn explain(client: Client, q: &Question) -> Result<String, Error> {
     let skipped: Vec<String> = cache
         .policies()
         .iter()
+        .filter(|p| p.namespace().as_deref() == Some(q.namespace.as_str()))
         .filter(|p| !snapshot.policies.iter().any(|s| s.name == p.name_any()))
         .map(|p| p.name_any())
         .collect();
@@ -193,20 +213,103 @@ fn answer(config: &Config, q: &Question, out: &mut String) {
         return;
     };
     list_endpoints(upstream, out);
-    let Some(rule) = first_matching_rule(config, upstream, q, host, path, out) else {
+    let Some(rule) = first_matching_rule(config, upstream, q, host, (path, uri.query()), out)
+    else {
         let _ = writeln!(out, "no policy matches {} {path}: a failure is returned as is (outcome skipped: retries_off)", q.method);
         return;
     };
     let _ = writeln!(
         out,
-        "policy {} (priority {}) matches",
-        rule.id, rule.priority
+        "policy {} ({}; priority {}) matches",
+        rule.report_id(),
+        source(rule.precedence),
+        rule.priority
     );
+    let overridden = matching_after(config, upstream, rule, q, host, (path, uri.query()));
+    for r in overridden {
+        let _ = writeln!(
+            out,
+            "  it overrides {} ({}), which matches too",
+            r.report_id(),
+            source(r.precedence)
+        );
+    }
     if !rule.policy.enabled() {
         let _ = writeln!(out, "  attempts is 0: nothing is retried");
         return;
     }
     describe_retries(&rule.policy, upstream, out);
+}
+
+/// A list the API server may not serve (a Gateway API kind whose CRD is
+/// not installed, or one the user may not list): empty.
+fn optional<K>(listed: Result<kube::core::ObjectList<K>, kube::Error>) -> Result<Vec<K>, Error>
+where
+    K: Clone,
+{
+    match listed {
+        Ok(l) => Ok(l.items),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => Ok(Vec::new()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// Which source a rule's precedence class is.
+fn source(precedence: u8) -> &'static str {
+    match precedence {
+        0 => "a RetryPolicy of the client's namespace",
+        1 => "a route of the client's namespace",
+        2 => "a RetryPolicy of the Service's namespace, for callers elsewhere",
+        _ => "a route of the Service's namespace, for callers elsewhere",
+    }
+}
+
+/// The rules after `first` that match the request too: what it overrides.
+fn matching_after<'c>(
+    config: &'c Config,
+    upstream: &Upstream,
+    first: &Rule,
+    q: &Question,
+    host: &str,
+    (path, query): (&str, Option<&str>),
+) -> Vec<&'c Rule> {
+    let header = |name: &str| {
+        q.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_bytes())
+    };
+    let lower: Vec<(String, &str)> = q
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.as_str()))
+        .collect();
+    let cel_headers: Vec<(&str, &str)> = lower.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let facts = CelRequest {
+        method: &q.method,
+        path,
+        host,
+        headers: &cel_headers,
+    };
+    let mut seen = vec![first.report_id()];
+    config
+        .rules
+        .iter()
+        .skip_while(|r| r.id != first.id)
+        .skip(1)
+        .filter(|r| {
+            r.matches(&upstream.name, &q.method, path, query, header)
+                && r.cel
+                    .as_ref()
+                    .is_none_or(|c| c.evaluate(&facts).unwrap_or(false))
+        })
+        .filter(|r| {
+            // A route rule's several matches are one rule.
+            let new = !seen.contains(&r.report_id());
+            seen.push(r.report_id());
+            new
+        })
+        .collect()
 }
 
 /// The upstream `host` names, by its name or one of its aliases.
@@ -238,7 +341,7 @@ fn first_matching_rule<'c>(
     upstream: &Upstream,
     q: &Question,
     host: &str,
-    path: &str,
+    (path, query): (&str, Option<&str>),
     out: &mut String,
 ) -> Option<&'c Rule> {
     let header = |name: &str| {
@@ -260,10 +363,9 @@ fn first_matching_rule<'c>(
         host,
         headers: &cel_headers,
     };
-    config
-        .rules
-        .iter()
-        .find(|r| r.matches(&upstream.name, &q.method, path, header) && cel_holds(r, &facts, out))
+    config.rules.iter().find(|r| {
+        r.matches(&upstream.name, &q.method, path, query, header) && cel_holds(r, &facts, out)
+    })
 }
 
 /// Whether `rule`'s CEL condition holds for the request `facts` (true
@@ -392,6 +494,8 @@ mod tests {
             generation: 1,
             upstream: "api.shop".into(),
             rule,
+            precedence: 0,
+            route: None,
         };
         Snapshot::new(vec![upstream], vec![policy])
             .resolve()
@@ -428,7 +532,9 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("policy shop/reads (priority 0) matches"),
+            out.contains(
+                "policy shop/reads (a RetryPolicy of the client's namespace; priority 0) matches"
+            ),
             "{out}"
         );
         let out = ask_with(&config, "GET", "http://api/v1/items", &[("x-tenant", "b")]);
@@ -445,7 +551,7 @@ mod tests {
     fn explains_match_endpoints_and_retryable_failures() {
         let out = ask("GET", "http://api/v1/items");
         for expected in [
-            "policy shop/reads (priority 0) matches",
+            "policy shop/reads (a RetryPolicy of the client's namespace; priority 0) matches",
             "127.0.0.11:8080 api-1",
             "retried on statuses: [502, 503, 504]",
             "resets, early closes and read timeouts",
@@ -455,5 +561,46 @@ mod tests {
         assert!(ask("POST", "http://api/v1/items").contains("no policy matches POST /v1/items"));
         assert!(ask("GET", "http://api/v2/items").contains("no policy matches GET /v2/items"));
         assert!(ask("GET", "http://example/x").contains("no policy targets it"));
+    }
+
+    #[test]
+    fn says_which_source_applied_and_which_it_overrode() {
+        use crate::cache::routes::PRODUCER_ROUTES;
+        let mut config = config();
+        // A producer's route for the same Service, matching every GET.
+        let mut errs = reprise_crds::ValidationErrors::default();
+        let route = reprise_crds::snapshot::SnapshotRoute {
+            kind: reprise_crds::snapshot::RouteKind::Http,
+            route: "api-retries".into(),
+            rule: "0".into(),
+            matches: vec![reprise_crds::snapshot::RouteMatch {
+                path_segment_prefix: Some("/".into()),
+                ..Default::default()
+            }],
+            deadline_answers_timeout: false,
+            no_attempt_timeout: false,
+        };
+        let id = "catalog/HTTPRoute:api-retries:0:api.shop";
+        let (mut rule, _) = RetryRule::default().resolve(id, "api.shop", "spec", &mut errs);
+        rule.precedence = PRODUCER_ROUTES;
+        config
+            .rules
+            .extend(route.rules(rule, id, "route", &mut errs));
+        config.rules.sort_by(Rule::order);
+        assert!(errs.is_empty(), "{errs}");
+        let out = ask_with(&config, "GET", "http://api/v1/items", &[]);
+        assert!(
+            out.contains(
+                "policy shop/reads (a RetryPolicy of the client's namespace; priority 0) matches"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("it overrides catalog/HTTPRoute:api-retries:0:api.shop (a route of the Service's namespace, for callers elsewhere), which matches too"),
+            "{out}"
+        );
+        let out = ask_with(&config, "GET", "http://api/v2/items", &[]);
+        assert!(out.contains("policy catalog/HTTPRoute:api-retries:0:api.shop (a route of the Service's namespace"), "{out}");
+        assert!(!out.contains("overrides"), "{out}");
     }
 }

@@ -110,41 +110,64 @@ pub async fn run(args: Args) -> Result<bool, Error> {
     match args.verb {
         Verb::Stat(a) => {
             let scope = (!g.all_namespaces).then_some(namespace.as_str());
-            print!("{}", stat::run(client, scope, &a, g.output).await?);
+            show(&stat::run(client, scope, &a, g.output).await?);
             Ok(true)
         }
         Verb::Diagnose(a) => {
-            print!("{}", diagnose::run(client, &namespace, &a, g.output).await?);
+            show(&diagnose::run(client, &namespace, &a, g.output).await?);
             Ok(true)
         }
         Verb::Sent(a) => {
-            print!("{}", sent::run(client, &namespace, &a, g.output).await?);
+            show(&sent::run(client, &namespace, &a, g.output).await?);
             Ok(true)
         }
         Verb::Explain(request) => {
             text_only("explain", g)?;
-            print!(
-                "{}",
-                explain::answer_from(client, namespace, request).await?
-            );
+            show(&explain::answer_from(client, namespace, request).await?);
             Ok(true)
         }
         Verb::Check(a) => {
             text_only("check", g)?;
             let (text, ok) = check::run(client, &a).await;
-            print!("{text}");
+            show(&text);
             Ok(ok)
         }
     }
+}
+
+/// Prints `text` with its control characters escaped but its line breaks:
+/// everything a verb prints may hold what a pod wrote (a report key, a
+/// NACK's message, a fake sidecar's diagnostics) or a status it shaped.
+fn show(text: &str) {
+    print!("{}", crate::untrusted::escaped(text, true));
+}
+
+/// An error as the binary prints it, on one line, escaped: an error may
+/// quote what a pod's admin port or the API server answered.
+pub fn error_line(e: &Error) -> String {
+    crate::untrusted::escaped(&e.to_string(), false)
 }
 
 /// `value` printed as `-o json` or `-o yaml` ask; `None` for the text forms,
 /// which each verb draws its own way.
 fn as_data(value: &impl serde::Serialize, output: Option<Output>) -> Option<Result<String, Error>> {
     match output? {
+        // serde_json escapes C0 controls itself, not C1 ones (U+009B is a
+        // CSI to some terminals): they can only be in strings, where
+        // `\u009b` is the same character.
         Output::Json => Some(
             serde_json::to_string_pretty(value)
-                .map(|s| s + "\n")
+                .map(|s| {
+                    let mut out = String::with_capacity(s.len() + 1);
+                    for c in s.chars() {
+                        if c.is_control() && c != '\n' {
+                            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+                        } else {
+                            out.push(c);
+                        }
+                    }
+                    out + "\n"
+                })
                 .map_err(Error::Json),
         ),
         Output::Yaml => Some(serde_yaml::to_string(value).map_err(Error::Yaml)),
@@ -261,6 +284,25 @@ mod tests {
         .expect("parses");
         assert!(matches!(a.verb, Verb::Explain(_)), "{a:?}");
         assert!(parse(&["explain", "GET"]).is_err(), "the URL is required");
+    }
+
+    #[test]
+    fn json_and_yaml_print_control_characters_escaped() {
+        let hostile = serde_json::json!({"key": "a\u{1b}]52;c;aGk=\u{7}b\u{9b}"});
+        for output in [Output::Json, Output::Yaml] {
+            let printed = as_data(&hostile, Some(output))
+                .expect("data")
+                .expect("printed");
+            assert!(
+                !printed.chars().any(|c| c.is_control() && c != '\n'),
+                "{output:?}: {printed:?}"
+            );
+            let back: serde_json::Value = match output {
+                Output::Json => serde_json::from_str(&printed).expect("JSON"),
+                _ => serde_yaml::from_str(&printed).expect("YAML"),
+            };
+            assert_eq!(back, hostile, "{output:?}: the same text, escaped");
+        }
     }
 
     #[test]

@@ -9,6 +9,15 @@
 //! Namespaces. The `reprise.dev/deadline-*` annotations a namespace sets
 //! for its pods are read by name (`namespaces.rs`).
 //!
+//! The API server sends AdmissionReviews of up to [`MAX_REVIEW_BYTES`], so
+//! that cap stays; what a client that never finishes its body can hold is
+//! bounded instead: at most [`WebhookLimits::pending_bodies`] bodies are
+//! read at once (their bytes, their time), and a request gets the
+//! webhook's `timeoutSeconds` in all (the API server gives up then), its
+//! wait for a body slot included. Each request the webhook could not answer
+//! is counted in `reprise_controller_webhook_failed_open_total`: with
+//! `failurePolicy: Ignore` its Pod was admitted without the sidecar.
+//!
 //! `GET /certificate` answers the serving certificate chain this listener
 //! presents (public, as in every handshake): `kubectl reprise check` reads it
 //! through the API server's service proxy, which terminates TLS itself, to
@@ -23,7 +32,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::DynamicObject;
@@ -41,8 +50,38 @@ const PATH: &str = "/inject";
 const TRANSPARENT_PATH: &str = "/inject/transparent";
 /// Path of the serving certificate chain (PEM), for `kubectl reprise check`.
 const CERTIFICATE_PATH: &str = "/certificate";
-/// Admission reviews are small; anything larger is not one.
+/// The largest AdmissionReview the API server sends (its request limit).
 const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
+
+/// What the webhook's listener holds a request to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WebhookLimits {
+    /// The listener's connections.
+    pub(crate) listener: crate::listen::Limits,
+    /// Bodies read at once; a request waits for a slot within its time.
+    pub(crate) pending_bodies: usize,
+    /// A whole request's time, its body's included: the webhook
+    /// configuration's `timeoutSeconds`.
+    pub(crate) request_timeout: std::time::Duration,
+}
+
+impl Default for WebhookLimits {
+    fn default() -> Self {
+        WebhookLimits {
+            listener: crate::listen::Limits {
+                max_connections: 64,
+                max_per_source: None,
+                header_timeout: std::time::Duration::from_secs(10),
+                idle_timeout: std::time::Duration::from_secs(60),
+            },
+            pending_bodies: 8,
+            request_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+/// Concurrent h2 streams on one webhook connection.
+const WEBHOOK_MAX_STREAMS: u32 = 32;
 
 /// Where the webhook learns the API server's addresses, which transparent
 /// pods never capture.
@@ -94,6 +133,11 @@ pub(crate) struct Webhook {
     api_server: ApiServer,
     /// Reads the annotations of a new pod's namespace; `None` reads none.
     namespaces: Option<Namespaces>,
+    limits: WebhookLimits,
+    /// Slots for bodies being read.
+    bodies: tokio::sync::Semaphore,
+    /// The certificate the listener serves now (renewed while it runs).
+    serving: Option<Arc<crate::tls::Reloadable>>,
 }
 
 impl Webhook {
@@ -106,6 +150,7 @@ impl Webhook {
         metrics: Arc<Metrics>,
         api_server: ApiServer,
     ) -> Self {
+        let limits = WebhookLimits::default();
         Webhook {
             config,
             ca_pem,
@@ -114,6 +159,9 @@ impl Webhook {
             metrics,
             api_server,
             namespaces: None,
+            bodies: tokio::sync::Semaphore::new(limits.pending_bodies),
+            limits,
+            serving: None,
         }
     }
 
@@ -144,6 +192,24 @@ impl Webhook {
             _ => BTreeMap::new(),
         };
         (name, annotations)
+    }
+
+    /// Answers `GET /certificate` with what `serving` presents now.
+    pub(crate) fn with_serving(mut self, serving: Arc<crate::tls::Reloadable>) -> Self {
+        self.serving = Some(serving);
+        self
+    }
+
+    /// This webhook held to `limits`.
+    pub(crate) fn with_limits(mut self, limits: WebhookLimits) -> Self {
+        self.bodies = tokio::sync::Semaphore::new(limits.pending_bodies.max(1));
+        self.limits = limits;
+        self
+    }
+
+    /// Its listener's limits.
+    pub(crate) fn listener_limits(&self) -> crate::listen::Limits {
+        self.limits.listener
     }
 
     /// Answers `GET /certificate` with `pem`, the chain the listener serves.
@@ -240,31 +306,64 @@ impl Webhook {
         }
     }
 
-    /// Serves HTTPS on `listener` until the process ends.
+    /// Serves HTTPS on `listener` until the process ends, its connections
+    /// held to `gate`.
     pub(crate) async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
         tls: Arc<rustls::ServerConfig>,
+        gate: Arc<crate::listen::Gate>,
     ) {
         crate::tls::accept(
             listener,
             tls,
             std::future::pending(),
-            "webhook",
-            move |tls| {
+            gate,
+            move |tls, _peer| {
                 let webhook = Arc::clone(&self);
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                 async move {
+                    let limits = webhook.limits.listener;
                     let service = service_fn(move |req| {
                         let webhook = Arc::clone(&webhook);
-                        async move { Ok::<_, std::convert::Infallible>(webhook.handle(req).await) }
+                        async move { Ok::<_, std::convert::Infallible>(webhook.answer(req).await) }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
+                    crate::listen::serve_http(
+                        TokioIo::new(tls),
+                        h2,
+                        &limits,
+                        WEBHOOK_MAX_STREAMS,
+                        service,
+                    )
+                    .await;
                 }
             },
         )
         .await;
+    }
+
+    /// One request, within the whole-request time; one not answered in it
+    /// is counted as failed open.
+    async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        match tokio::time::timeout(self.limits.request_timeout, self.handle(req)).await {
+            Ok(resp) => resp,
+            Err(_) => {
+                self.failed_open("timeout");
+                plain(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "not answered within the webhook's timeout\n".into(),
+                )
+            }
+        }
+    }
+
+    fn failed_open(&self, reason: &'static str) {
+        self.metrics
+            .count(crate::metrics::Labelled::WebhookFailedOpen, reason, 1);
+        tracing::warn!(
+            reason,
+            "an admission request went unanswered: under failurePolicy Ignore its pod starts without the sidecar"
+        );
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -277,16 +376,24 @@ impl Webhook {
         if req.method() != Method::POST {
             return not_found();
         }
+        // A slot for the body, then the body, all within the request's time.
+        let Ok(_slot) = self.bodies.acquire().await else {
+            return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into());
+        };
         let body = match Limited::new(req.into_body(), MAX_REVIEW_BYTES)
             .collect()
             .await
         {
             Ok(b) => b.to_bytes(),
             Err(e) => {
+                let too_large = e
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some();
+                self.failed_open(if too_large { "too_large" } else { "unreadable" });
                 return plain(
                     StatusCode::BAD_REQUEST,
                     format!("cannot read the body: {e}\n"),
-                )
+                );
             }
         };
         let namespace = self.namespace_of(&body).await;
@@ -307,10 +414,14 @@ impl Webhook {
 impl Webhook {
     /// `GET /certificate`: the serving chain, or 404 when none was given.
     fn certificate(&self) -> Response<Full<Bytes>> {
-        if self.certificate_pem.is_empty() {
+        let pem = match &self.serving {
+            Some(serving) => serving.serving_pem(),
+            None => self.certificate_pem.clone(),
+        };
+        if pem.is_empty() {
             return not_found();
         }
-        let mut resp = plain(StatusCode::OK, self.certificate_pem.clone());
+        let mut resp = plain(StatusCode::OK, pem);
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/x-pem-file"),

@@ -1,12 +1,53 @@
-//! Which client pods a policy applies to: its `podSelector` (empty: all pods in
-//! its namespace).
+//! Which client pods a policy applies to: its `podSelector` (empty: all
+//! pods) in its own namespace and, for a producer policy, in the namespaces
+//! its `callerNamespaces` adds.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use reprise_crds::resource::RetryPolicy;
+use kube::ResourceExt;
+use reprise_crds::resource::{NamespacesFrom, RetryPolicy};
 
-/// True when `policy` selects a pod with `labels` (in the policy's namespace).
+/// True when `policy` applies beyond its own namespace.
+pub(crate) fn is_producer(policy: &RetryPolicy) -> bool {
+    policy.spec.callers_from() != NamespacesFrom::Same
+}
+
+/// True when `policy` applies to callers in `namespace`, whose labels
+/// `labels` gives (read only for a selector).
+pub(crate) fn covers(
+    policy: &RetryPolicy,
+    namespace: &str,
+    labels: impl FnOnce() -> BTreeMap<String, String>,
+) -> bool {
+    if policy.namespace().as_deref() == Some(namespace) {
+        return true;
+    }
+    match &policy.spec.caller_namespaces {
+        None => false,
+        Some(c) => match c.from {
+            NamespacesFrom::Same => false,
+            NamespacesFrom::All => true,
+            NamespacesFrom::Selector => c
+                .selector
+                .as_ref()
+                .is_some_and(|sel| matches(sel, &labels())),
+        },
+    }
+}
+
+/// True when `policy` applies to a pod with `labels` in `namespace`.
+pub(crate) fn applies(
+    policy: &RetryPolicy,
+    namespace: &str,
+    namespace_labels: impl FnOnce() -> BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    covers(policy, namespace, namespace_labels) && selects(policy, labels)
+}
+
+/// True when `policy`'s `podSelector` selects a pod with `labels` (in a
+/// namespace it covers).
 pub(crate) fn selects(policy: &RetryPolicy, labels: &BTreeMap<String, String>) -> bool {
     match &policy.spec.pod_selector {
         None => true,

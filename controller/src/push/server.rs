@@ -14,7 +14,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use reprise_crds::protocol::{Ack, ACKS_PATH, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH};
 use reprise_crds::traffic::TrafficReport;
 use tokio::net::TcpListener;
@@ -22,8 +22,10 @@ use tokio::sync::mpsc;
 
 use super::auth::{AuthError, Authenticator, Identity};
 use super::groups::{Groups, DEBOUNCE};
+use super::paced::Paced;
 use super::source::SnapshotSource;
 use super::stream;
+use crate::listen::{Gate, Limits};
 use crate::metrics::{Counter, Metrics};
 use crate::sidecars::SidecarRegistry;
 use crate::telemetry::{PushSpan, Tracing};
@@ -31,6 +33,29 @@ use crate::telemetry::{PushSpan, Tracing};
 /// Longest ACK line (or POSTed ACK body) accepted: an ACK is a version and
 /// perhaps an error message; anything longer is not one.
 pub(super) const MAX_ACK_BYTES: usize = 64 * 1024;
+
+/// Concurrent h2 streams on one push connection: a sidecar's stream is one.
+const PUSH_MAX_STREAMS: u32 = 4;
+
+/// The push listener's limits by default: room for every pod of a large
+/// cluster, and per source address far more than a pod needs (its stream,
+/// a reconnect) yet room for the sidecars of pods that share an address
+/// (host network, a NAT before an out-of-cluster controller).
+pub const PUSH_LIMITS: Limits = Limits {
+    max_connections: 65_536,
+    max_per_source: Some(256),
+    header_timeout: std::time::Duration::from_secs(10),
+    // Three heartbeats: a healthy stream moves every one.
+    idle_timeout: std::time::Duration::from_secs(3 * reprise_crds::protocol::HEARTBEAT_SECS),
+};
+
+/// Failed authentications one source address may have back to back, then
+/// one per [`FAILED_AUTH_EVERY`]; past that it is answered `429` before
+/// any token check.
+const FAILED_AUTH_BURST: u32 = 10;
+const FAILED_AUTH_EVERY: std::time::Duration = std::time::Duration::from_secs(6);
+/// Source addresses whose failures are remembered at most.
+const FAILED_AUTH_SOURCES: usize = 4096;
 
 /// The body of every push response.
 pub(super) type PushBody = BoxBody<Bytes, Infallible>;
@@ -59,6 +84,41 @@ pub struct PushServer {
     /// Spans of pushes awaiting their ACK, by namespace and pod (empty when
     /// tracing is off).
     pending: Mutex<HashMap<(String, String), PushSpan>>,
+    /// Failed authentications per source address.
+    failed_auth: Paced<std::net::IpAddr>,
+    /// NACK and resync log lines per pod.
+    pub(super) nack_logs: Paced<(String, String)>,
+    /// How each stream's lines are paced.
+    pub(super) limits: StreamLimits,
+    /// The listener's limits ([`PUSH_LIMITS`] unless set).
+    listener: Limits,
+}
+
+/// How a stream's lines from a sidecar are paced (`stream.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct StreamLimits {
+    /// Lines of any kind a stream may send back to back...
+    pub line_burst: u32,
+    /// ...then one per this; past it the stream is not read until its pace
+    /// allows (TCP pushes back on the sidecar, at no cost here).
+    pub line_every: std::time::Duration,
+    /// Whole snapshots a stream may ask for again (resync) back to back,
+    /// then one per this; a resync sooner waits.
+    pub resync_every: std::time::Duration,
+    /// NACKs of a stream logged back to back, then one per this (each is
+    /// counted in `reprise_controller_nacks_total` all the same).
+    pub nack_log_every: std::time::Duration,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        StreamLimits {
+            line_burst: 128,
+            line_every: std::time::Duration::from_millis(25),
+            resync_every: std::time::Duration::from_secs(10),
+            nack_log_every: std::time::Duration::from_secs(10),
+        }
+    }
 }
 
 impl std::fmt::Debug for PushServer {
@@ -90,7 +150,28 @@ impl PushServer {
             publishing: std::sync::atomic::AtomicBool::new(false),
             tracing,
             pending: Mutex::default(),
+            failed_auth: Paced::new(FAILED_AUTH_BURST, FAILED_AUTH_EVERY, FAILED_AUTH_SOURCES),
+            nack_logs: Paced::new(3, StreamLimits::default().nack_log_every, 16_384),
+            limits: StreamLimits::default(),
+            listener: PUSH_LIMITS,
         })
+    }
+
+    /// This server with streams paced by `limits` and its listener held to
+    /// `listener` (tests set them short). Before it serves.
+    pub fn with_limits(self: Arc<Self>, limits: StreamLimits, listener: Limits) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut server) => {
+                server.limits = limits;
+                server.nack_logs = Paced::new(3, limits.nack_log_every, 16_384);
+                server.listener = listener;
+                Arc::new(server)
+            }
+            Err(shared) => {
+                tracing::warn!("push limits set after the server was shared: ignored");
+                shared
+            }
+        }
     }
 
     /// Serves TLS connections on `listener` until `shutdown` resolves.
@@ -100,16 +181,48 @@ impl PushServer {
         tls: Arc<rustls::ServerConfig>,
         shutdown: impl Future<Output = ()>,
     ) {
+        let gate = Gate::new("push", self.listener);
+        self.serve_within(listener, tls, shutdown, gate).await;
+    }
+
+    /// [`PushServer::serve`], its connections held to `gate` (which the
+    /// metrics listener counts).
+    pub async fn serve_within(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+        shutdown: impl Future<Output = ()>,
+        gate: Arc<Gate>,
+    ) {
         if !self.publishing.swap(true, Ordering::AcqRel) {
             tokio::spawn(Arc::clone(&self).publish());
         }
-        crate::tls::accept(listener, tls, shutdown, "push", move |tls| {
+        crate::tls::accept(listener, tls, shutdown, gate, move |tls, peer| {
             let server = Arc::clone(&self);
+            let source = peer.ip().to_canonical();
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             async move {
-                let service = service_fn(move |req| Arc::clone(&server).handle(req));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                    .await;
+                let limits = server.listener;
+                let service = service_fn(move |req| {
+                    let server = Arc::clone(&server);
+                    // Authenticating, or reading a POSTed ACK, takes no
+                    // longer than a head may; a stream's body is not timed.
+                    let timeout = server.listener.header_timeout;
+                    async move {
+                        match tokio::time::timeout(timeout, server.handle(req, source)).await {
+                            Ok(answered) => answered,
+                            Err(_) => Ok(text(StatusCode::REQUEST_TIMEOUT, "request timeout\n")),
+                        }
+                    }
+                });
+                crate::listen::serve_http(
+                    TokioIo::new(tls),
+                    h2,
+                    &limits,
+                    PUSH_MAX_STREAMS,
+                    service,
+                )
+                .await;
             }
         })
         .await;
@@ -119,14 +232,21 @@ impl PushServer {
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        source: std::net::IpAddr,
     ) -> Result<Response<PushBody>, Infallible> {
         let path = req.uri().path().to_string();
         let response = match (req.method(), path.as_str()) {
-            (&Method::GET, SNAPSHOTS_PATH) => match self.identify(&req).await {
+            (&Method::GET, SNAPSHOTS_PATH) => match self.identify(&req, source).await {
                 Ok(id) => stream::open(self, id, req),
                 Err(refused) => refused,
             },
-            (&Method::POST, ACKS_PATH) => match self.identify(&req).await {
+            // An ACK is about a stream held here: one claiming a pod with
+            // none is refused before its token costs anything.
+            (&Method::POST, ACKS_PATH) if !self.holds_stream_of(&req) => text(
+                StatusCode::CONFLICT,
+                "no snapshot stream of this pod on this replica\n",
+            ),
+            (&Method::POST, ACKS_PATH) => match self.identify(&req, source).await {
                 Ok(id) => self.ack(&id, req).await,
                 Err(refused) => refused,
             },
@@ -135,8 +255,31 @@ impl PushServer {
         Ok(response)
     }
 
-    /// The sidecar a request comes from, or the answer refusing it.
-    async fn identify<B>(&self, req: &Request<B>) -> Result<Identity, Response<PushBody>> {
+    /// Whether the pod `req`'s headers claim has a stream to this replica.
+    fn holds_stream_of<B>(&self, req: &Request<B>) -> bool {
+        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+        match (header(NAMESPACE_HEADER), header(POD_HEADER)) {
+            (Some(ns), Some(pod)) => self.registry.get(ns, pod).is_some(),
+            _ => false,
+        }
+    }
+
+    /// The sidecar a request from `source` comes from, or the answer
+    /// refusing it. A source that failed too often is answered `429` before
+    /// its token is looked at.
+    async fn identify<B>(
+        &self,
+        req: &Request<B>,
+        source: std::net::IpAddr,
+    ) -> Result<Identity, Response<PushBody>> {
+        use crate::metrics::Labelled::PushAuthentications as Auth;
+        if !self.failed_auth.may(&source) {
+            self.metrics.count(Auth, "rate_limited", 1);
+            return Err(text(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many failed authentications from this address; retry later\n",
+            ));
+        }
         let header = |name: &str| {
             req.headers()
                 .get(name)
@@ -148,6 +291,8 @@ impl PushServer {
         let (Some(token), Some(ns), Some(pod)) =
             (token, header(NAMESPACE_HEADER), header(POD_HEADER))
         else {
+            self.failed_auth.spend(&source);
+            self.metrics.count(Auth, "refused", 1);
             return Err(text(
                 StatusCode::UNAUTHORIZED,
                 &format!("{}\n", AuthError::Missing),
@@ -155,18 +300,40 @@ impl PushServer {
         };
         match self.auth.authenticate(&token, &ns, &pod).await {
             Ok(mut id) => {
-                id.capabilities = reprise_crds::protocol::capabilities(req.headers());
+                self.metrics.count(Auth, "accepted", 1);
+                // Only what this build knows: an unknown capability would
+                // make a snapshot group of its own.
+                let known: Vec<&str> = reprise_crds::protocol::CAPABILITIES.split(',').collect();
+                id.capabilities = reprise_crds::protocol::capabilities(req.headers())
+                    .into_iter()
+                    .filter(|c| known.contains(&c.as_str()))
+                    .collect();
                 Ok(id)
             }
             Err(AuthError::Api(e)) => {
+                self.metrics.count(Auth, "unavailable", 1);
                 tracing::warn!(namespace = %ns, pod = %pod, error = %e, "cannot check a sidecar token");
                 Err(text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "cannot check the token now\n",
                 ))
             }
+            Err(e @ (AuthError::Busy | AuthError::TooOften)) => {
+                self.metrics.count(Auth, "busy", 1);
+                let status = if matches!(e, AuthError::Busy) {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::TOO_MANY_REQUESTS
+                };
+                Err(text(status, &format!("{e}; retry later\n")))
+            }
             Err(e) => {
-                tracing::warn!(namespace = %ns, pod = %pod, reason = %e, "sidecar refused");
+                self.metrics.count(Auth, "refused", 1);
+                // Logged while the source is within its pace; then only counted.
+                if self.failed_auth.may(&source) {
+                    tracing::warn!(namespace = %crate::untrusted::logged(&ns, 253), pod = %crate::untrusted::logged(&pod, 253), %source, reason = %e, "sidecar refused");
+                }
+                self.failed_auth.spend(&source);
                 Err(text(StatusCode::FORBIDDEN, &format!("{e}\n")))
             }
         }
@@ -194,13 +361,42 @@ impl PushServer {
             .unwrap_or_default()
     }
 
-    /// Counts an ACK or NACK from the sidecar `id` and updates its sync state.
-    pub(super) fn record_traffic(&self, id: &Identity, report: TrafficReport) {
+    /// Takes a traffic report from the sidecar `id`, checked and paced
+    /// (`crate::traffic`), and counts what became of it. A refused report is
+    /// dropped, never a reason to close the stream: a reconnect would cost
+    /// this controller a TokenReview, a Pod read and a whole snapshot, far
+    /// more than reading past the line, and the stream's lines are paced.
+    pub(super) fn record_traffic(&self, id: &Identity, mut report: TrafficReport) {
+        use crate::metrics::Labelled::{TrafficDropped, TrafficReports};
+        use crate::sidecars::Taken;
+        let dropped = match report.check() {
+            Ok(dropped) => dropped,
+            Err(e) => {
+                self.metrics.count(TrafficReports, "invalid", 1);
+                tracing::debug!(namespace = %id.namespace, pod = %id.pod, error = %e, "traffic report refused");
+                return;
+            }
+        };
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        self.registry
-            .record_traffic(&id.namespace, &id.pod, report, now);
+        let result = match self
+            .registry
+            .record_traffic(&id.namespace, &id.pod, report, now)
+        {
+            Taken::Recorded { unknown_policies } => {
+                self.metrics
+                    .count(TrafficDropped, "policy", unknown_policies);
+                self.metrics.count(TrafficDropped, "field", dropped.fields);
+                self.metrics.count(TrafficDropped, "name", dropped.names);
+                "recorded"
+            }
+            Taken::TooSoon => "too_soon",
+            Taken::AfterFinal => "after_final",
+            Taken::NotConnected => "not_connected",
+        };
+        self.metrics.count(TrafficReports, result, 1);
     }
 
+    /// Counts an ACK or NACK from the sidecar `id` and updates its sync state.
     pub(super) fn record_ack(&self, id: &Identity, ack: &Ack) {
         match &ack.error {
             Some(error) => {
@@ -209,7 +405,11 @@ impl PushServer {
                 if let Some(span) = self.push_span(&id.namespace, &id.pod) {
                     span.nacked(error);
                 }
-                tracing::warn!(namespace = %id.namespace, pod = %id.pod, version = %ack.version, error = %error, "sidecar NACKed a snapshot");
+                // Logged at a pace per pod, and cut: a NACK's message is the
+                // sidecar's to write, up to a line's length.
+                if self.nack_logs.take(&(id.namespace.clone(), id.pod.clone())) {
+                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, version = %crate::untrusted::logged(&ack.version, 128), error = %crate::untrusted::logged(error, super::stream::NACK_LOGGED_BYTES), "sidecar NACKed a snapshot");
+                }
             }
             None => {
                 self.metrics.add(Counter::Acks);

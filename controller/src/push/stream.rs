@@ -8,6 +8,13 @@
 //! connected exactly as long as its [`Registration`] lives, so a stream
 //! dropped at any point (closed, reset, its task aborted) leaves no count and
 //! no registry entry behind.
+//!
+//! A stream costs what its sidecar may make it cost, and no more: one
+//! stream per pod (a reconnect closes the older one); lines read at a pace
+//! ([`StreamLimits`](super::server::StreamLimits): past it the stream is
+//! not read, and TCP holds the sidecar back); an ACK, NACK or resync only
+//! in answer to a push (others are read past and counted), a resync's whole
+//! snapshot at most once an interval, NACKs logged at a pace and cut.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,10 +33,14 @@ use tokio::sync::watch;
 use super::auth::Identity;
 use super::groups::{Group, Published};
 use super::server::{PushBody, PushServer, MAX_ACK_BYTES};
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Labelled};
+use crate::sidecars::Closer;
 
 /// ACK lines are short: a small read buffer keeps thousands of idle streams cheap.
 const ACK_READ_BUFFER: usize = 1024;
+
+/// Longest part of a NACK's (or a resync's) message a log line carries.
+pub(super) const NACK_LOGGED_BYTES: usize = 512;
 
 /// A connected sidecar. While it lives, the sidecar is in the registry (and
 /// counted in `reprise_controller_connected_sidecars`); dropping it
@@ -40,13 +51,15 @@ pub(super) struct Registration {
     namespace: String,
     pod: String,
     connection: u64,
+    /// Ends this stream when a newer one of the pod replaces it.
+    closer: Closer,
 }
 
 impl Registration {
-    /// Registers `id` (replacing an older connection of the same pod).
+    /// Registers `id`, replacing (and closing) an older stream of the pod.
     fn new(server: &Arc<PushServer>, id: &Identity) -> Self {
         let connection = server.next_connection();
-        server.registry.connect(
+        let closer = server.registry.connect(
             &id.namespace,
             &id.pod,
             id.labels.clone(),
@@ -58,6 +71,7 @@ impl Registration {
             namespace: id.namespace.clone(),
             pod: id.pod.clone(),
             connection,
+            closer,
         }
     }
 }
@@ -114,6 +128,7 @@ pub(super) fn open(
     let upgrade = protocol::is_upgrade(req.headers());
     let state = StreamState {
         deltas: upgrade && id.capabilities.contains(CAPABILITY_DELTA),
+        closer: registration.closer.clone(),
         server,
         id,
         last,
@@ -121,6 +136,7 @@ pub(super) fn open(
         first: true,
         upgraded: upgrade,
         sidecar: Arc::default(),
+        resync_due: None,
         _group: group,
         _registration: registration,
     };
@@ -167,6 +183,10 @@ struct StreamState {
     upgraded: bool,
     /// What the reading half heard: answers, requests for the whole snapshot.
     sidecar: Arc<Heard>,
+    /// Ends the stream (a newer stream of the pod replaced it).
+    closer: Closer,
+    /// The soonest the next resync's whole snapshot goes out.
+    resync_due: Option<tokio::time::Instant>,
     /// Keeps the group alive while the stream is.
     _group: Arc<Group>,
     _registration: Registration,
@@ -220,11 +240,15 @@ impl StreamState {
     /// changed, else a heartbeat. `None` when the group's publisher is gone.
     async fn next_line(&mut self) -> Option<Bytes> {
         loop {
+            if self.closer.is_closed() {
+                return None;
+            }
             if !self.first {
                 let awaiting = self.sidecar.awaiting();
                 tokio::select! {
                     changed = self.snapshots.changed(), if !awaiting => changed.ok()?,
                     () = self.sidecar.wake.notified() => {}
+                    () = self.closer.closed() => return None,
                     () = tokio::time::sleep(Duration::from_secs(HEARTBEAT_SECS)) => {
                         return Some(Bytes::from_static(b"\n"));
                     }
@@ -239,6 +263,18 @@ impl StreamState {
                 .resync
                 .swap(false, std::sync::atomic::Ordering::AcqRel)
             {
+                // A whole snapshot again, at most once an interval: a
+                // sidecar answering every line with a resync would have
+                // the controller encode and send whole snapshots in a loop.
+                let now = tokio::time::Instant::now();
+                if let Some(due) = self.resync_due.filter(|due| *due > now) {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(due) => {}
+                        () = self.closer.closed() => return None,
+                    }
+                }
+                self.resync_due =
+                    Some(tokio::time::Instant::now() + self.server.limits.resync_every);
                 self.last = None;
             }
             let current = Arc::clone(&self.snapshots.borrow_and_update());
@@ -275,10 +311,11 @@ impl StreamState {
 /// neither loses a wake-up; when either ends the connection is done.
 async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
     let (read, mut write) = tokio::io::split(io);
-    let (server, id, sidecar) = (
+    let (server, id, sidecar, closer) = (
         Arc::clone(&st.server),
         st.id.clone(),
         Arc::clone(&st.sidecar),
+        st.closer.clone(),
     );
     let writer = async move {
         while let Some(line) = st.next_line().await {
@@ -293,7 +330,16 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
     let reader = async move {
         let mut reader = tokio::io::BufReader::with_capacity(ACK_READ_BUFFER, read);
         let mut line = Vec::new();
+        let limits = server.limits;
+        let mut due = tokio::time::Instant::now();
         loop {
+            // The line pace: past it, this stream is not read until it allows.
+            let slack = limits.line_every * limits.line_burst.saturating_sub(1);
+            let now = tokio::time::Instant::now();
+            if due > now + slack {
+                tokio::time::sleep_until(due - slack).await;
+            }
+            due = due.max(tokio::time::Instant::now()) + limits.line_every;
             line.clear();
             match (&mut reader)
                 .take(MAX_ACK_BYTES as u64)
@@ -310,14 +356,29 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
+            let unsolicited = || {
+                server
+                    .metrics
+                    .count(Labelled::SidecarLinesIgnored, "unsolicited", 1);
+            };
             match serde_json::from_slice::<SidecarLine>(&line) {
+                // An answer only to a push that awaits one: the same ACK
+                // ten thousand times is read past, not counted each time.
+                Ok(SidecarLine::Ack(_) | SidecarLine::Resync { .. }) if !sidecar.awaiting() => {
+                    unsolicited();
+                }
                 Ok(SidecarLine::Ack(ack)) => {
                     server.record_ack(&id, &ack);
                     sidecar.answered(false);
                 }
                 Ok(SidecarLine::Traffic(report)) => server.record_traffic(&id, report),
                 Ok(SidecarLine::Resync { resync: r }) => {
-                    tracing::warn!(namespace = %id.namespace, pod = %id.pod, version = %r.version, reason = %r.reason, "a delta did not apply; sending the whole snapshot");
+                    if server
+                        .nack_logs
+                        .take(&(id.namespace.clone(), id.pod.clone()))
+                    {
+                        tracing::warn!(namespace = %id.namespace, pod = %id.pod, version = %crate::untrusted::logged(&r.version, 128), reason = %crate::untrusted::logged(&r.reason, NACK_LOGGED_BYTES), "a delta did not apply; sending the whole snapshot");
+                    }
                     sidecar.answered(true);
                 }
                 Err(e) => {
@@ -330,5 +391,8 @@ async fn session<IO: AsyncRead + AsyncWrite>(io: IO, mut st: StreamState) {
     tokio::select! {
         () = writer => {}
         () = reader => {}
+        () = closer.closed() => {
+            tracing::info!("a newer stream of the pod replaced this one: closed");
+        }
     }
 }

@@ -3,6 +3,17 @@
 //! its own per-policy counts in a ConfigMap, and the leader adds them up.
 //! (The ConfigMaps are watched once, by the [`Cache`](crate::cache::Cache),
 //! which selects them by [`SYNC_COUNTS_LABEL`].)
+//!
+//! Each ConfigMap stays well under the API server's 1 MiB object limit by
+//! construction (`peers/shards.rs`): a replica's report is cut into parts of
+//! at most [`shards::PART_BYTES`], each its own ConfigMap with the same
+//! label, so a report grows in ConfigMaps, never in bytes per object. What
+//! one part holds per policy is bounded too, by the traffic vocabulary.
+//! Reports are parsed once per change of their ConfigMap, not per read.
+
+mod dedup;
+mod parsed;
+pub(crate) mod shards;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -37,6 +48,8 @@ pub(crate) struct Peers {
     pub(crate) reports: Store<ConfigMap>,
     /// This replica's identity: its own report is not added twice.
     pub(crate) me: String,
+    /// The reports, parsed once per version of their ConfigMap.
+    parsed: Arc<parsed::Parsed>,
 }
 
 impl std::fmt::Debug for Peers {
@@ -48,16 +61,31 @@ impl std::fmt::Debug for Peers {
 }
 
 impl Peers {
-    /// The traffic the other replicas' fresh reports carry for `policy`.
-    pub(crate) fn traffic(&self, policy: &str) -> Option<WindowTotal> {
+    /// The reports of the replicas other than `me`, in `reports`.
+    pub(crate) fn new(reports: Store<ConfigMap>, me: String) -> Self {
+        Peers {
+            reports,
+            me,
+            parsed: Arc::default(),
+        }
+    }
+
+    /// The traffic the other replicas' fresh reports carry, every policy's
+    /// at once (one pass over the reports per publication of the status).
+    pub(crate) fn all_traffic(&self) -> BTreeMap<String, WindowTotal> {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        peer_traffic(&reports(&self.reports, &self.me), policy, now)
+        fresh_traffic(&self.reports(), now)
     }
 
     /// `local` plus the fresh counts of the other replicas for `policy`.
     pub(crate) fn add(&self, local: SyncCounts, policy: &RetryPolicy) -> SyncCounts {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        total(local, policy, &reports(&self.reports, &self.me), now)
+        total(local, policy, &self.reports(), now)
+    }
+
+    /// Every other replica's report parts, each parsed once.
+    pub(crate) fn reports(&self) -> Vec<Arc<PeerReport>> {
+        self.parsed.of(&self.reports.state(), &self.me)
     }
 }
 
@@ -86,6 +114,11 @@ pub(crate) struct PeerReport {
     /// changes with every request).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     traffic: BTreeMap<String, WindowTotal>,
+    /// Its sidecars' streams: a digest of each pod (`namespace/pod`) and
+    /// when its stream connected, so that a pod holds one stream across
+    /// the replicas (`peers/dedup.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pods: BTreeMap<String, i64>,
 }
 
 impl PeerReport {
@@ -101,12 +134,18 @@ impl PeerReport {
 }
 
 /// Adds this replica's counts and fresh peer reports for `policy`.
-fn total(local: SyncCounts, policy: &RetryPolicy, peers: &[PeerReport], now: i64) -> SyncCounts {
+fn total(
+    local: SyncCounts,
+    policy: &RetryPolicy,
+    peers: &[impl std::borrow::Borrow<PeerReport>],
+    now: i64,
+) -> SyncCounts {
     let id = policy::id(policy);
     let generation = policy::generation(policy);
     peers
         .iter()
-        .filter(|r| now - r.heartbeat <= STALE_AFTER_SECS)
+        .map(std::borrow::Borrow::borrow)
+        .filter(|r: &&PeerReport| now - r.heartbeat <= STALE_AFTER_SECS)
         .filter_map(|r| r.counts.get(&id))
         .fold(local, |mut acc, c| {
             acc.selected += c.selected;
@@ -117,31 +156,28 @@ fn total(local: SyncCounts, policy: &RetryPolicy, peers: &[PeerReport], now: i64
         })
 }
 
-/// What fresh `peers` reported of `policy`'s traffic, added up.
-fn peer_traffic(peers: &[PeerReport], policy: &str, now: i64) -> Option<WindowTotal> {
-    peers
-        .iter()
-        .filter(|r| now - r.heartbeat <= STALE_AFTER_SECS)
-        .filter_map(|r| r.traffic.get(policy))
-        .fold(None, |acc: Option<WindowTotal>, t| {
-            let mut acc = acc.unwrap_or_default();
-            acc.add(t);
-            Some(acc)
-        })
+/// What fresh `peers` reported of each policy's traffic, added up.
+fn fresh_traffic(
+    peers: &[impl std::borrow::Borrow<PeerReport>],
+    now: i64,
+) -> BTreeMap<String, WindowTotal> {
+    let mut all: BTreeMap<String, WindowTotal> = BTreeMap::new();
+    for r in peers.iter().map(std::borrow::Borrow::borrow) {
+        if now - r.heartbeat > STALE_AFTER_SECS {
+            continue;
+        }
+        for (policy, t) in &r.traffic {
+            all.entry(policy.clone()).or_default().add(t);
+        }
+    }
+    all
 }
 
-/// Reports of other replicas, from a store of sync ConfigMaps.
-fn reports(store: &Store<ConfigMap>, me: &str) -> Vec<PeerReport> {
-    store
-        .state()
-        .iter()
-        .filter(|cm| {
-            cm.labels()
-                .get(SYNC_COUNTS_LABEL)
-                .is_some_and(|owner| owner != me)
-        })
-        .filter_map(|cm| PeerReport::of(cm))
-        .collect()
+/// Whether `cm` is another replica's than `me`'s.
+fn of_other(cm: &ConfigMap, me: &str) -> bool {
+    cm.labels()
+        .get(SYNC_COUNTS_LABEL)
+        .is_some_and(|owner| owner != me)
 }
 
 /// Publishes this replica's counts every few seconds while it runs.
@@ -155,13 +191,29 @@ pub(crate) async fn publish(
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let name = format!("reprise-sync-{}", sanitize(&me));
     let mut last: Option<(BTreeMap<String, PeerCount>, i64)> = None;
+    // Parts written last time: a part no longer needed is emptied once.
+    let mut parts_written = 1;
+    let peers = cache
+        .peers
+        .as_ref()
+        .map(|watched| Peers::new(watched.store.clone(), me.clone()));
     loop {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        // A pod holds one stream across the replicas: the older closes.
+        if let Some(peers) = &peers {
+            let closed = dedup::close_replaced(&registry, &peers.reports(), now);
+            if closed > 0 {
+                tracing::info!(
+                    closed,
+                    "streams of pods connected anew to another replica closed"
+                );
+            }
+        }
         let counts: BTreeMap<String, PeerCount> = cache
             .policies()
             .iter()
             .map(|p| {
-                let c = registry.counts(p);
+                let c = registry.counts(p, &|ns: &str| cache.namespace_labels(ns));
                 let count = PeerCount {
                     generation: policy::generation(p),
                     selected: c.selected,
@@ -178,24 +230,43 @@ pub(crate) async fn publish(
             let report = PeerReport {
                 heartbeat: now,
                 counts: counts.clone(),
-                traffic: registry.traffic().all(now),
+                traffic: shards::published(registry.traffic().all(now)),
+                pods: dedup::published(&registry),
             };
-            let cm = serde_json::json!({
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": { "name": name, "labels": { SYNC_COUNTS_LABEL: me } },
-                "data": { REPORT_KEY: serde_json::to_string(&report).unwrap_or_default() },
-            });
-            match api
-                .patch(
-                    &name,
-                    &PatchParams::apply(MANAGER).force(),
-                    &Patch::Apply(&cm),
-                )
-                .await
+            let parts = shards::split(&report, shards::PART_BYTES);
+            let written = parts.len();
+            let empty = shards::empty(now);
+            let mut failed = None;
+            for (i, part) in parts
+                .iter()
+                .chain(std::iter::repeat(&empty))
+                .take(written.max(parts_written))
+                .enumerate()
             {
-                Ok(_) => last = Some((counts, now)),
-                Err(e) => tracing::warn!(error = %e, "cannot publish sync counts"),
+                let name = shards::part_name(&name, i);
+                let cm = serde_json::json!({
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": { "name": name, "labels": { SYNC_COUNTS_LABEL: me } },
+                    "data": { REPORT_KEY: part },
+                });
+                if let Err(e) = api
+                    .patch(
+                        &name,
+                        &PatchParams::apply(MANAGER).force(),
+                        &Patch::Apply(&cm),
+                    )
+                    .await
+                {
+                    failed = Some(e);
+                }
+            }
+            match failed {
+                None => {
+                    last = Some((counts, now));
+                    parts_written = written;
+                }
+                Some(e) => tracing::warn!(error = %e, "cannot publish sync counts"),
             }
         }
         tokio::time::sleep(COUNT_EVERY).await;
@@ -232,7 +303,7 @@ mod tests {
                     in_sync,
                 },
             )]),
-            traffic: BTreeMap::new(),
+            ..PeerReport::default()
         };
         let peers = [
             report(100, 4, 3, 3),
@@ -275,11 +346,13 @@ mod tests {
                     sidecars: 2,
                 },
             )]),
+            ..PeerReport::default()
         };
         let peers = [report(100, 10), report(95, 5), report(10, 1000)];
-        let t = peer_traffic(&peers, "shop/reads", 100).expect("fresh traffic");
+        let all = fresh_traffic(&peers, 100);
+        let t = &all["shop/reads"];
         assert_eq!((t.counts.requests, t.sidecars), (15, 4));
-        assert!(peer_traffic(&peers, "shop/other", 100).is_none());
-        assert!(peer_traffic(&peers[2..], "shop/reads", 100).is_none());
+        assert!(!all.contains_key("shop/other"));
+        assert!(fresh_traffic(&peers[2..], 100).is_empty());
     }
 }

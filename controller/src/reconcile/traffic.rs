@@ -65,14 +65,31 @@ fn changed(ctx: &Context) -> Vec<String> {
     let now = k8s_openapi::jiff::Timestamp::now();
     let observed_at = now.to_string();
     let mut out = Vec::new();
+    // The peers' reports, read once for every policy.
+    let peers = ctx
+        .peers
+        .as_ref()
+        .map(|p| p.all_traffic())
+        .unwrap_or_default();
     for p in ctx.cache.policies() {
         let id = policy::id(&p);
         let mut total = ctx.sidecars.traffic().window(&id, now.as_second());
-        if let Some(peer) = ctx.peers.as_ref().and_then(|peers| peers.traffic(&id)) {
-            total.get_or_insert_with(WindowTotal::default).add(&peer);
+        if let Some(peer) = peers.get(&id) {
+            total.get_or_insert_with(WindowTotal::default).add(peer);
         }
         if ctx.traffic.offer(&id, total, &observed_at) {
             out.push(id);
+        }
+    }
+    // Route rules: their traffic goes in the routes' status, which the
+    // Gateway API status writer reads from here (`gateway.rs`).
+    for v in ctx.cache.route_verdicts(None) {
+        for (_, id) in crate::cache::routes::rule_ids(&v) {
+            let mut total = ctx.sidecars.traffic().window(&id, now.as_second());
+            if let Some(peer) = peers.get(&id) {
+                total.get_or_insert_with(WindowTotal::default).add(peer);
+            }
+            ctx.traffic.offer(&id, total, &observed_at);
         }
     }
     out

@@ -30,7 +30,8 @@ pub(crate) async fn run(
     ctx: Arc<Context>,
     synced: impl Stream<Item = String> + Send + 'static,
 ) {
-    let (by_service, by_slice, by_tls) = (cache.clone(), cache.clone(), cache.clone());
+    let (by_service, by_slice, by_tls, by_namespace) =
+        (cache.clone(), cache.clone(), cache.clone(), cache.clone());
     let mut controller =
         Controller::for_stream(cache.policies.touched(), cache.policies.store.clone())
             .with_config(Config::default().debounce(DEBOUNCE))
@@ -40,6 +41,15 @@ pub(crate) async fn run(
             .watches_stream(cache.slices.touched(), move |slice| {
                 let service = slice.labels().get(SERVICE_NAME_LABEL);
                 by_slice.targeting(slice.namespace().as_deref(), service.map(String::as_str))
+            })
+            // A Namespace's labels move producer policies' selected sidecars.
+            .watches_stream(cache.namespaces.touched(), move |_| {
+                by_namespace
+                    .policies()
+                    .iter()
+                    .filter(|p| crate::policy::selection::is_producer(p))
+                    .map(|p| ObjectRef::from_obj(&**p))
+                    .collect::<Vec<_>>()
             })
             .watches_stream(cache.backend_tls.touched(), move |tls| {
                 tls.spec

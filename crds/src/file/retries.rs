@@ -214,11 +214,12 @@ impl RetriesSpec {
             duplicate_risk_acknowledged: acknowledged || retry_post,
             deadlines: self.deadlines.resolve(),
             retry_layers: self.retry_layers.unwrap_or_default(),
+            deadline_answers_timeout: false,
         };
         let budget = BudgetSettings {
             percent,
             window: Duration::from_millis(window),
-            min_retries_per_second: self.budget_min_retries_per_second.unwrap_or(0),
+            min_retries_per_second: f64::from(self.budget_min_retries_per_second.unwrap_or(0)),
         };
         (policy, budget)
     }

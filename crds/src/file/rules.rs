@@ -148,7 +148,9 @@ impl RuleSpec {
         );
         Rule {
             id: self.id.clone(),
+            precedence: 0,
             priority: self.priority.unwrap_or(0),
+            report_as: None,
             enabled: self.enabled.unwrap_or(true),
             upstreams: self
                 .upstreams
@@ -187,6 +189,7 @@ impl RuleSpec {
                 duplicate_risk_acknowledged: acknowledged,
                 deadlines: self.deadlines.resolve(),
                 retry_layers: self.retry_layers.unwrap_or_default(),
+                deadline_answers_timeout: false,
             },
         }
     }

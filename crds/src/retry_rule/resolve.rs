@@ -85,7 +85,9 @@ impl RetryRule {
         );
         let rule = Rule {
             id: id.to_string(),
+            precedence: 0,
             priority: self.priority,
+            report_as: None,
             enabled: self.enabled,
             upstreams: vec![upstream.to_string()],
             methods,
@@ -114,6 +116,7 @@ impl RetryRule {
                 retry_layers: self
                     .retry_layers
                     .map_or(crate::policy::RetryLayers::Every, super::Layers::resolve),
+                deadline_answers_timeout: false,
             },
         };
         (rule, limits.budget)
@@ -212,7 +215,7 @@ impl RetryRule {
             budget: BudgetSettings {
                 percent: r.budget_percent,
                 window: Duration::from_secs(10),
-                min_retries_per_second,
+                min_retries_per_second: f64::from(min_retries_per_second),
             },
         }
     }
@@ -264,6 +267,8 @@ impl RetryRule {
             .map(|m| RequestMatch {
                 path_exact: m.path_exact.clone(),
                 path_prefix: m.path_prefix.clone(),
+                path_segment_prefix: None,
+                query: Vec::new(),
                 headers: m
                     .headers
                     .iter()
@@ -363,11 +368,11 @@ mod tests {
             assert!(errs.is_empty(), "{errs}");
             budget.min_retries_per_second
         };
-        assert_eq!(floor_of(r#"{"targetRef":{"name":"api"}}"#), 10);
-        assert_eq!(floor_of(r#"{"retries":{"attempts":2}}"#), 10);
+        assert_eq!(floor_of(r#"{"targetRef":{"name":"api"}}"#), 10.0);
+        assert_eq!(floor_of(r#"{"retries":{"attempts":2}}"#), 10.0);
         assert_eq!(
             floor_of(r#"{"retries":{"budgetMinRetriesPerSecond":0}}"#),
-            0
+            0.0
         );
     }
 

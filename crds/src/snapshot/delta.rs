@@ -194,7 +194,8 @@ impl Entries {
 
     /// Leaves out the upstreams that need a capability
     /// ([`SnapshotUpstream::needs`]) not in `capabilities`, with the
-    /// policies targeting them, and returns their names: an older sidecar
+    /// policies targeting them and those that need one themselves
+    /// ([`SnapshotPolicy::needs`]), and returns the upstreams' names: an older sidecar
     /// would ignore a field it does not know, and send plain text,
     /// credentials included, to a TLS port.
     pub fn for_capabilities(
@@ -215,10 +216,12 @@ impl Entries {
         for name in &withheld {
             self.upstreams.remove(name);
         }
-        if !withheld.is_empty() {
-            self.policies
-                .retain(|_, p| !withheld.contains(&p.policy.upstream));
-        }
+        // And the policies that need what it lacks (a route's, a producer's),
+        // or whose target is withheld.
+        self.policies.retain(|_, p| {
+            !withheld.contains(&p.policy.upstream)
+                && p.policy.needs().iter().all(|c| capabilities.contains(*c))
+        });
         withheld
     }
 
@@ -480,7 +483,7 @@ impl Serialize for Head<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let u = self.0;
-        let mut st = s.serialize_struct("Head", 8)?;
+        let mut st = s.serialize_struct("Head", 9)?;
         st.serialize_field("name", &u.name)?;
         st.serialize_field("hosts", &u.hosts)?;
         st.serialize_field("protocol", &u.protocol)?;
@@ -495,6 +498,9 @@ impl Serialize for Head<'_> {
         }
         if let Some(t) = &u.tls {
             st.serialize_field("tls", t)?;
+        }
+        if let Some(b) = &u.budget {
+            st.serialize_field("budget", b)?;
         }
         st.end()
     }

@@ -15,7 +15,8 @@
 //!   With TLS and `$GRPC_PORT` it also serves gRPC over TLS there: the test
 //!   kit's tonic server (`reprise.test.Echo/Say`, answering `TEXT from
 //!   $POD_NAME`) on loopback behind the same certificate; on `$FLAKY_POD`
-//!   every other call gets `UNAVAILABLE`.
+//!   every other call gets `UNAVAILABLE`. Without TLS, `$GRPC_PORT` serves
+//!   the same in clear text (h2c).
 //! - **Client**: `GET /drive?url=http://api/&n=100[&interval_ms=10][&timeout_s=120]`
 //!   sends `n` GETs one after another, through `$HTTP_PROXY` when it is set
 //!   (the injected sidecar), and answers with JSON counts: `ok`, `failed`,
@@ -29,6 +30,15 @@
 //!   `:authority`, and answers with JSON counts: `ok`, `failed`, `codes`, the
 //!   `bodies` (which pod answered) and `tls_certificate` (failures whose
 //!   `grpc-message` names that kind). Bounded like `/drive`.
+//! - **Gateway API conformance backend** (what `echo-basic` does for the
+//!   upstream conformance tests, ported here: its module is not served to
+//!   this machine): `?delay=300ms` on any server path waits that long before
+//!   answering; `/retry/...?uuid=U&succeedAfter=N[&responseCode=C][&delayRetry=D]`
+//!   fails the first `N` requests of `U` on this pod (status `C`, else a TCP
+//!   reset), each after `D`, then answers as any path does. Durations are Go's
+//!   (`100ms`, `1s`, `1m`), at most 60 s; at most 10 000 `uuid`s are kept.
+//! - `GET /served`: `{"requests": N}`, the requests this pod answered as a
+//!   server (every path but these four), for counting attempts at the pods.
 //! - `GET /healthz`: `200`, for probes.
 //! - **Chain mode** (`$NEXT_HOP`, a host such as `orders`): every other
 //!   request is a call to the next hop through `$HTTP_PROXY` (the sidecar),
@@ -48,10 +58,16 @@
 //!   `calls` and `calls_cancelled`, and at the last hop each request that
 //!   came with a `chain.request` baggage entry (`seen`).
 //!
+//! - **One-shot client**: with `$DRIVE` set (a `/drive` query, e.g.
+//!   `url=http://api/&n=100`), it runs that drive at start, prints the JSON
+//!   summary and exits (0 when every request succeeded): a Job's or a test
+//!   pod's life, shorter than the sidecar's report interval. With
+//!   `$READY_ADDR` (`127.0.0.1:15000`, the sidecar's admin port) it waits
+//!   for the sidecar's `/ready` first.
+//!
 //! `PORT` (default 8080) is the listening port, on every address.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -77,6 +93,90 @@ struct State {
     /// request's `?delay_ms=` says otherwise.
     delay_ms: u64,
     counts: Arc<hop::Counts>,
+    /// The conformance backend's attempts per `uuid`.
+    attempts: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Requests answered as a server (`/served` reads it).
+    served: std::sync::atomic::AtomicU64,
+}
+
+/// `uuid`s the retry simulation keeps at most (then it starts again).
+const MAX_UUIDS: usize = 10_000;
+
+/// A Go duration (`300ms`, `1s`, `1m30s`, `1.5s`), at most 60 s.
+fn go_duration(s: &str) -> Option<Duration> {
+    let mut total = 0.0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let n = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'.')
+            .count();
+        let value: f64 = rest[..n].parse().ok()?;
+        rest = &rest[n..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (0.001, 2)
+        } else if rest.starts_with('s') {
+            (1.0, 1)
+        } else if rest.starts_with('m') {
+            (60.0, 1)
+        } else {
+            return None;
+        };
+        rest = &rest[len..];
+        total += value * unit;
+    }
+    (total <= 60.0).then(|| Duration::from_secs_f64(total))
+}
+
+/// The value of the query parameter `name` in `query`, decoded.
+fn param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+/// What the conformance backend's retry simulation does with a request.
+enum Simulated {
+    /// Answer normally.
+    Answer,
+    /// Fail with this status.
+    Status(u16),
+    /// Reset the connection.
+    Reset,
+}
+
+/// The retry simulation (`/retry/...`): the first `succeedAfter` requests
+/// of a `uuid` fail, each after `delayRetry`.
+async fn simulate(state: &State, query: &str) -> Result<Simulated, String> {
+    let uuid = param(query, "uuid").ok_or("uuid is required")?;
+    let succeed_after: u64 = param(query, "succeedAfter")
+        .and_then(|v| v.parse().ok())
+        .ok_or("succeedAfter is required")?;
+    let fail = {
+        let mut attempts = state.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        if attempts.len() >= MAX_UUIDS && !attempts.contains_key(&uuid) {
+            attempts.clear();
+        }
+        let n = attempts.entry(uuid).or_default();
+        let fail = *n < succeed_after;
+        if fail {
+            *n += 1;
+        }
+        fail
+    };
+    if !fail {
+        return Ok(Simulated::Answer);
+    }
+    if let Some(d) = param(query, "delayRetry") {
+        tokio::time::sleep(go_duration(&d).ok_or("delayRetry: not a duration")?).await;
+    }
+    Ok(
+        match param(query, "responseCode").and_then(|c| c.parse().ok()) {
+            Some(code) => Simulated::Status(code),
+            None => Simulated::Reset,
+        },
+    )
 }
 
 fn env(name: &str) -> String {
@@ -85,6 +185,20 @@ fn env(name: &str) -> String {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
+    let one_shot = env("DRIVE");
+    if !one_shot.is_empty() {
+        // `$READY_ADDR` (the sidecar's admin address): its /ready first, so
+        // the calls go out once the sidecar has its configuration.
+        if let Ok(admin) = env("READY_ADDR").parse::<SocketAddr>() {
+            wait_ready(admin, Duration::from_secs(30)).await;
+        }
+        let summary = drive(&one_shot).await?;
+        println!("{summary}");
+        let failed = serde_json::from_str::<serde_json::Value>(&summary)
+            .map(|s| s["failed"].as_u64().unwrap_or(1))
+            .unwrap_or(1);
+        std::process::exit(i32::from(failed > 0));
+    }
     let port: u16 = env("PORT").parse().unwrap_or(8080);
     let name = env("POD_NAME");
     let flaky = !name.is_empty() && env("FLAKY_POD") == name;
@@ -109,6 +223,8 @@ async fn main() -> anyhow::Result<()> {
         next,
         delay_ms: env("DELAY_MS").parse().unwrap_or(0),
         counts: Arc::default(),
+        attempts: std::sync::Mutex::default(),
+        served: std::sync::atomic::AtomicU64::new(0),
     });
     let drain = Duration::from_millis(env("DRAIN_MS").parse().unwrap_or(5000));
     let tls = tls_acceptor()?;
@@ -153,10 +269,20 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     if let Ok(grpc_port) = env("GRPC_PORT").parse::<u16>() {
-        let tls = tls
-            .clone()
-            .ok_or_else(|| anyhow::anyhow!("GRPC_PORT needs TLS_CERT_FILE and TLS_KEY_FILE"))?;
-        grpc_over_tls(grpc_port, tls, &state.name, state.fail_percent > 0).await?;
+        match tls.clone() {
+            Some(tls) => grpc_over_tls(grpc_port, tls, &state.name, state.fail_percent > 0).await?,
+            // In clear text the tonic server listens on the port itself (h2c).
+            None => {
+                let flaky = state.fail_percent > 0;
+                let _server = reprise_testkit::grpc::GrpcServer::start_on(
+                    SocketAddr::from(([0, 0, 0, 0], grpc_port)),
+                    &state.name,
+                    move |n| grpc_answer(flaky, n),
+                )
+                .await;
+                eprintln!("reprise-e2e-app: gRPC (h2c) on :{grpc_port}");
+            }
+        }
     }
     term.recv().await;
     eprintln!("SIGTERM: draining for {drain:?}");
@@ -174,13 +300,9 @@ async fn grpc_over_tls(
     name: &str,
     flaky: bool,
 ) -> anyhow::Result<()> {
-    use reprise_testkit::grpc::{GrpcAction, GrpcServer};
+    use reprise_testkit::grpc::GrpcServer;
     let server = GrpcServer::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), name, move |n| {
-        if flaky && n % 2 == 0 {
-            GrpcAction::TrailersOnly(tonic::Code::Unavailable, None)
-        } else {
-            GrpcAction::Ok
-        }
+        grpc_answer(flaky, n)
     })
     .await;
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
@@ -204,6 +326,34 @@ async fn grpc_over_tls(
         }
     });
     Ok(())
+}
+
+/// On the flaky pod every other call gets `UNAVAILABLE`.
+fn grpc_answer(flaky: bool, n: usize) -> reprise_testkit::grpc::GrpcAction {
+    use reprise_testkit::grpc::GrpcAction;
+    if flaky && n.is_multiple_of(2) {
+        GrpcAction::TrailersOnly(tonic::Code::Unavailable, None)
+    } else {
+        GrpcAction::Ok
+    }
+}
+
+/// Waits (at most `within`) until `GET /ready` at `admin` answers 200.
+async fn wait_ready(admin: SocketAddr, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(admin).await {
+            let _ = s
+                .write_all(b"GET /ready HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+                .await;
+            let mut head = [0u8; 12];
+            if s.read_exact(&mut head).await.is_ok() && head.ends_with(b" 200") {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("{admin}/ready did not answer 200 within {within:?}: driving anyway");
 }
 
 /// `/drive-grpc`: makes the calls and returns the JSON summary.
@@ -311,12 +461,74 @@ fn tls_acceptor() -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
     Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
+/// The error a handler returns to have the connection reset (the
+/// conformance backend's TCP failure mode).
+#[derive(Debug)]
+struct ResetConnection;
+
+impl std::fmt::Display for ResetConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reset by the retry simulation")
+    }
+}
+
+impl std::error::Error for ResetConnection {}
+
 async fn handle(
     state: Arc<State>,
     req: http::Request<Incoming>,
-) -> Result<http::Response<hop::Body>, Infallible> {
-    let path = req.uri().path().to_string();
+) -> Result<http::Response<hop::Body>, ResetConnection> {
     let query = req.uri().query().unwrap_or("").to_string();
+    let path = req.uri().path().to_string();
+    let conformance = !matches!(
+        path.as_str(),
+        "/healthz" | "/drive" | "/drive-grpc" | "/served" | "/stats"
+    );
+    if path == "/served" {
+        let n = state.served.load(Ordering::Relaxed);
+        return Ok(respond(
+            &state,
+            200,
+            format!("{{\"requests\":{n}}}"),
+            "application/json",
+        ));
+    }
+    if conformance {
+        state.served.fetch_add(1, Ordering::Relaxed);
+    }
+    if conformance && path.starts_with("/retry/") {
+        match simulate(&state, &query).await {
+            Ok(Simulated::Answer) => {}
+            Ok(Simulated::Status(code)) => {
+                return Ok(respond(
+                    &state,
+                    code,
+                    format!("{}: failed ({code})\n", state.name),
+                    "text/plain",
+                ))
+            }
+            // hyper closes the connection on a service error; with
+            // SO_LINGER 0 unavailable here, the peer sees it end without a
+            // response, which a proxy takes as a reset.
+            Ok(Simulated::Reset) => return Err(ResetConnection),
+            Err(e) => return Ok(respond(&state, 400, format!("{e}\n"), "text/plain")),
+        }
+    }
+    if conformance {
+        if let Some(d) = param(&query, "delay") {
+            match go_duration(&d) {
+                Some(d) => tokio::time::sleep(d).await,
+                None => {
+                    return Ok(respond(
+                        &state,
+                        400,
+                        "delay: not a duration\n".into(),
+                        "text/plain",
+                    ))
+                }
+            }
+        }
+    }
     let (status, body, content_type) = match path.as_str() {
         "/healthz" => (200, "ok\n".to_string(), "text/plain"),
         "/stats" => (200, state.counts.json().to_string(), "application/json"),
@@ -347,13 +559,22 @@ async fn handle(
             return Ok(resp);
         }
     };
+    Ok(respond(&state, status, body, content_type))
+}
+
+fn respond(
+    state: &State,
+    status: u16,
+    body: String,
+    content_type: &'static str,
+) -> http::Response<hop::Body> {
     let mut resp = hop::text(status, body);
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static(content_type),
     );
-    closing(&state, &mut resp);
-    Ok(resp)
+    closing(state, &mut resp);
+    resp
 }
 
 /// `Connection: close` on every answer while draining.
@@ -405,7 +626,7 @@ async fn last_hop_answer(
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     if grpc {
-        return grpc_answer(&state.name, fail);
+        return grpc_hop_answer(&state.name, fail);
     }
     if fail {
         hop::text(503, format!("{}: unavailable\n", state.name))
@@ -416,7 +637,7 @@ async fn last_hop_answer(
 
 /// A unary gRPC answer: one `Echo { text: "hi from NAME" }` message and
 /// `grpc-status: 0`, or a Trailers-Only `UNAVAILABLE`.
-fn grpc_answer(name: &str, fail: bool) -> http::Response<hop::Body> {
+fn grpc_hop_answer(name: &str, fail: bool) -> http::Response<hop::Body> {
     use http_body_util::BodyExt;
     let mut resp = if fail {
         let mut r =

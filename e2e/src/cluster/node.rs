@@ -232,7 +232,12 @@ pub async fn drive(
 ) -> anyhow::Result<serde_json::Value> {
     let path = format!(
         "/drive?url={}&n={n}&interval_ms={interval_ms}&timeout_s=300",
-        url.replace(':', "%3A").replace('/', "%2F")
+        url.replace('%', "%25")
+            .replace(':', "%3A")
+            .replace('/', "%2F")
+            .replace('?', "%3F")
+            .replace('&', "%26")
+            .replace('=', "%3D")
     );
     let (status, body) = tokio::time::timeout(Duration::from_secs(330), get(app, "app", &path))
         .await

@@ -106,7 +106,21 @@ fn helm_install_gives_rbac_and_the_webhooks_injection_decisions() {
     for allowed in [
         vec!["create", "tokenreviews.authentication.k8s.io"],
         vec!["watch", "endpointslices.discovery.k8s.io", "-A"],
-        vec!["list", "pods", "-A"],
+        vec!["get", "pods", "-A"],
+        vec!["watch", "namespaces"],
+        vec!["watch", "httproutes.gateway.networking.k8s.io", "-A"],
+        vec!["watch", "grpcroutes.gateway.networking.k8s.io", "-A"],
+        vec![
+            "patch",
+            "httproutes.gateway.networking.k8s.io",
+            "--subresource=status",
+            "-A",
+        ],
+        vec![
+            "watch",
+            "xbackendtrafficpolicies.gateway.networking.x-k8s.io",
+            "-A",
+        ],
         vec![
             "patch",
             "retrypolicies.reprise.dev",
@@ -126,7 +140,12 @@ fn helm_install_gives_rbac_and_the_webhooks_injection_decisions() {
         vec!["list", "secrets", "-A"],
         vec!["get", "secrets/other", "-n", &release.ns],
         vec!["delete", "pods", "-A"],
+        // Read one by one (a connecting sidecar's), never listed or watched.
+        vec!["list", "pods", "-A"],
+        vec!["watch", "pods", "-A"],
         vec!["patch", "retrypolicies.reprise.dev", "-A"],
+        vec!["patch", "httproutes.gateway.networking.k8s.io", "-A"],
+        vec!["patch", "namespaces"],
         vec!["patch", "mutatingwebhookconfigurations/someone-elses"],
         vec!["create", "clusterrolebindings"],
         vec!["update", "leases/other", "-n", &release.ns],

@@ -15,30 +15,15 @@ use reprise_e2e::docs::{self, Example};
 #[ignore = "needs the e2e cluster: run e2e/test.sh"]
 fn every_yaml_example_of_the_guide_applies() {
     let c = Cluster::new("docs");
-    // Gateway API's standard CRDs, from the module e2e/tools/gateway-api
-    // pins (the chart never installs them): the BackendTLSPolicy examples
-    // need them, as a user's cluster would.
-    let crd_file = std::env::var("GATEWAY_API_CRDS").expect(
-        "GATEWAY_API_CRDS: the BackendTLSPolicy CRD of the pinned Gateway API module (source the env file of e2e/build-tools.sh)",
-    );
-    let crd_dir = std::path::Path::new(&crd_file)
-        .parent()
-        .expect("the CRD's folder")
-        .to_string_lossy()
-        .into_owned();
-    c.kubectl(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        &crd_dir,
-    ])
-    .unwrap_or_else(|e| panic!("apply {crd_dir}: {e}"));
+    // Gateway API's CRDs, from the module e2e/tools/gateway-api pins (the
+    // chart never installs them): the BackendTLSPolicy, route and budget
+    // examples need them, as a user's cluster would. The experimental
+    // channel: it has every standard kind and XBackendTrafficPolicy.
+    c.gateway_api("experimental");
     c.kubectl(&[
         "wait",
         "--for=condition=Established",
         "--timeout=60s",
-        "crd/backendtlspolicies.gateway.networking.k8s.io",
         "crd/retrypolicies.reprise.dev",
     ])
     .expect("CRDs established");

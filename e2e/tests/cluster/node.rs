@@ -22,11 +22,13 @@
 //!    panel's query, read from the installed ConfigMap, returns a series
 //!    from Prometheus.
 //!
-//! `tls.rs` (BackendTLSPolicy) and `plugin.rs` (`kubectl reprise`) install
-//! releases of their own.
+//! `tls.rs` (BackendTLSPolicy), `plugin.rs` (`kubectl reprise`) and
+//! `short_lived.rs` (short-lived pods counted) install releases of their own.
 
 mod chain;
+mod gateway;
 mod plugin;
+mod short_lived;
 mod tls;
 
 use std::net::SocketAddr;

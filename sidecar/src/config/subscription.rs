@@ -25,8 +25,10 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 mod apply;
+mod farewell;
 
 pub use apply::{Running, SAVE_EVERY};
+pub use farewell::{Farewell, FAREWELL_TIMEOUT};
 
 use super::address_map::AddressMap;
 use crate::proxy::Proxy;
@@ -195,20 +197,38 @@ impl Subscription {
     /// Keeps subscribing forever, reconnecting with jittered exponential
     /// backoff; `version` is the snapshot the proxy runs, to resume from.
     pub async fn run(self, proxy: Arc<Proxy>, version: Option<String>) {
-        self.run_from(proxy, Running::version(version)).await;
+        self.run_from(proxy, Running::version(version), &Farewell::default())
+            .await;
     }
 
     /// [`Subscription::run`], from the snapshot the proxy runs (the saved
     /// one): deltas apply to it without a whole snapshot first.
     pub async fn resume(self, proxy: Arc<Proxy>, saved: Snapshot) {
-        self.run_from(proxy, Running::snapshot(saved)).await;
+        self.run_from(proxy, Running::snapshot(saved), &Farewell::default())
+            .await;
     }
 
-    async fn run_from(self, proxy: Arc<Proxy>, mut running: Running) {
+    /// [`Subscription::run`] or, with `saved`, [`Subscription::resume`],
+    /// sending a final traffic report when `farewell` asks (the sidecar is
+    /// stopping): on the stream, or on a new one when it is between two.
+    pub async fn run_until_farewell(
+        self,
+        proxy: Arc<Proxy>,
+        saved: Option<Snapshot>,
+        farewell: Farewell,
+    ) {
+        let running = match saved {
+            Some(s) => Running::snapshot(s),
+            None => Running::version(None),
+        };
+        self.run_from(proxy, running, &farewell).await;
+    }
+
+    async fn run_from(self, proxy: Arc<Proxy>, mut running: Running, farewell: &Farewell) {
         let mut delay = Duration::from_millis(200);
         loop {
             let started = tokio::time::Instant::now();
-            let result = self.session(&proxy, &mut running).await;
+            let result = self.session_with(&proxy, &mut running, farewell).await;
             // What the deltas of the stream left unwritten.
             self.save_running(&mut running);
             if started.elapsed() > Duration::from_secs(10) {
@@ -224,8 +244,15 @@ impl Subscription {
                     tracing::warn!(error = %e, retry_in = ?delay, "snapshot subscription failed; serving the last good snapshot")
                 }
             }
+            if farewell.is_said() {
+                return; // the final report went out: nothing more to say
+            }
             let jittered = delay.mul_f64(rand::rng().random_range(0.5..1.0));
-            tokio::time::sleep(jittered).await;
+            // Asked for the final report meanwhile: connect at once to send it.
+            tokio::select! {
+                () = tokio::time::sleep(jittered) => {}
+                () = farewell.asked() => {}
+            }
             delay = (delay * 2).min(Duration::from_secs(30));
         }
     }
@@ -234,6 +261,18 @@ impl Subscription {
     /// [`reprise_crds::protocol`]): snapshot lines in, one ACK line out per
     /// snapshot, until it ends.
     pub async fn session(&self, proxy: &Arc<Proxy>, running: &mut Running) -> Result<(), Error> {
+        self.session_with(proxy, running, &Farewell::default())
+            .await
+    }
+
+    /// [`Subscription::session`], sending the final report when `farewell`
+    /// asks for it.
+    async fn session_with(
+        &self,
+        proxy: &Arc<Proxy>,
+        running: &mut Running,
+        farewell: &Farewell,
+    ) -> Result<(), Error> {
         let token = read(&self.token_path)?.trim().to_string();
         let mut sender = self.connect().await?;
         let mut uri = format!("{}{SNAPSHOTS_PATH}", self.base());
@@ -270,34 +309,60 @@ impl Subscription {
         let (read, write) = tokio::io::split(TokioIo::new(io));
         // One writer for ACKs and traffic reports, so lines never interleave.
         let (lines, mut to_send) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+        let (reports_out, mut to_report) = tokio::sync::mpsc::channel::<(Vec<u8>, bool)>(1);
         let writer = async move {
             let mut write = write;
-            while let Some(line) = to_send.recv().await {
+            loop {
+                let (line, last) = tokio::select! {
+                    biased;
+                    line = to_send.recv() => match line {
+                        Some(l) => (l, false),
+                        None => return Ok::<(), std::io::Error>(()),
+                    },
+                    report = to_report.recv() => match report {
+                        Some(r) => r,
+                        None => return std::future::pending().await,
+                    },
+                };
                 write.write_all(&line).await?;
                 write.flush().await?;
+                if last {
+                    // Written and flushed: the final report has left.
+                    farewell.said();
+                }
             }
-            Ok::<(), std::io::Error>(())
         };
         let reporter = {
-            let (lines, proxy, report_every) =
-                (lines.clone(), Arc::clone(proxy), self.report_every);
+            let (proxy, report_every) = (Arc::clone(proxy), self.report_every);
             async move {
                 if !reports {
+                    farewell.asked().await;
+                    // An older controller reads no report: nothing to say.
+                    farewell.said();
                     return std::future::pending().await;
                 }
                 let mut every = tokio::time::interval(report_every);
                 every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 every.tick().await;
                 loop {
-                    every.tick().await;
-                    let report = proxy.routes().traffic_report();
+                    let last = tokio::select! {
+                        biased;
+                        () = farewell.asked() => true,
+                        _ = every.tick() => false,
+                    };
+                    let mut report = proxy.routes().traffic_report();
+                    report.last = last;
                     if report.traffic.is_empty() {
+                        if last {
+                            farewell.said();
+                            return std::future::pending().await;
+                        }
                         continue;
                     }
                     let mut line = serde_json::to_vec(&report).unwrap_or_default();
                     line.push(b'\n');
-                    if lines.send(line).await.is_err() {
-                        return;
+                    if reports_out.send((line, last)).await.is_err() || last {
+                        return std::future::pending().await;
                     }
                 }
             }

@@ -439,6 +439,55 @@ mod tests {
         assert!(FailureKind::TlsHandshake.is_transport());
     }
 
+    /// The controller takes only the failure kinds it knows from a traffic
+    /// report (`reprise_crds::traffic`): every kind a sidecar names is one.
+    #[test]
+    fn every_kind_is_in_the_controllers_vocabulary() {
+        use reprise_crds::traffic::is_failure_kind;
+        let mut kinds = vec![
+            FailureKind::ConnectRefused,
+            FailureKind::ConnectTimeout,
+            FailureKind::ConnectError,
+            FailureKind::LocalResources,
+            FailureKind::TlsHandshake,
+            FailureKind::TlsCertificate(CertificateError::Expired),
+            FailureKind::ConnectionReset,
+            FailureKind::ConnectionClosed,
+            FailureKind::ProtocolError,
+            FailureKind::ReadTimeout,
+            FailureKind::DeadlineExceeded,
+            FailureKind::RequestBodyError,
+            FailureKind::StreamRefused,
+            FailureKind::StreamReset,
+            FailureKind::Other,
+        ];
+        kinds.extend((400..=599).map(FailureKind::UpstreamStatus));
+        kinds.extend((1..=16).map(FailureKind::GrpcStatus));
+        for kind in kinds {
+            // A new kind does not compile here until it is in the list above.
+            match kind {
+                FailureKind::ConnectRefused
+                | FailureKind::ConnectTimeout
+                | FailureKind::ConnectError
+                | FailureKind::LocalResources
+                | FailureKind::TlsHandshake
+                | FailureKind::TlsCertificate(_)
+                | FailureKind::ConnectionReset
+                | FailureKind::ConnectionClosed
+                | FailureKind::ProtocolError
+                | FailureKind::ReadTimeout
+                | FailureKind::DeadlineExceeded
+                | FailureKind::RequestBodyError
+                | FailureKind::UpstreamStatus(_)
+                | FailureKind::GrpcStatus(_)
+                | FailureKind::StreamRefused
+                | FailureKind::StreamReset
+                | FailureKind::Other => {}
+            }
+            assert!(is_failure_kind(&kind.name()), "{}", kind.name());
+        }
+    }
+
     #[test]
     fn names_are_stable() {
         assert_eq!(

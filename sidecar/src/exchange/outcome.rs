@@ -94,3 +94,61 @@ impl Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod vocabulary_tests {
+    use super::*;
+
+    /// The controller takes only the names it knows from a traffic report
+    /// (`reprise_crds::traffic`): every reason a sidecar reports is one.
+    /// A new reason goes into the controller's list with it.
+    #[test]
+    fn every_reason_is_in_the_controllers_vocabulary() {
+        use reprise_crds::traffic::{EXHAUSTED_REASONS, SKIP_REASONS};
+        let exhausted = [
+            ExhaustedBy::Attempts,
+            ExhaustedBy::Budget,
+            ExhaustedBy::Deadline,
+            ExhaustedBy::NoAlternate,
+            ExhaustedBy::RetryAfterTooLong,
+        ]
+        .map(|by| {
+            // A new reason does not compile here until it is in the list above.
+            match by {
+                ExhaustedBy::Attempts
+                | ExhaustedBy::Budget
+                | ExhaustedBy::Deadline
+                | ExhaustedBy::NoAlternate
+                | ExhaustedBy::RetryAfterTooLong => {}
+            }
+            Outcome::Exhausted(by).reason()
+        });
+        assert_eq!(exhausted, EXHAUSTED_REASONS);
+        let skipped = [
+            SkipReason::RetriesOff,
+            SkipReason::Method,
+            SkipReason::Tunnel,
+            SkipReason::Upgrade,
+            SkipReason::BodyConsumed,
+            SkipReason::FailureBoundary,
+            SkipReason::TransportOff,
+            SkipReason::NotRetryable,
+            SkipReason::Pushback,
+        ]
+        .map(|why| {
+            match why {
+                SkipReason::RetriesOff
+                | SkipReason::Method
+                | SkipReason::Tunnel
+                | SkipReason::Upgrade
+                | SkipReason::BodyConsumed
+                | SkipReason::FailureBoundary
+                | SkipReason::TransportOff
+                | SkipReason::NotRetryable
+                | SkipReason::Pushback => {}
+            }
+            Outcome::Skipped(why).reason()
+        });
+        assert_eq!(skipped, SKIP_REASONS);
+    }
+}

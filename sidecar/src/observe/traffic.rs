@@ -191,6 +191,7 @@ fn minus(a: &TrafficCounts, b: &TrafficCounts) -> TrafficCounts {
         } else {
             Vec::new()
         },
+        unknown: Default::default(),
     }
 }
 

@@ -33,6 +33,7 @@ pub(crate) fn admit<'a>(
     let request = RequestFacts {
         method: template.head.method.as_str(),
         path: template.head.path_and_query.path(),
+        query: template.head.path_and_query.query(),
         host: template
             .authority
             .as_ref()

@@ -13,6 +13,16 @@
 //! addresses (logged when it starts failing, counted every time); a name
 //! that never resolved has no endpoint, and its upstream's requests are
 //! answered at once (`dns_unresolved`), never held.
+//!
+//! What a name resolves to is filtered: a Service's ExternalName or a DNS
+//! record is anyone's to point anywhere, and the pod's own loopback (the
+//! sidecar's admin port, whose `PUT /log-level` changes it) or the node's
+//! metadata service must not become an upstream. Loopback addresses
+//! (`::ffff:127.0.0.1` too), link-local ones (`169.254.0.0/16`, the metadata
+//! service's `169.254.169.254`, `fe80::/10`) and unspecified ones are left
+//! out unless the file's `proxy.dns_allow_local` lets them in (standalone
+//! use); an address and port the sidecar itself listens on is left out
+//! always.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -48,6 +58,8 @@ pub(crate) struct Dns {
     changed: Notify,
     /// A task resolves names (started on the first configuration with one).
     started: AtomicBool,
+    /// The addresses this process listens on: never an endpoint.
+    own: Mutex<Vec<SocketAddr>>,
 }
 
 /// One name: its last addresses and how its lookups went.
@@ -68,6 +80,21 @@ impl Dns {
             .get(host)
             .map(|n| n.addresses.clone())
             .unwrap_or_default()
+    }
+
+    /// The addresses this process listens on (which no name may lead to).
+    pub(crate) fn set_own_listeners(&self, addrs: Vec<SocketAddr>) {
+        *lock(&self.own) = addrs;
+    }
+
+    /// Whether `addr`, from a name, is one of this process's listeners:
+    /// the same address, or the same port on a local address for one
+    /// bound to all addresses.
+    pub(crate) fn is_own(&self, addr: SocketAddr) -> bool {
+        lock(&self.own).iter().any(|own| {
+            own.port() == addr.port()
+                && (own.ip() == addr.ip() || (own.ip().is_unspecified() && is_local(addr.ip())))
+        })
     }
 
     /// Every name the configuration holds that has been looked up, for the
@@ -103,6 +130,8 @@ async fn refresh(proxy: Weak<Proxy>, dns: Arc<Dns>) {
     let mut resolver: Option<(Vec<SocketAddr>, TokioResolver)> = None;
     let mut due: BTreeMap<String, Instant> = BTreeMap::new();
     let mut failing: BTreeSet<String> = BTreeSet::new();
+    // Names already warned about for resolving to addresses left out.
+    let mut warned: BTreeSet<String> = BTreeSet::new();
     loop {
         let Some(config) = proxy.upgrade().map(|p| p.config()) else {
             return;
@@ -134,6 +163,15 @@ async fn refresh(proxy: Weak<Proxy>, dns: Arc<Dns>) {
                     let mut addrs: Vec<IpAddr> = answer.iter().collect();
                     addrs.sort();
                     addrs.dedup();
+                    if !config.proxy.dns_allow_local {
+                        let (kept, refused): (Vec<IpAddr>, Vec<IpAddr>) =
+                            addrs.into_iter().partition(|ip| !is_refused(*ip));
+                        if !refused.is_empty() && !warned.contains(name) {
+                            tracing::warn!(host = %name, refused = ?refused, kept = kept.len(), "a DNS name resolves to loopback or link-local addresses: they are not endpoints");
+                            warned.insert(name.clone());
+                        }
+                        addrs = kept;
+                    }
                     let ttl = answer
                         .valid_until()
                         .saturating_duration_since(std::time::Instant::now());
@@ -220,6 +258,77 @@ fn build(servers: &[SocketAddr]) -> Option<TokioResolver> {
     }
 }
 
+/// Whether a name's address is left out unless local ones are allowed:
+/// loopback, link-local (the metadata service among them) or unspecified,
+/// IPv4-mapped IPv6 forms included.
+pub(crate) fn is_refused(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local() || v4.is_unspecified(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback()
+                || v6.is_unspecified()
+                // fe80::/10
+                || (v6.segments()[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+/// Whether `ip` is an address of this network namespace: binding a socket
+/// to it succeeds only then. Asked only for a port the sidecar listens on.
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback() || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_link_local_and_unspecified_addresses_are_refused_in_every_form() {
+        for refused in [
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "::ffff:127.0.0.1",
+            "169.254.169.254",
+            "169.254.1.1",
+            "::ffff:169.254.169.254",
+            "fe80::1",
+            "febf::1",
+            "0.0.0.0",
+            "::",
+        ] {
+            assert!(is_refused(refused.parse().expect("ip")), "{refused}");
+        }
+        for kept in [
+            "10.0.0.7",
+            "192.168.1.1",
+            "8.8.8.8",
+            "fd00::1",
+            "fec0::1",
+            "2001:db8::1",
+        ] {
+            assert!(!is_refused(kept.parse().expect("ip")), "{kept}");
+        }
+    }
+
+    #[test]
+    fn the_sidecars_own_listeners_are_never_endpoints() {
+        let dns = Dns::default();
+        dns.set_own_listeners(vec![
+            "127.0.0.1:15000".parse().expect("admin"),
+            "0.0.0.0:15021".parse().expect("health"),
+        ]);
+        assert!(dns.is_own("127.0.0.1:15000".parse().expect("addr")));
+        assert!(
+            dns.is_own("127.0.0.1:15021".parse().expect("addr")),
+            "a wildcard listener on loopback"
+        );
+        assert!(!dns.is_own("127.0.0.1:8080".parse().expect("addr")));
+        assert!(!dns.is_own("10.255.255.1:15000".parse().expect("addr")));
+    }
 }

@@ -3,7 +3,7 @@
 //! policy a request gets), swapped atomically as a whole on every reload, and
 //! the host a request addresses.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use super::dns::Dns;
 use crate::exchange::report::PolicySource;
 use crate::observe::traffic::RuleTraffic;
 use crate::retry::upstream::UpstreamState;
-use reprise_crds::traffic::TrafficReport;
+use reprise_crds::traffic::{TrafficCounts, TrafficReport};
 
 /// A configuration ready to serve.
 #[derive(Debug)]
@@ -77,6 +77,8 @@ pub(crate) struct RequestFacts<'a> {
     pub method: &'a str,
     /// The path, without the query.
     pub path: &'a str,
+    /// The query, without `?`, when the target has one.
+    pub query: Option<&'a str>,
     /// The host the request addressed, without a port.
     pub host: &'a str,
     /// Its end-to-end headers.
@@ -90,6 +92,10 @@ fn with_dns(u: &Upstream, dns: &Dns) -> Upstream {
     for d in &u.dns {
         for ip in dns.addresses(&d.host) {
             let addr = SocketAddr::new(ip, d.port);
+            // A name that leads back to the sidecar itself is no endpoint.
+            if dns.is_own(addr) {
+                continue;
+            }
             if !out.endpoints.iter().any(|e| e.addr == addr) {
                 out.endpoints.push(Endpoint {
                     addr,
@@ -252,16 +258,24 @@ impl Routes {
     }
 
     /// Each rule's traffic since the last report, for rules that saw any.
+    /// Rules of one policy (a route rule's matches) report as one.
     pub(crate) fn traffic_report(&self) -> TrafficReport {
+        let mut traffic: BTreeMap<String, TrafficCounts> = BTreeMap::new();
+        for (r, t) in self.config.rules.iter().zip(&self.traffic) {
+            let counts = t.take_since_report();
+            if counts.is_empty() {
+                continue;
+            }
+            match traffic.get_mut(r.report_id()) {
+                Some(sum) => sum.add(&counts),
+                None => {
+                    traffic.insert(r.report_id().to_string(), counts);
+                }
+            }
+        }
         TrafficReport {
-            traffic: self
-                .config
-                .rules
-                .iter()
-                .zip(&self.traffic)
-                .map(|(r, t)| (r.id.clone(), t.take_since_report()))
-                .filter(|(_, c)| !c.is_empty())
-                .collect(),
+            traffic,
+            ..TrafficReport::default()
         }
     }
 
@@ -316,7 +330,13 @@ impl Routes {
         let header = |name: &str| request.headers.get(name).map(|v| v.as_bytes());
         let mut cel_headers: Option<Vec<(&str, &str)>> = None;
         let found = self.config.rules.iter().position(|r| {
-            if !r.matches(&upstream.config.name, request.method, request.path, header) {
+            if !r.matches(
+                &upstream.config.name,
+                request.method,
+                request.path,
+                request.query,
+                header,
+            ) {
                 return false;
             }
             let Some(cel) = &r.cel else {

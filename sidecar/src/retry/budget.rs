@@ -23,7 +23,8 @@ pub(crate) struct RetryBudget {
     window_secs: f64,
     /// `percent` as f64 bits, so a reload can change it in place.
     percent_bits: AtomicU64,
-    min_per_second: AtomicU64,
+    /// `min_retries_per_second` as f64 bits (it may be below one).
+    min_per_second_bits: AtomicU64,
     buckets: [Bucket; BUCKETS],
 }
 
@@ -45,7 +46,7 @@ impl RetryBudget {
             bucket_ms: window_ms / BUCKETS as u64,
             window_secs: settings.window.as_secs_f64(),
             percent_bits: AtomicU64::new(settings.percent.to_bits()),
-            min_per_second: AtomicU64::new(u64::from(settings.min_retries_per_second)),
+            min_per_second_bits: AtomicU64::new(settings.min_retries_per_second.to_bits()),
             buckets: Default::default(),
         }
     }
@@ -59,10 +60,8 @@ impl RetryBudget {
     pub(crate) fn update(&self, settings: &BudgetSettings) {
         self.percent_bits
             .store(settings.percent.to_bits(), Ordering::Relaxed);
-        self.min_per_second.store(
-            u64::from(settings.min_retries_per_second),
-            Ordering::Relaxed,
-        );
+        self.min_per_second_bits
+            .store(settings.min_retries_per_second.to_bits(), Ordering::Relaxed);
     }
 
     /// Counts one logical request's first attempt (retries are counted by
@@ -138,7 +137,7 @@ impl RetryBudget {
     }
 
     fn floor(&self) -> f64 {
-        self.min_per_second.load(Ordering::Relaxed) as f64 * self.window_secs
+        f64::from_bits(self.min_per_second_bits.load(Ordering::Relaxed)) * self.window_secs
     }
 
     fn tick(&self) -> u64 {
@@ -184,7 +183,7 @@ mod tests {
         RetryBudget::new(&BudgetSettings {
             percent,
             window: Duration::from_secs(10),
-            min_retries_per_second: min,
+            min_retries_per_second: f64::from(min),
         })
     }
 
@@ -255,7 +254,7 @@ mod tests {
         b.update(&BudgetSettings {
             percent: 100.0,
             window: Duration::from_secs(10),
-            min_retries_per_second: 0,
+            min_retries_per_second: 0.0,
         });
         assert_eq!(b.remaining(), 10);
         assert!(b.try_withdraw());
@@ -289,5 +288,26 @@ mod tests {
             (1.10..=1.112).contains(&amplification),
             "1 / (1 - 0.10) = 1.111: {amplification}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_floor_below_one_a_second_and_a_zero_percent_allow_only_the_floor() {
+        // Gateway API's minRetryRate of one per ten seconds, over a 10 s window:
+        // exactly one retry in the window, whatever the requests.
+        let b = RetryBudget::new(&BudgetSettings {
+            percent: 0.0,
+            window: Duration::from_secs(10),
+            min_retries_per_second: 0.1,
+        });
+        for _ in 0..1_000 {
+            b.record_request();
+        }
+        assert!(b.try_withdraw());
+        assert!(
+            !b.try_withdraw(),
+            "a zero percent adds nothing to the floor"
+        );
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(b.try_withdraw(), "the window moved on");
     }
 }

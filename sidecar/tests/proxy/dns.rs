@@ -31,9 +31,11 @@ async fn twins(first: Action, second: Action) -> (Upstream, Upstream) {
 /// A sidecar whose upstream `api` is `host` on `port`, resolved by `dns`.
 async fn sidecar(dns: &TestDns, api: UpstreamConfig) -> Sidecar {
     Sidecar::start(
-        Config::new()
-            .upstream(api)
-            .proxy(ProxyConfig::new().dns_resolver(dns.addr)),
+        Config::new().upstream(api).proxy(
+            ProxyConfig::new()
+                .dns_resolver(dns.addr)
+                .dns_allow_local(true),
+        ),
     )
     .await
 }
@@ -107,7 +109,11 @@ async fn a_name_that_never_resolved_is_answered_at_once_with_dns_unresolved() {
         Config::new()
             .upstream(UpstreamConfig::new("api").host_endpoint("gone.test", 443))
             .upstream(UpstreamConfig::new("slow").host_endpoint("slow.test", 443))
-            .proxy(ProxyConfig::new().dns_resolver(dns.addr)),
+            .proxy(
+                ProxyConfig::new()
+                    .dns_resolver(dns.addr)
+                    .dns_allow_local(true),
+            ),
     )
     .await;
     // Let the lookups go out; NXDOMAIN comes back, the silent one hangs.
@@ -215,5 +221,107 @@ async fn a_failed_refresh_keeps_the_last_addresses_and_is_counted() {
         )
         .unwrap_or(0.0)
             >= 1.0
+    );
+}
+
+/// Upstream `name`'s requests when its only endpoint is `host`, on `port`:
+/// the status and the sidecar's error kind.
+async fn answered(sidecar: &Sidecar, name: &str) -> (u16, Option<String>) {
+    let r = tokio::time::timeout(Duration::from_secs(2), sidecar.send("GET", name, "/", b""))
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no answer"));
+    let error = r
+        .headers
+        .get("x-reprise-error")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    (r.status, error)
+}
+
+#[tokio::test]
+async fn names_that_resolve_to_loopback_link_local_or_the_metadata_service_lead_nowhere() {
+    let dns = TestDns::start().await;
+    let up = Upstream::always(Action::Reply(200)).await;
+    let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("ip");
+    // Both reach the upstream's IPv4 listener when allowed.
+    dns.set("loop.test", &[V4, mapped], 60);
+    dns.set("loop6.test", &[V6], 60);
+    dns.set(
+        "metadata.test",
+        &["169.254.169.254".parse().expect("ip")],
+        60,
+    );
+    dns.set("link.test", &["fe80::1".parse().expect("ip")], 60);
+    let port = up.addr.port();
+    let config = |allow: bool| {
+        Config::new()
+            .upstream(UpstreamConfig::new("loop").host_endpoint("loop.test", port))
+            .upstream(UpstreamConfig::new("loop6").host_endpoint("loop6.test", port))
+            .upstream(UpstreamConfig::new("meta").host_endpoint("metadata.test", 80))
+            .upstream(UpstreamConfig::new("link").host_endpoint("link.test", 80))
+            .proxy(
+                ProxyConfig::new()
+                    .dns_resolver(dns.addr)
+                    .dns_allow_local(allow),
+            )
+    };
+    // The default: none of them is an endpoint.
+    let sidecar = Sidecar::start(config(false)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for name in ["loop", "loop6", "meta", "link"] {
+        assert!(
+            sidecar.stats(name).endpoints.is_empty(),
+            "{name}: {:?}",
+            sidecar.stats(name).endpoints
+        );
+        assert_eq!(answered(&sidecar, name).await.0, 503, "{name}");
+    }
+    assert_eq!(up.count(), 0, "nothing reached the loopback upstream");
+    // Standalone, allowed: the loopback name is the upstream again.
+    let allowed = Sidecar::start(config(true)).await;
+    endpoints_of(&allowed, "loop", 2).await;
+    assert_eq!(answered(&allowed, "loop").await.0, 200);
+}
+
+#[tokio::test]
+async fn a_name_that_resolves_to_the_sidecars_own_listener_is_never_an_endpoint() {
+    let dns = TestDns::start().await;
+    let up = Upstream::always(Action::Reply(200)).await;
+    dns.set("self.test", &[V4], 60);
+    let config = |port: u16| {
+        Config::new()
+            .upstream(UpstreamConfig::new("api").host_endpoint("self.test", port))
+            .proxy(
+                ProxyConfig::new()
+                    .dns_resolver(dns.addr)
+                    .dns_allow_local(true),
+            )
+            .resolve()
+    };
+    let sidecar = Sidecar::serve(reprise_sidecar::Proxy::new(config(up.addr.port()))).await;
+    endpoints_of(&sidecar, "api", 1).await;
+    // The same name on the sidecar's own port (its proxy listener): a loop,
+    // left out even where local addresses are allowed.
+    sidecar.proxy.reload(config(sidecar.addr.port()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        sidecar.stats("api").endpoints.is_empty(),
+        "the sidecar's own listener: {:?}",
+        sidecar.stats("api").endpoints
+    );
+    assert_eq!(answered(&sidecar, "api").await.0, 503);
+}
+
+/// Waits until upstream `name` has `n` endpoints.
+async fn endpoints_of(sidecar: &Sidecar, name: &str, n: usize) {
+    for _ in 0..250 {
+        if sidecar.stats(name).endpoints.len() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "{name} has {:?}, not {n} endpoints",
+        sidecar.stats(name).endpoints
     );
 }

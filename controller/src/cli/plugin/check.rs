@@ -437,13 +437,15 @@ fn render(sections: &[(&'static str, Vec<Verdict>)]) -> String {
         out.push_str(&"-".repeat(title.chars().count()));
         out.push('\n');
         for v in verdicts {
+            // A line may quote what the cluster holds (a pod's name, an
+            // error's text): one line each, escaped.
             out.push_str(if v.ok { "✔ " } else { "✘ " });
-            out.push_str(&v.line);
+            out.push_str(&crate::untrusted::escaped(&v.line, false));
             out.push('\n');
             if let Some(fix) = &v.fix {
                 failed += 1;
                 out.push_str("    fix: ");
-                out.push_str(fix);
+                out.push_str(&crate::untrusted::escaped(fix, false));
                 out.push('\n');
             }
         }

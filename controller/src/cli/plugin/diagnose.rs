@@ -241,7 +241,11 @@ pub(super) fn render(id: &str, raw: &Value, output: Option<Output>) -> Result<St
         pod: id.into(),
         reason: format!("/diagnostics has an unexpected shape: {e}"),
     })?;
-    Ok(table(id, &d, output == Some(Output::Wide)))
+    // What a sidecar answered, which may be a fake one: shown escaped.
+    Ok(crate::untrusted::escaped(
+        &table(id, &d, output == Some(Output::Wide)),
+        true,
+    ))
 }
 
 fn table(id: &str, d: &Diagnostics, wide: bool) -> String {
@@ -439,6 +443,18 @@ mod tests {
             ["-", "0af7651916cd43dd8448eb211c80319c"]
         );
         assert_eq!(&words(lines[4])[8..], ["attempts", "-"]);
+    }
+
+    #[test]
+    fn what_a_fake_sidecar_answers_is_printed_escaped() {
+        let mut raw = diagnostics();
+        raw["requests"][0]["upstream"] = json!("api\u{1b}[2J");
+        raw["requests"][0]["path"] = json!("/\u{1b}]52;c;aGk=\u{7}\nforged");
+        for output in [None, Some(Output::Wide)] {
+            let out = render("shop/web-1", &raw, output).expect("table");
+            assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+            assert!(out.contains("api\\u{1b}[2J"), "{out}");
+        }
     }
 
     #[test]

@@ -108,7 +108,8 @@ pub(super) async fn run(
 
 /// The page `raw` that `replica` answered, drawn as `output` asks.
 pub(super) fn render(replica: &str, raw: &Value, output: Option<Output>) -> Result<String, Error> {
-    as_data(raw, output).unwrap_or_else(|| Ok(text(replica, raw)))
+    // A NACK's message is the sidecar's to write: shown escaped.
+    as_data(raw, output).unwrap_or_else(|| Ok(crate::untrusted::escaped(&text(replica, raw), true)))
 }
 
 fn text(replica: &str, raw: &Value) -> String {
@@ -251,6 +252,18 @@ mod tests {
             waiting.starts_with("shop/web-0: waiting for its answer"),
             "{waiting}"
         );
+    }
+
+    #[test]
+    fn a_nacks_message_is_printed_escaped() {
+        let raw = page(
+            "whole",
+            json!("00000000000000a1"),
+            json!("bad\u{1b}]52;c;aGk=\u{7}\nfake line"),
+        );
+        let out = render("c", &raw, None).expect("text");
+        assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+        assert!(out.contains("bad\\u{1b}]52;c;aGk=\\u{7}"), "{out}");
     }
 
     #[test]

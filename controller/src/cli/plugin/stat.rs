@@ -5,6 +5,12 @@
 //! `-o json` and `-o yaml` print one object keyed by `namespace/name` whose
 //! values are the policies' `status.traffic` as the API server returned them
 //! (`null` before the first report), so `jq '."shop/reads".recovered'` works.
+//!
+//! Without a name it also lists the Gateway API routes Reprise applies in
+//! the namespace, with their rules' traffic as Reprise's entry of their
+//! `status.parents` tells it (the `reprise.dev/Traffic` condition; Gateway
+//! API gives a route no traffic field): below the table, and in `-o json`
+//! under `Kind/namespace/name` keys.
 
 use std::collections::BTreeMap;
 
@@ -61,6 +67,7 @@ pub(super) async fn run(
     args: &Args,
     output: Option<Output>,
 ) -> Result<String, Error> {
+    let client2 = client.clone();
     let policies = fetch(client, namespace, args.target.as_deref())
         .await
         .map_err(|e| match e {
@@ -73,7 +80,141 @@ pub(super) async fn run(
             e => e,
         })?;
     let rows: Vec<PolicyTraffic> = policies.iter().map(PolicyTraffic::from_object).collect();
-    render(&rows, namespace, output, Timestamp::now())
+    let routes = if args.target.is_none() {
+        routes(client2, namespace).await?
+    } else {
+        Vec::new()
+    };
+    render_with_routes(&rows, &routes, namespace, output, Timestamp::now())
+}
+
+/// One route's entry for one Service, as Reprise wrote it.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct RouteTraffic {
+    /// `HTTPRoute/namespace/name`.
+    pub(super) route: String,
+    /// The Service it attaches to.
+    pub(super) service: String,
+    /// Whether Reprise applies it (`Accepted`), and why not.
+    pub(super) accepted: String,
+    /// The `reprise.dev/Traffic` condition's message (empty: no traffic yet).
+    pub(super) traffic: String,
+}
+
+/// The routes of `namespace` (every namespace when `None`) that carry
+/// Reprise's entry; none when Gateway API is not installed.
+async fn routes(client: Client, namespace: Option<&str>) -> Result<Vec<RouteTraffic>, Error> {
+    let mut out = Vec::new();
+    for (kind, plural) in [("HTTPRoute", "httproutes"), ("GRPCRoute", "grpcroutes")] {
+        let resource = ApiResource {
+            group: "gateway.networking.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "gateway.networking.k8s.io/v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        let listed = match api.list(&ListParams::default()).await {
+            Ok(l) => l.items,
+            // Not installed, or not readable by this user: no routes to show.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => continue,
+            Err(e) => return Err(Error::Kube(e)),
+        };
+        for r in &listed {
+            out.extend(route_rows(kind, r));
+        }
+    }
+    Ok(out)
+}
+
+/// Reprise's entries of a route's `status.parents`, one row each.
+pub(super) fn route_rows(kind: &str, r: &DynamicObject) -> Vec<RouteTraffic> {
+    let condition = |entry: &Value, kind: &str| {
+        entry["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == kind)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    r.data["status"]["parents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["controllerName"] == "reprise.dev/controller")
+        .map(|p| {
+            let accepted = condition(p, "Accepted");
+            RouteTraffic {
+                route: format!(
+                    "{kind}/{}/{}",
+                    r.namespace().unwrap_or_default(),
+                    r.name_any()
+                ),
+                service: p["parentRef"]["name"].as_str().unwrap_or("?").to_string(),
+                accepted: if accepted["status"] == "True" {
+                    "applied".into()
+                } else {
+                    format!(
+                        "not applied: {}",
+                        accepted["message"].as_str().unwrap_or("?")
+                    )
+                },
+                traffic: condition(p, "reprise.dev/Traffic")["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            }
+        })
+        .collect()
+}
+
+/// [`render`], with the routes below the policies.
+pub(super) fn render_with_routes(
+    rows: &[PolicyTraffic],
+    routes: &[RouteTraffic],
+    namespace: Option<&str>,
+    output: Option<Output>,
+    now: Timestamp,
+) -> Result<String, Error> {
+    if routes.is_empty() {
+        return render(rows, namespace, output, now);
+    }
+    if output.is_some_and(|o| o != Output::Wide) {
+        let mut keyed: BTreeMap<String, Value> = rows
+            .iter()
+            .map(|r| (format!("{}/{}", r.namespace, r.name), r.traffic.clone()))
+            .collect();
+        for r in routes {
+            keyed.insert(
+                format!("{}>{}", r.route, r.service),
+                serde_json::json!({ "service": r.service, "accepted": r.accepted, "traffic": r.traffic }),
+            );
+        }
+        if let Some(printed) = as_data(&keyed, output) {
+            return printed;
+        }
+    }
+    let mut out = render(rows, namespace, output, now)?;
+    out.push_str("\nRoutes (their traffic as Reprise's entry of status.parents tells it):\n");
+    for r in routes {
+        let traffic = if r.traffic.is_empty() {
+            "no traffic reported yet".to_string()
+        } else {
+            r.traffic.clone()
+        };
+        out.push_str(&format!(
+            "  {} -> Service {}: {}; {}\n",
+            r.route,
+            r.service,
+            r.accepted,
+            crate::untrusted::escaped(&traffic, false)
+        ));
+    }
+    Ok(out)
 }
 
 /// The policy `target` names, or every policy in `namespace` (`None`: in
@@ -149,7 +290,11 @@ pub(super) fn render(
             return printed;
         }
     }
-    Ok(table(rows, namespace, output == Some(Output::Wide), now))
+    // A status holds names pods reported: shown escaped.
+    Ok(crate::untrusted::escaped(
+        &table(rows, namespace, output == Some(Output::Wide), now),
+        true,
+    ))
 }
 
 fn table(rows: &[PolicyTraffic], namespace: Option<&str>, wide: bool, now: Timestamp) -> String {
@@ -321,6 +466,50 @@ mod tests {
     }
 
     #[test]
+    fn routes_show_reprises_entries_below_the_policies_and_in_json() {
+        let route: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": { "name": "api-retries", "namespace": "catalog" },
+            "status": { "parents": [
+                { "controllerName": "istio.io/mesh", "parentRef": { "name": "api" }, "conditions": [] },
+                { "controllerName": "reprise.dev/controller", "parentRef": { "kind": "Service", "name": "api" },
+                  "conditions": [
+                    { "type": "Accepted", "status": "True", "message": "applied" },
+                    { "type": "reprise.dev/Traffic", "status": "True", "message": "rule 0: 300 requests over 5m\u{1b}[2J" }
+                  ] }
+            ] }
+        }))
+        .expect("route");
+        let rows = route_rows("HTTPRoute", &route);
+        assert_eq!(rows.len(), 1, "only Reprise's entry");
+        let out = render_with_routes(
+            &[row("reads", reported())],
+            &rows,
+            Some("catalog"),
+            None,
+            at("2026-12-06T10:00:45Z"),
+        )
+        .expect("table");
+        assert!(
+            out.contains("HTTPRoute/catalog/api-retries -> Service api: applied; rule 0: 300 requests over 5m\\u{1b}[2J"),
+            "{out}"
+        );
+        let json = render_with_routes(
+            &[row("reads", reported())],
+            &rows,
+            Some("catalog"),
+            Some(Output::Json),
+            at("2026-12-06T10:00:45Z"),
+        )
+        .expect("json");
+        let v: Value = serde_json::from_str(&json).expect("json");
+        assert_eq!(
+            v["HTTPRoute/catalog/api-retries>api"]["accepted"],
+            "applied"
+        );
+    }
+
+    #[test]
     fn the_table_shows_rates_shares_reasons_and_the_reports_age() {
         let out = render(
             &[row("reads", reported()), row("writes", Value::Null)],
@@ -371,6 +560,41 @@ mod tests {
             lines[3],
             "shop/writes: no reports yet (its sidecars have not reported a window)"
         );
+    }
+
+    /// No control character reaches the terminal, whatever the status holds.
+    fn assert_printable(out: &str) {
+        assert!(
+            !out.chars().any(|c| c.is_control() && c != '\n'),
+            "a control character printed: {out:?}"
+        );
+    }
+
+    #[test]
+    fn names_a_pod_reported_are_printed_escaped() {
+        // Clear the screen, then write the clipboard (OSC 52).
+        let hostile = "x\u{1b}[2J\u{1b}]52;c;cm0gLXJmIH4=\u{7}";
+        let mut traffic = reported();
+        traffic["topFailure"] = json!(hostile);
+        traffic["exhausted"] = json!({ hostile: 2 });
+        traffic["skipped"] = json!({ "a\nFORGED ROW": 1 });
+        for output in [None, Some(Output::Wide)] {
+            let out = render(
+                &[row("reads", traffic.clone())],
+                None,
+                output,
+                at("2026-12-06T10:03:20Z"),
+            )
+            .expect("table");
+            assert_printable(&out);
+            assert_eq!(out.lines().count(), 2, "one row: {out}");
+            if output.is_some() {
+                assert!(
+                    out.contains("x\\u{1b}[2J\\u{1b}]52;c;cm0gLXJmIH4=\\u{7}"),
+                    "{out}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -17,8 +17,16 @@ impl Table {
         }
     }
 
+    /// Adds a row; each cell is shown escaped ([`crate::untrusted`]): a
+    /// cell may hold what a pod wrote, and a line break or a terminal
+    /// sequence in it would forge rows or drive the terminal.
     pub(super) fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows.push(
+            cells
+                .into_iter()
+                .map(|c| crate::untrusted::escaped(&c, false))
+                .collect(),
+        );
     }
 
     /// The header line, then one line per row, each without trailing blanks.
@@ -122,6 +130,13 @@ mod tests {
             t.render(),
             "NAME                 TARGET\nreads                api:80\na-much-longer-name   -\n"
         );
+    }
+
+    #[test]
+    fn a_cell_cannot_break_its_row_or_drive_the_terminal() {
+        let mut t = Table::new(vec!["KEY"]);
+        t.row(vec!["a\nFAKE   ROW\u{1b}[2J".into()]);
+        assert_eq!(t.render(), "KEY\na\\u{a}FAKE   ROW\\u{1b}[2J\n");
     }
 
     #[test]

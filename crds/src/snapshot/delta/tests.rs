@@ -32,6 +32,8 @@ fn policy(name: &str, upstream: &str, attempts: i32) -> SnapshotPolicy {
         generation: i64::from(attempts),
         upstream: upstream.into(),
         rule,
+        precedence: 0,
+        route: None,
     }
 }
 
@@ -56,6 +58,12 @@ fn the_head_digest_covers_every_field_but_the_endpoints() {
             server_name: "example.com".into(),
             ca_certificates: Some("pem".into()),
             subject_alt_names: vec!["a.example.com".into()],
+        }),
+        budget: Some(crate::snapshot::SnapshotBudget {
+            percent: 20.0,
+            interval_ms: 10_000,
+            min_retries: 1,
+            min_retries_per_ms: 1_000,
         }),
     };
     let mut whole = serde_json::to_value(&u).expect("json");

@@ -2,8 +2,8 @@
 //! Service's pods TLS from every injected sidecar that calls it.
 //!
 //! - The BackendTLSPolicy CRD is Gateway API's own file, from the module
-//!   e2e/tools/gateway-api pins (`GATEWAY_API_CRDS`, exported by
-//!   `e2e/build-tools.sh`), applied and Established before the chart starts.
+//!   e2e/tools/gateway-api pins (its standard channel, `Cluster::gateway_api`),
+//!   applied and Established before the chart starts.
 //! - StatefulSet `api`: three pods of the e2e app serving HTTPS with
 //!   certificates from a CA this test makes: `api-0` healthy, `api-1` flaky
 //!   (503 to half its requests), `api-2` presenting a certificate for another
@@ -213,9 +213,6 @@ async fn backend_tls_policy_gives_real_pods_tls_from_the_sidecar() {
     node_name().expect(
         "REPRISE_E2E_NODE: this test needs the node (e2e/cluster.sh up without --api-only, then e2e/images.sh)",
     );
-    let crd_file = std::env::var("GATEWAY_API_CRDS").expect(
-        "GATEWAY_API_CRDS: the BackendTLSPolicy CRD of the pinned Gateway API module (source the env file of e2e/build-tools.sh)",
-    );
     let c = Cluster::bare("tls");
     let release = Release::new(
         &c.kubeconfig,
@@ -225,24 +222,10 @@ async fn backend_tls_policy_gives_real_pods_tls_from_the_sidecar() {
     let t0 = Instant::now();
     let step = |what: &str| eprintln!("[tls test {:>6.1}s] {what}", t0.elapsed().as_secs_f64());
 
-    // 1. Gateway API's own CRD (the chart never installs it). Server-side:
-    //    the file is too large for the last-applied annotation.
-    step("1. BackendTLSPolicy CRD from the pinned gateway-api module");
-    c.kubectl(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        &crd_file,
-    ])
-    .unwrap_or_else(|e| panic!("apply {crd_file}: {e}"));
-    c.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/backendtlspolicies.gateway.networking.k8s.io",
-    ])
-    .expect("the BackendTLSPolicy CRD Established");
+    // 1. Gateway API's own CRDs (the chart never installs them), the
+    //    standard channel.
+    step("1. Gateway API's standard CRDs from the pinned gateway-api module");
+    c.gateway_api("standard");
 
     // 2. The CA, each pod's certificate, the CA bundle for the policies.
     let ca = TestCa::new("node-tls");

@@ -365,3 +365,22 @@ fn pods_left_without_the_sidecar_are_named_with_what_to_restart() {
         "no namespace is labelled reprise.dev/inject=enabled: nothing is injected"
     );
 }
+
+#[test]
+fn what_the_webhook_probe_answered_is_printed_escaped() {
+    let (mut facts, tls_now) = healthy();
+    // Whatever answers on the webhook's port writes the body the line quotes.
+    facts.probe = Probe::Answered {
+        status: 500,
+        body: "\u{1b}[2J\u{1b}]52;c;cm0gLXJmIH4=\u{7}broken\nforged ✔ line".into(),
+    };
+    let report = render(&judge(&facts, None, now(), tls_now));
+    assert!(
+        !report.chars().any(|c| c.is_control() && c != '\n'),
+        "{report:?}"
+    );
+    assert!(
+        !report.contains("\nforged"),
+        "a line break forged a line: {report}"
+    );
+}

@@ -67,6 +67,8 @@ fn snapshot(ups: &BTreeMap<&'static str, Vec<u32>>, attempts: i32) -> Snapshot {
         generation: i64::from(attempts),
         upstream: "a.shop".into(),
         rule,
+        precedence: 0,
+        route: None,
     };
     Entries::from_snapshot(Snapshot::new(upstreams, vec![policy])).to_snapshot()
 }
