@@ -598,6 +598,7 @@ async fn clients(dir: &str, n: usize, addrs: &str) -> anyhow::Result<()> {
             address_map: None,
             report_every: Duration::from_secs(reprise_crds::traffic::REPORT_SECS),
             diagnostics_retained: None,
+            deadlines: reprise_crds::policy::DeadlinePolicy::ON,
         };
         let proxy = reprise_sidecar::Proxy::new(
             Snapshot::new(vec![], vec![])

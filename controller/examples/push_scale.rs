@@ -163,6 +163,7 @@ async fn clients(addr: &str, dir: &str, n: usize) -> anyhow::Result<()> {
             address_map: None,
             report_every: Duration::from_secs(10),
             diagnostics_retained: None,
+            deadlines: reprise_crds::policy::DeadlinePolicy::ON,
         };
         let proxy = reprise_sidecar::Proxy::new(
             Snapshot::new(vec![], vec![])

@@ -7,7 +7,9 @@
 //!   volumes and proxy variables; pure, unit-tested without an API server.
 //! - `container.rs`: the sidecar container itself, and in transparent pods
 //!   the `reprise-init` container that installs the capture rules.
-//! - `overrides.rs`: per-pod annotation overrides and transparent capture.
+//! - `overrides.rs`: per-pod annotation overrides and transparent capture,
+//!   and the deadline switches a pod or its namespace sets.
+//! - `namespaces.rs`: the namespace annotations injection reads.
 //! - `webhook.rs`: the HTTPS admission server (`/inject`, and
 //!   `/inject/transparent` for namespaces opted into transparent mode).
 //! - `ca_bundle.rs`: keeping the webhook configuration's `caBundle` set.
@@ -15,12 +17,14 @@
 mod ca_bundle;
 mod config;
 mod container;
+mod namespaces;
 mod overrides;
 mod pod;
 mod webhook;
 
 pub(crate) use ca_bundle::keep_ca_bundle;
 pub(crate) use config::InjectionConfig;
+pub(crate) use namespaces::Namespaces;
 pub(crate) use webhook::{supports_native_sidecars, ApiServer, Webhook, WebhookLimits};
 
 /// Name of the injected container.
@@ -49,6 +53,14 @@ pub(crate) const IMAGE: &str = "reprise.dev/sidecar-image";
 /// See [`CPU_REQUEST`]: the requests the sidecar's `/diagnostics` keeps
 /// (`REPRISE_DIAGNOSTICS_RETAINED`; 0 turns it off).
 pub(crate) const DIAGNOSTICS_RETAINED: &str = "reprise.dev/diagnostics-retained";
+/// `"false"`: the sidecar's attempts carry no deadline to the next hop
+/// (`REPRISE_DEADLINE_PROPAGATE`). On a Pod, or on its Namespace for every
+/// pod created in it (the Pod's own wins).
+pub(crate) const DEADLINE_PROPAGATE: &str = "reprise.dev/deadline-propagate";
+/// `"false"`: the sidecar ignores deadlines that come with requests
+/// (`REPRISE_DEADLINE_ACCEPT_INCOMING`). On a Pod or its Namespace, as
+/// [`DEADLINE_PROPAGATE`].
+pub(crate) const DEADLINE_ACCEPT_INCOMING: &str = "reprise.dev/deadline-accept-incoming";
 /// `"true"`: capture the Pod's outbound TCP transparently (`reprise-init`,
 /// no `HTTP_PROXY`); `"false"` opts a Pod out in a namespace labelled
 /// `reprise.dev/transparent=enabled`.

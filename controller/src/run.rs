@@ -119,6 +119,7 @@ pub async fn run(client: Client, options: Options) -> Result<(), Error> {
                 inject::ApiServer::from_cache_and_env(cache.clone()),
             )
             .with_certificate(material.cert_pem.clone())
+            .with_namespaces(inject::Namespaces::new(client.clone()))
             .with_serving(Arc::clone(&serving))
             .with_limits(webhook.limits),
         );

@@ -145,6 +145,7 @@ async fn harness(name: &str) -> Harness {
         address_map: None,
         report_every: Duration::from_millis(100),
         diagnostics_retained: None,
+        deadlines: reprise_crds::policy::DeadlinePolicy::ON,
     };
     Harness {
         source,

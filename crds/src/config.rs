@@ -206,6 +206,10 @@ pub struct ProxySettings {
     /// system's (`/etc/resolv.conf`, its search domains and `ndots`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dns_resolvers: Vec<SocketAddr>,
+    /// Deadlines across hops for every request (`proxy.deadlines`; in
+    /// Kubernetes the `reprise.dev/deadline-*` annotations); a policy may
+    /// turn a way off for its own requests.
+    pub deadlines: crate::policy::DeadlinePolicy,
     /// Let host-named endpoints resolve to loopback and link-local
     /// addresses (standalone use: a name in `/etc/hosts` for a local
     /// service). Off in Kubernetes mode: a name a Service points anywhere

@@ -7,6 +7,7 @@
 //! setting off (`docs/src/reference/file-format.md`).
 
 pub(crate) mod common;
+mod deadlines;
 mod read;
 mod retries;
 mod rules;
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use self::deadlines::DeadlinesSpec;
 pub use self::read::{read, FileText, MAX_FILE_BYTES};
 pub use self::retries::{HedgeSpec, RetriesSpec, StatusEntry};
 pub use self::rules::RuleSpec;
@@ -152,6 +154,10 @@ pub struct ProxySpec {
     /// system's resolver configuration).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dns_resolvers: Vec<String>,
+    /// Deadlines across hops for every request of this sidecar; a rule's
+    /// own `deadlines` may turn a way off for its requests, never on.
+    #[serde(default, skip_serializing_if = "DeadlinesSpec::is_empty")]
+    pub deadlines: DeadlinesSpec,
     /// Let host-named endpoints resolve to loopback and link-local
     /// addresses (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -499,6 +505,7 @@ impl ProxySpec {
                     }
                 })
                 .collect(),
+            deadlines: self.deadlines.resolve(),
         }
     }
 }

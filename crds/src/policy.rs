@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod deadlines;
+pub use self::deadlines::{DeadlinePolicy, RetryLayers};
+
 /// Most retries beyond the first attempt.
 pub const MAX_RETRIES: u32 = 10;
 /// Largest per-rule replay buffer.
@@ -114,6 +117,10 @@ pub struct RetryPolicy {
     pub retry_after_max: Duration,
     /// The user acknowledged that retries may duplicate an upstream operation.
     pub duplicate_risk_acknowledged: bool,
+    /// Deadlines across hops: sent to the next hop, accepted from the caller.
+    pub deadlines: DeadlinePolicy,
+    /// Whether a request an upper layer already retried is retried here.
+    pub retry_layers: RetryLayers,
     /// When the total deadline ends the retries, the client gets a `504`
     /// naming it rather than the last response (Gateway API's request
     /// timeout; a RetryPolicy answers the last response).

@@ -2,11 +2,14 @@
 //! types, schema rules and defaults. It is what the controller pushes to
 //! sidecars, and both run the same [`RetryRule::resolve`] (in `resolve.rs`).
 
+mod deadlines;
 mod resolve;
 #[cfg(test)]
 mod tests;
 
 use serde::{Deserialize, Serialize};
+
+pub use self::deadlines::{Deadlines, Layers};
 
 /// Which requests are retried and how: a rule's match and safety fields plus a
 /// retries block.
@@ -67,6 +70,16 @@ pub struct RetryRule {
     /// Attempts, backoff, budget, deadline, timeouts and hedging.
     #[serde(default)]
     pub retries: Retries,
+    /// Deadlines across hops: sent to the next hop, accepted from the
+    /// caller (both on when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadlines: Option<Deadlines>,
+    /// `Every` (default): every layer of a call chain retries under its own
+    /// policy. `Once`: a request an upper layer already retried is not
+    /// retried again here, and this policy's retries say so to the layers
+    /// below (in `baggage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_layers: Option<Layers>,
 }
 
 /// An HTTP method a rule matches; `*` is every method but CONNECT and TRACE.
@@ -259,6 +272,8 @@ impl Default for RetryRule {
             replay_limit_bytes: 0,
             acknowledge_duplicate_risk: false,
             retries: Retries::default(),
+            deadlines: None,
+            retry_layers: None,
         }
     }
 }

@@ -37,3 +37,13 @@ pub const LOG: &str = "REPRISE_LOG";
 /// `reprise.dev/diagnostics-retained` annotation, else the injection
 /// config's `diagnosticsRetained`.
 pub const DIAGNOSTICS_RETAINED: &str = "REPRISE_DIAGNOSTICS_RETAINED";
+/// `false` keeps attempts from carrying the request's deadline to the next
+/// hop (`proxy.deadlines.propagate`); unset is `true`. The webhook sets it
+/// from the `reprise.dev/deadline-propagate` annotation of the pod, else of
+/// its namespace.
+pub const DEADLINE_PROPAGATE: &str = "REPRISE_DEADLINE_PROPAGATE";
+/// `false` ignores deadlines that come with requests
+/// (`proxy.deadlines.accept_incoming`); unset is `true`. The webhook sets it
+/// from the `reprise.dev/deadline-accept-incoming` annotation of the pod,
+/// else of its namespace.
+pub const DEADLINE_ACCEPT_INCOMING: &str = "REPRISE_DEADLINE_ACCEPT_INCOMING";

@@ -510,6 +510,7 @@ impl Snapshot {
                 diagnostics_retained: DEFAULT_DIAGNOSTICS_RETAINED,
                 forward_unknown_hosts: true,
                 dns_resolvers: Vec::new(),
+                deadlines: crate::policy::DeadlinePolicy::ON,
                 dns_allow_local: false,
             },
         })

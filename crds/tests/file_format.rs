@@ -234,3 +234,36 @@ fn host_named_endpoints_are_resolved_later_and_name_the_tls_server() {
         ]
     );
 }
+
+#[test]
+fn deadlines_are_on_by_default_and_each_way_turns_off_where_it_is_written() {
+    use reprise_crds::policy::DeadlinePolicy;
+    let cfg = parse(&upstream_with("{ attempts: 1 }"), "t.yaml").expect("valid");
+    assert_eq!(cfg.proxy.deadlines, DeadlinePolicy::ON);
+    assert_eq!(cfg.upstreams[0].retries.deadlines, DeadlinePolicy::ON);
+    let off = |propagate, accept_incoming| DeadlinePolicy {
+        propagate,
+        accept_incoming,
+    };
+    let yaml = "upstreams:
+  - name: api
+    endpoints: [{ address: 127.0.0.1, port: 8080 }]
+    retries: { attempts: 1, deadlines: { propagate: false } }
+rules:
+  - { id: r, deadlines: { accept_incoming: false } }
+proxy:
+  deadlines: { propagate: true, accept_incoming: false }
+";
+    let cfg = parse(yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    assert_eq!(cfg.upstreams[0].retries.deadlines, off(false, true));
+    assert_eq!(cfg.rules[0].policy.deadlines, off(true, false));
+    assert_eq!(cfg.proxy.deadlines, off(true, false));
+    let e = invalid_or_parse_error(&upstream_with("{ deadlines: { propagate: 1 } }"));
+    assert!(e.contains("propagate"), "{e}");
+    let e = invalid_or_parse_error(&upstream_with("{ deadlines: { honour: false } }"));
+    assert!(e.contains("unknown field `honour`"), "{e}");
+}
+
+fn invalid_or_parse_error(yaml: &str) -> String {
+    parse(yaml, "t.yaml").expect_err("refused").to_string()
+}

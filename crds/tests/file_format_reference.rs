@@ -115,4 +115,21 @@ fn every_section_names_exactly_the_fields_the_parser_accepts() {
         accepted(&format!("{UPSTREAM}proxy: {{ bogus: 1 }}\n")),
         documented("proxy", None),
     );
+    for (section, yaml) in [
+        (
+            "upstreams[].retries",
+            upstream_with("retries: { deadlines: { bogus: 1 } }"),
+        ),
+        ("rules[]", rule_with("deadlines: { bogus: 1 }")),
+        (
+            "proxy",
+            format!("{UPSTREAM}proxy: {{ deadlines: {{ bogus: 1 }} }}\n"),
+        ),
+    ] {
+        same(
+            &format!("{section}.deadlines"),
+            accepted(&yaml),
+            documented(section, Some("deadlines")),
+        );
+    }
 }

@@ -10,6 +10,12 @@
 #   REPRISE_SIDECAR=/path/to/old/reprise-sidecar ONLY=reprise,reprise-h2c,nginx \
 #     bash e2e/bench/instructions.sh                # another build (a before figure)
 #
+# Rows with a deadline that travels (issue 55): reprise+deadline (a rule's
+# total deadline, which each attempt carries on in baggage) and
+# reprise+baggage (each request comes with the application's baggage and a
+# reprise-deadline entry half an hour ahead, which the sidecar reads and
+# passes on unchanged).
+#
 # Method: each proxy runs under callgrind with one worker; h2load --h1 sends
 # N and then 3N requests (one keep-alive connection, so the event loop's
 # batching cannot vary between runs; Host: bench; the same
@@ -57,10 +63,12 @@ total_instructions() {
   local probe=(-H 'Host: bench')
   [ "${LOAD:-h1}" = h2c ] && probe=(--http2-prior-knowledge -H 'Host: h2')
   for _ in $(seq 300); do curl -fso /dev/null "${probe[@]}" "http://127.0.0.1:$port/" && break; sleep 0.2; done
+  local extra=()
+  [ -n "${BAGGAGE:-}" ] && extra=(-H "baggage: $BAGGAGE")
   if [ "${LOAD:-h1}" = h2c ]; then
-    h2load -n "$requests" -c 4 -m 64 -t 1 -H ':authority: h2' "http://127.0.0.1:$port/"
+    h2load -n "$requests" -c 4 -m 64 -t 1 -H ':authority: h2' "${extra[@]}" "http://127.0.0.1:$port/"
   else
-    h2load --h1 -n "$requests" -c 1 -H ':authority: bench' "http://127.0.0.1:$port/"
+    h2load --h1 -n "$requests" -c 1 -H ':authority: bench' "${extra[@]}" "http://127.0.0.1:$port/"
   fi | grep -q "$requests succeeded" || { echo "h2load through port $port failed" >&2; kill "$pid"; return 1; }
   kill -TERM "$pid"
   sleep 2
@@ -101,6 +109,23 @@ YAML
   TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+cel" 17031 \
     "$SIDECAR" --config "$WORK/reprise-cel.yaml" \
     --listen 127.0.0.1:17031 --admin 127.0.0.1:17131
+  # Reprise with a deadline that travels: a rule's total deadline, carried
+  # on in each attempt's baggage.
+  cat "$CONF/reprise.yaml" - >"$WORK/reprise-deadline.yaml" <<'YAML'
+rules:
+  - id: deadline
+    upstreams: [bench]
+    total_deadline_ms: 10000
+YAML
+  TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+deadline" 17061 \
+    "$SIDECAR" --config "$WORK/reprise-deadline.yaml" \
+    --listen 127.0.0.1:17061 --admin 127.0.0.1:17161
+  # Reprise receiving a deadline (and two entries of the application's)
+  # that it passes on unchanged.
+  BAGGAGE="userId=alice,tenant=t-7,reprise-deadline=$(( $(date +%s%3N) + 1800000 ))" \
+    TOKIO_WORKER_THREADS=1 REPRISE_LOG=warn per_request "reprise+baggage" 17071 \
+    "$SIDECAR" --config "$CONF/reprise.yaml" \
+    --listen 127.0.0.1:17071 --admin 127.0.0.1:17171
   # Reprise with a rule every request matches, as a RetryPolicy resolves
   # (string path prefix), and the same rule as a Gateway API route's rule
   # resolves (whole-element path prefix): what a route costs per request

@@ -1,5 +1,7 @@
 //! The process's clocks: a millisecond clock on tokio's time (so paused-time
-//! tests drive it), and the HTTP `date` every response without one gets.
+//! tests drive it), the wall clock in Unix milliseconds (what a deadline
+//! that travels between hops is written in), and the HTTP `date` every
+//! response without one gets.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,6 +72,14 @@ pub(crate) async fn keep_date() {
         tick.tick().await;
         DATE_SECS.store(unix_secs(), Ordering::Relaxed);
     }
+}
+
+/// Milliseconds since the Unix epoch, on the wall clock (0 on a clock set
+/// before it).
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Whole seconds since the Unix epoch (never 0 on a set clock).

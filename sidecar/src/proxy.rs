@@ -6,7 +6,8 @@
 //!    outside every upstream is forwarded once ([`forward`]) or refused;
 //!    CONNECT becomes a tunnel ([`tunnel`]).
 //! 2. **admit** ([`admit`]): the policy that applies and whether a failure
-//!    may be retried at all.
+//!    may be retried at all; then ([`deadline`]) the deadline that came from
+//!    an earlier hop, and whether attempts carry one on.
 //! 3. **prepare** ([`prepare`]): the request head made repeatable, the body
 //!    buffered for replay or left to stream.
 //! 4. **forward**: the retry engine ([`crate::retry`]) runs the attempts.
@@ -17,6 +18,7 @@
 
 pub(crate) mod admit;
 pub(crate) mod body;
+mod deadline;
 pub(crate) mod dns;
 mod forward;
 pub(crate) mod local;
@@ -31,6 +33,7 @@ use std::sync::{Arc, Weak};
 
 use arc_swap::ArcSwap;
 use http::{Method, Request, Response};
+use reprise_crds::policy::RetryLayers;
 use reprise_crds::Config;
 use tokio::time::Instant;
 
@@ -43,6 +46,7 @@ use self::tunnel::Tunnels;
 use crate::balance::client::{passthrough_client, PassthroughClient};
 use crate::exchange::body::replay::ReplayReservation;
 use crate::exchange::body::ClientBody;
+use crate::exchange::deadline::Hops;
 use crate::exchange::grpc::{grpc_code, parse_grpc_timeout};
 use crate::exchange::hop_by_hop;
 use crate::exchange::outcome::Outcome;
@@ -55,7 +59,7 @@ use crate::observe::traffic;
 use crate::observe::Tracing;
 use crate::random::ThreadRandom;
 use crate::retry::upstream::UpstreamState;
-use crate::retry::{self, Plan};
+use crate::retry::{self, BodySource, Plan};
 
 /// The proxy's shared state: the current routes and process-wide counters.
 #[derive(Debug)]
@@ -314,21 +318,37 @@ impl Proxy {
             };
 
             // 2. Admit.
-            let admitted = admit::admit(&routes, &upstream, &template, upgrade, &self.metrics);
-
-            // 3. Prepare the body: buffered only when a retry is possible.
-            let retry_policy = admitted.retry_policy();
-            let body = match prepare::body(
-                body,
-                retry_policy,
-                &template,
-                &self.reservation,
-                &upstream.config.name,
-            )
-            .await
+            let mut admitted = admit::admit(&routes, &upstream, &template, upgrade, &self.metrics);
+            if admitted
+                .plan
+                .policy
+                .is_some_and(|p| p.retry_layers == RetryLayers::Once)
             {
-                Ok(b) => b,
-                Err(local) => break 'serve local.answer(grpc),
+                deadline::once_across_layers(&mut admitted, &mut template);
+            }
+
+            let switches = deadline::switches(routes.config.proxy.deadlines, admitted.plan.policy);
+            let received = deadline::received(&template.head.headers, switches, &upstream, &span);
+
+            // 3. Prepare the body: buffered only when a retry is possible,
+            // and not at all when the request's deadline has passed (the
+            // retry loop answers at once).
+            let retry_policy = admitted.retry_policy();
+            let body = if received.as_ref().is_some_and(Hops::passed) {
+                BodySource::Direct(Some(body))
+            } else {
+                match prepare::body(
+                    body,
+                    retry_policy,
+                    &template,
+                    &self.reservation,
+                    &upstream.config.name,
+                )
+                .await
+                {
+                    Ok(b) => b,
+                    Err(local) => break 'serve local.answer(grpc),
+                }
             };
             // With retries possible, the client's gRPC deadline bounds them: past
             // it the client has given up.
@@ -338,6 +358,13 @@ impl Proxy {
                 template.grpc_deadline =
                     parse_grpc_timeout(&template.head.headers).map(|d| arrived + d);
             }
+            template.hops = deadline::onward(
+                received,
+                switches,
+                &upstream,
+                admitted.plan.policy,
+                template.grpc_deadline,
+            );
             let logged = logging.then(|| {
                 (
                     template.head.method.clone(),
@@ -348,7 +375,6 @@ impl Proxy {
             // 4. Forward, with retries. One clock reading serves the budget's
             // window and the first attempt's start and timeout.
             let now = Instant::now();
-            upstream.budget.record_request_at(now);
             let plan: Plan<'_> = admitted.plan;
             let (fin, report) = retry::run(
                 &upstream,

@@ -42,6 +42,7 @@ use self::verdict::Verdict;
 use crate::balance::picker;
 use crate::exchange::body::replay::{AttemptBody, ReplayBody};
 use crate::exchange::body::ClientBody;
+use crate::exchange::deadline::{Hops, Stop as DeadlineStop};
 pub use crate::exchange::failure::FailureKind;
 use crate::exchange::outcome::{ExhaustedBy, Outcome, SkipReason};
 use crate::exchange::report::{Report, Tried};
@@ -84,13 +85,38 @@ pub(crate) enum Final {
     NoEndpoint,
 }
 
+/// Where a request's deadline came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeadlineSource {
+    /// The policy's total deadline.
+    Policy,
+    /// The client's `grpc-timeout`.
+    Grpc,
+    /// An earlier hop's, in the `baggage` the application forwarded.
+    Propagated,
+}
+
+impl DeadlineSource {
+    /// The source's name in spans.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            DeadlineSource::Policy => "policy",
+            DeadlineSource::Grpc => "grpc",
+            DeadlineSource::Propagated => "propagated",
+        }
+    }
+}
+
 /// One request's retry state: what every gate reads and every step updates.
 #[derive(Debug)]
 pub(crate) struct RetryState<'a> {
     up: &'a UpstreamState,
     plan: Plan<'a>,
-    /// When the total deadline ends, if the policy has one.
+    /// When the request's deadline ends: the earliest of the policy's total
+    /// deadline, the client's `grpc-timeout` and a propagated deadline.
     deadline: Option<Instant>,
+    /// Which of them `deadline` is.
+    source: DeadlineSource,
     /// Per-attempt limit before the deadline shortens it.
     attempt_limit: Option<Duration>,
     /// Retries and hedges sent so far.
@@ -118,7 +144,18 @@ pub(crate) async fn run(
 ) -> (Final, Report) {
     let mut state = RetryState::new(up, plan, || now);
     state.for_grpc(template.grpc, template.grpc_deadline);
+    if let Some(hops) = template.hops.as_deref() {
+        state.for_hops(hops);
+    }
     let fin = 'run: {
+        // A deadline already past: no attempt, nothing counted by the budget.
+        if state.deadline.is_some_and(|d| d <= now) {
+            state.report.first_error = Some(FailureKind::DeadlineExceeded);
+            state.stop(Outcome::Exhausted(ExhaustedBy::Deadline), trace);
+            state.deadline_stop(DeadlineStop::BeforeFirstAttempt, trace);
+            break 'run Final::Local(FailureKind::DeadlineExceeded);
+        }
+        up.budget.record_request_at(now);
         let Some(mut endpoint) = picker::pick(&up.endpoints, &state.report.tried, false, random)
         else {
             state.report.outcome = Outcome::Exhausted(ExhaustedBy::NoAlternate);
@@ -151,10 +188,11 @@ pub(crate) async fn run(
                 None => {
                     let started = caller_reading.unwrap_or_else(Instant::now);
                     let timeout = state.attempt_timeout(started);
+                    let until = state.attempt_until(started, template.propagates());
                     let (request, span) = if single {
-                        template.only_request(up, endpoint, body.next(), trace)
+                        template.only_request(up, endpoint, body.next(), trace, until)
                     } else {
-                        template.sole_request(&mut kept, up, endpoint, body.next(), trace)
+                        template.sole_request(&mut kept, up, endpoint, body.next(), trace, until)
                     };
                     let first_frame = state.first_frame;
                     attempt::send(up, endpoint, request, span, started, timeout, first_frame).await
@@ -178,6 +216,11 @@ pub(crate) async fn run(
             match gate::decide(Trigger::Failed(&failure), &state, &body, random) {
                 Decision::Stop(outcome) => {
                     state.stop(outcome, trace);
+                    if failure.kind == FailureKind::DeadlineExceeded {
+                        state.deadline_stop(DeadlineStop::AttemptCut, trace);
+                    } else if outcome == Outcome::Exhausted(ExhaustedBy::Deadline) {
+                        state.deadline_stop(DeadlineStop::Retry, trace);
+                    }
                     // A route's request timeout answers for itself (Gateway
                     // API's 504); a RetryPolicy's deadline leaves the last answer.
                     if outcome == Outcome::Exhausted(ExhaustedBy::Deadline)
@@ -220,6 +263,7 @@ impl<'a> RetryState<'a> {
             up,
             plan,
             deadline: policy.and_then(|p| p.total_deadline).map(|d| start() + d),
+            source: DeadlineSource::Policy,
             // Zero turns the limit off altogether (a route's `backendRequest: 0s`).
             attempt_limit: match policy.and_then(|p| p.attempt_timeout) {
                 Some(Duration::ZERO) => None,
@@ -253,7 +297,52 @@ impl<'a> RetryState<'a> {
                 .enabled_policy()
                 .is_some_and(|p| !p.grpc_statuses.is_empty());
         if let Some(d) = deadline {
-            self.deadline = Some(self.deadline.map_or(d, |own| own.min(d)));
+            self.earlier(d, DeadlineSource::Grpc);
+        }
+    }
+
+    /// A deadline propagated from an earlier hop bounds the retries like a
+    /// total deadline.
+    fn for_hops(&mut self, hops: &Hops) {
+        if let Some(d) = hops.incoming() {
+            self.earlier(d, DeadlineSource::Propagated);
+        }
+    }
+
+    /// `d`, from `source`, is the request's deadline if it is earlier.
+    fn earlier(&mut self, d: Instant, source: DeadlineSource) {
+        if self.deadline.is_none_or(|own| d < own) {
+            self.deadline = Some(d);
+            self.source = source;
+        }
+    }
+
+    /// The deadline an attempt starting at `started` carries to the next hop
+    /// when the request `propagates` one: the request's, or the attempt's own
+    /// timeout under the policy when that ends first. The upstream's read
+    /// timeout, a default, is not sent: with no deadline set anywhere nothing
+    /// travels.
+    fn attempt_until(&self, started: Instant, propagates: bool) -> Option<Instant> {
+        if !propagates {
+            return None;
+        }
+        let own = self
+            .plan
+            .policy
+            .and_then(|p| p.attempt_timeout)
+            .map(|t| started + t);
+        match (self.deadline, own) {
+            (Some(d), Some(o)) => Some(d.min(o)),
+            (d, o) => d.or(o),
+        }
+    }
+
+    /// A propagated deadline stopped an attempt: counted, and on the span,
+    /// when the request's deadline is the propagated one.
+    fn deadline_stop(&self, stop: DeadlineStop, trace: &RequestSpan) {
+        if self.source == DeadlineSource::Propagated {
+            self.up.metrics.record_deadline_stop(stop);
+            trace.deadline_stopped(stop.name());
         }
     }
 
@@ -360,7 +449,7 @@ impl<'a> RetryState<'a> {
         self.report.outcome = outcome;
         self.refused(outcome, trace);
         if outcome == Outcome::Exhausted(ExhaustedBy::Deadline) {
-            trace.deadline_exceeded();
+            trace.deadline_exceeded(self.source.name());
         }
     }
 }
@@ -445,5 +534,125 @@ mod tests {
         state.deadline = None;
         state.attempt_limit = None;
         assert_eq!(state.attempt_timeout(now), None);
+    }
+
+    fn head() -> RequestHead {
+        RequestHead {
+            method: http::Method::GET,
+            path_and_query: http::uri::PathAndQuery::from_static("/"),
+            headers: http::HeaderMap::new(),
+        }
+    }
+
+    const WALL: u64 = 1_796_601_600_000;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_propagated_deadline_caps_the_request_and_each_attempt_and_is_named_its_source() {
+        let up = testing::upstream(Default::default());
+        let mut policy = up.config.retries.clone();
+        policy.total_deadline = Some(Duration::from_secs(5));
+        policy.attempt_timeout = Some(Duration::from_secs(3));
+        let plan = Plan {
+            policy: Some(&policy),
+            skip: None,
+        };
+        let now = Instant::now();
+        let mut state = RetryState::new(&up, plan, || now);
+        // Later than the policy's: the policy's stays.
+        state.for_hops(&Hops::new(WALL, now, Some(WALL + 9_000), true));
+        assert_eq!(state.deadline, Some(now + Duration::from_secs(5)));
+        assert_eq!(state.source, DeadlineSource::Policy);
+        // Earlier: it caps the total deadline and the attempt's timeout.
+        state.for_hops(&Hops::new(WALL, now, Some(WALL + 1_200), true));
+        assert_eq!(state.deadline, Some(now + Duration::from_millis(1_200)));
+        assert_eq!(state.source, DeadlineSource::Propagated);
+        assert_eq!(
+            state.attempt_timeout(now),
+            Some((Duration::from_millis(1_200), FailureKind::DeadlineExceeded))
+        );
+        // A client's grpc-timeout earlier still takes over.
+        state.for_grpc(true, Some(now + Duration::from_millis(700)));
+        assert_eq!(state.source, DeadlineSource::Grpc);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_carries_the_earlier_of_the_request_deadline_and_its_own_timeout() {
+        let up = testing::upstream(Default::default());
+        let mut policy = up.config.retries.clone();
+        policy.attempt_timeout = Some(Duration::from_secs(2));
+        let plan = Plan {
+            policy: Some(&policy),
+            skip: None,
+        };
+        let now = Instant::now();
+        let mut state = RetryState::new(&up, plan, || now);
+        assert_eq!(state.attempt_until(now, false), None, "not propagating");
+        assert_eq!(
+            state.attempt_until(now, true),
+            Some(now + Duration::from_secs(2)),
+            "the policy's attempt timeout alone"
+        );
+        state.for_hops(&Hops::new(WALL, now, Some(WALL + 1_500), true));
+        assert_eq!(
+            state.attempt_until(now, true),
+            Some(now + Duration::from_millis(1_500))
+        );
+        let later = now + Duration::from_millis(1_000);
+        assert_eq!(
+            state.attempt_until(later, true),
+            Some(now + Duration::from_millis(1_500)),
+            "a later attempt still ends at the request's deadline"
+        );
+        // No deadline and no attempt timeout under the policy: the
+        // upstream's read timeout, a default, does not travel.
+        policy.attempt_timeout = None;
+        let plan = Plan {
+            policy: Some(&policy),
+            skip: None,
+        };
+        let state = RetryState::new(&up, plan, || now);
+        assert!(state.attempt_limit.is_some(), "the upstream's read timeout");
+        assert_eq!(state.attempt_until(now, true), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_already_past_is_answered_at_once_without_an_attempt_or_a_budget_charge() {
+        let up = testing::upstream(reprise_crds::file::RetriesSpec {
+            attempts: Some(2),
+            ..Default::default()
+        });
+        let plan = Plan {
+            policy: Some(&up.config.retries),
+            skip: None,
+        };
+        let now = Instant::now();
+        let mut template = RequestTemplate::new(head(), http::Version::HTTP_11, None, false);
+        template.hops = Some(Box::new(Hops::new(WALL, now, Some(WALL - 5), true)));
+        let body = BodySource::Direct(None);
+        let trace = RequestSpan::off();
+        let (fin, report) = run(
+            &up,
+            template,
+            body,
+            plan,
+            now,
+            &trace,
+            &mut crate::random::scripted::Scripted::default(),
+        )
+        .await;
+        assert!(
+            matches!(fin, Final::Local(FailureKind::DeadlineExceeded)),
+            "{fin:?}"
+        );
+        assert_eq!(report.attempts, 0);
+        assert_eq!(report.outcome, Outcome::Exhausted(ExhaustedBy::Deadline));
+        assert_eq!(up.budget.totals(), (0, 0), "neither a request nor a retry");
+        let stats = up.stats();
+        assert_eq!(
+            stats.deadline_stops.get("before_first_attempt"),
+            Some(&1),
+            "{stats:?}"
+        );
+        assert!(stats.endpoints.iter().all(|e| e.in_flight == 0));
     }
 }

@@ -13,10 +13,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 pub use reprise_crds::file::{
-    ConfigFile, EndpointSpec, HedgeSpec, ProxySpec, RetriesSpec, RuleSpec, StatusEntry, TlsSpec,
-    UpstreamSpec,
+    ConfigFile, DeadlinesSpec, EndpointSpec, HedgeSpec, ProxySpec, RetriesSpec, RuleSpec,
+    StatusEntry, TlsSpec, UpstreamSpec,
 };
-pub use reprise_crds::policy::{FailureBoundary, Protocol};
+pub use reprise_crds::policy::{FailureBoundary, Protocol, RetryLayers};
 
 /// Setters that put `Some(value)` into the wrapped spec's field of the same
 /// name (`field: type`), or into that field of a nested block (`field in
@@ -48,6 +48,14 @@ impl IntoStatus for u16 {
 impl IntoStatus for &str {
     fn into_status(self) -> StatusEntry {
         StatusEntry::Preset(self.to_string())
+    }
+}
+
+/// `deadlines: { propagate, accept_incoming }`.
+fn deadlines(propagate: bool, accept_incoming: bool) -> DeadlinesSpec {
+    DeadlinesSpec {
+        propagate: Some(propagate),
+        accept_incoming: Some(accept_incoming),
     }
 }
 
@@ -265,6 +273,13 @@ impl Retries {
         budget_window_ms: u64,
         budget_min_retries_per_second: u32,
         retry_after_max_ms: u64,
+        retry_layers: RetryLayers,
+    }
+
+    /// Sets `deadlines: { propagate, accept_incoming }`.
+    pub fn deadlines(mut self, propagate: bool, accept_incoming: bool) -> Retries {
+        self.0.deadlines = deadlines(propagate, accept_incoming);
+        self
     }
 
     /// Sets `hedge: { delay_ms }`.
@@ -327,6 +342,7 @@ impl Rule {
         attempt_timeout_ms: u64,
         reuse_endpoints: bool,
         retry_after_max_ms: u64,
+        retry_layers: RetryLayers,
     }
 
     /// Sets `methods`.
@@ -344,6 +360,12 @@ impl Rule {
     /// Sets `upstreams`.
     pub fn upstreams<'a>(mut self, names: impl IntoIterator<Item = &'a str>) -> Rule {
         self.0.upstreams = strings(names);
+        self
+    }
+
+    /// Sets `deadlines: { propagate, accept_incoming }`.
+    pub fn deadlines(mut self, propagate: bool, accept_incoming: bool) -> Rule {
+        self.0.deadlines = deadlines(propagate, accept_incoming);
         self
     }
 
@@ -377,6 +399,12 @@ impl ProxyConfig {
         access_log: bool,
         max_connections: u64,
         diagnostics_retained: usize,
+    }
+
+    /// Sets `deadlines: { propagate, accept_incoming }`.
+    pub fn deadlines(mut self, propagate: bool, accept_incoming: bool) -> ProxyConfig {
+        self.0.deadlines = deadlines(propagate, accept_incoming);
+        self
     }
 
     /// Resolves host-named endpoints with the DNS server at `server`

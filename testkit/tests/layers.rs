@@ -95,8 +95,10 @@ const TESTKIT: &[&[&str]] = &[
 /// The end-to-end kit: independent parts the tests, demo and benchmarks use.
 const E2E: &[&[&str]] = &[&[
     "bench",
+    "chain",
     "cluster",
     "docs",
+    "hop",
     "jaeger",
     "soak",
     "upstream_server",

@@ -8,10 +8,39 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::config::{self, InjectionConfig, LOG_LEVELS};
+use reprise_crds::policy::DeadlinePolicy;
+
 use super::{
-    CPU_LIMIT, CPU_REQUEST, DIAGNOSTICS_RETAINED, EXCLUDE_OUTBOUND_CIDRS, EXCLUDE_OUTBOUND_PORTS,
-    IMAGE, INCLUDE_OUTBOUND_PORTS, LOG_LEVEL, MEMORY_LIMIT, MEMORY_REQUEST, TRANSPARENT,
+    CPU_LIMIT, CPU_REQUEST, DEADLINE_ACCEPT_INCOMING, DEADLINE_PROPAGATE, DIAGNOSTICS_RETAINED,
+    EXCLUDE_OUTBOUND_CIDRS, EXCLUDE_OUTBOUND_PORTS, IMAGE, INCLUDE_OUTBOUND_PORTS, LOG_LEVEL,
+    MEMORY_LIMIT, MEMORY_REQUEST, TRANSPARENT,
 };
+
+/// The sidecar's deadline switches: each from the pod's annotation, else
+/// its namespace's (`namespace`, named `ns` in errors), else on. A value
+/// other than `"true"` or `"false"` refuses the pod, naming where it is.
+pub(super) fn deadline_switches(
+    pod: &BTreeMap<String, String>,
+    namespace: &BTreeMap<String, String>,
+    ns: &str,
+) -> Result<DeadlinePolicy, String> {
+    let switch = |key: &str| -> Result<bool, String> {
+        let (value, on) = match (pod.get(key), namespace.get(key)) {
+            (Some(v), _) => (v, format!("annotation {key}")),
+            (None, Some(v)) => (v, format!("namespace {ns}'s annotation {key}")),
+            (None, None) => return Ok(true),
+        };
+        match value.trim() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            other => Err(format!("{on}: {other:?} is not \"true\" or \"false\"")),
+        }
+    };
+    Ok(DeadlinePolicy {
+        propagate: switch(DEADLINE_PROPAGATE)?,
+        accept_incoming: switch(DEADLINE_ACCEPT_INCOMING)?,
+    })
+}
 
 /// Per-pod values that replace the injection config's.
 #[derive(Debug)]

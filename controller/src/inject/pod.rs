@@ -17,8 +17,9 @@ use super::container::{
     env, init_container, otlp_volumes, sidecar_container, token_file, STATE_VOLUME, TOKEN_VOLUME,
     XTABLES_VOLUME,
 };
-use super::overrides::{Capture, Overrides};
+use super::overrides::{deadline_switches, Capture, Overrides};
 use super::{INIT_NAME, INJECT, INJECTED, PROXY_ENV, SIDECAR_NAME, TRANSPARENT};
+use reprise_crds::sidecar_env;
 
 /// How long a projected push token is valid; the kubelet refreshes it before.
 const TOKEN_EXPIRATION_SECS: i64 = 3600;
@@ -45,6 +46,9 @@ pub(crate) struct Context {
     pub(crate) transparent_by_default: bool,
     /// The API server's ClusterIPs, never captured.
     pub(crate) api_server: Vec<IpAddr>,
+    /// The name of the Pod's namespace, and its `reprise.dev/deadline-*`
+    /// annotations (the Pod's own win).
+    pub(crate) namespace: (String, BTreeMap<String, String>),
 }
 
 /// Decides what to do with `pod`. `ctx.native` adds the sidecar as an init
@@ -92,10 +96,30 @@ pub(crate) fn decide(pod: &Pod, config: &InjectionConfig, ca_pem: &str, ctx: &Co
             return Decision::Refuse(why);
         }
     }
+    let (ns, ns_annotations) = &ctx.namespace;
+    let deadlines = match deadline_switches(&annotations, ns_annotations, ns) {
+        Ok(d) => d,
+        Err(e) => return Decision::Refuse(e),
+    };
 
     let mut pod = pod.clone();
     let mut spec = pod.spec.take().unwrap_or_default();
     let mut sidecar = sidecar_container(config, &overrides, ca_pem, capture.is_some());
+    // Only a switch turned off is written: on is the sidecar's default.
+    for (on, variable) in [
+        (deadlines.propagate, sidecar_env::DEADLINE_PROPAGATE),
+        (
+            deadlines.accept_incoming,
+            sidecar_env::DEADLINE_ACCEPT_INCOMING,
+        ),
+    ] {
+        if !on {
+            sidecar
+                .env
+                .get_or_insert_with(Vec::new)
+                .push(env(variable, "false"));
+        }
+    }
     if ctx.native {
         sidecar.restart_policy = Some("Always".into());
         spec.init_containers

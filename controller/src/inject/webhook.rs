@@ -5,8 +5,9 @@
 //! Two paths, one per entry of the chart's webhook configuration: `/inject`
 //! for injected namespaces, `/inject/transparent` for those also labelled
 //! `reprise.dev/transparent=enabled`. The API server's namespace selectors
-//! decide which one a Pod reaches, so the controller needs no access to
-//! Namespaces to honour the label.
+//! decide which one a Pod reaches, so honouring the label needs no access to
+//! Namespaces. The `reprise.dev/deadline-*` annotations a namespace sets
+//! for its pods are read by name (`namespaces.rs`).
 //!
 //! The API server sends AdmissionReviews of up to [`MAX_REVIEW_BYTES`], so
 //! that cap stays; what a client that never finishes its body can hold is
@@ -22,6 +23,7 @@
 //! through the API server's service proxy, which terminates TLS itself, to
 //! verify it against the webhook configuration's caBundle.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -37,6 +39,7 @@ use kube::core::DynamicObject;
 use tokio::net::TcpListener;
 
 use super::config::InjectionConfig;
+use super::namespaces::Namespaces;
 use super::pod::{decide, Context, Decision};
 use crate::cache::Cache;
 use crate::metrics::{Counter, Metrics};
@@ -128,6 +131,8 @@ pub(crate) struct Webhook {
     native: bool,
     metrics: Arc<Metrics>,
     api_server: ApiServer,
+    /// Reads the annotations of a new pod's namespace; `None` reads none.
+    namespaces: Option<Namespaces>,
     limits: WebhookLimits,
     /// Slots for bodies being read.
     bodies: tokio::sync::Semaphore,
@@ -153,10 +158,40 @@ impl Webhook {
             native,
             metrics,
             api_server,
+            namespaces: None,
             bodies: tokio::sync::Semaphore::new(limits.pending_bodies),
             limits,
             serving: None,
         }
+    }
+
+    /// Reads the `reprise.dev/deadline-*` annotations of a new pod's
+    /// namespace with `namespaces`.
+    pub(crate) fn with_namespaces(mut self, namespaces: Namespaces) -> Self {
+        self.namespaces = Some(namespaces);
+        self
+    }
+
+    /// The annotations of the namespace the review `body` is about, when
+    /// namespaces are read.
+    async fn namespace_of(&self, body: &[u8]) -> (String, BTreeMap<String, String>) {
+        #[derive(serde::Deserialize)]
+        struct Review {
+            request: Option<Named>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Named {
+            namespace: Option<String>,
+        }
+        let name = serde_json::from_slice::<Review>(body)
+            .ok()
+            .and_then(|r| r.request?.namespace)
+            .unwrap_or_default();
+        let annotations = match &self.namespaces {
+            Some(n) if !name.is_empty() => n.annotations(&name).await,
+            _ => BTreeMap::new(),
+        };
+        (name, annotations)
     }
 
     /// Answers `GET /certificate` with what `serving` presents now.
@@ -185,7 +220,23 @@ impl Webhook {
 
     /// The response to one AdmissionReview body; `transparent_by_default`
     /// when it came through the transparent namespaces' path.
+    #[cfg(test)]
     fn review(&self, body: &[u8], transparent_by_default: bool) -> AdmissionReview<DynamicObject> {
+        self.review_in(
+            body,
+            transparent_by_default,
+            (String::new(), BTreeMap::new()),
+        )
+    }
+
+    /// [`Webhook::review`] of a pod in `namespace` (its name and
+    /// annotations).
+    fn review_in(
+        &self,
+        body: &[u8],
+        transparent_by_default: bool,
+        namespace: (String, BTreeMap<String, String>),
+    ) -> AdmissionReview<DynamicObject> {
         let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => {
@@ -211,6 +262,7 @@ impl Webhook {
             native: self.native,
             transparent_by_default,
             api_server: self.api_server.addresses(),
+            namespace,
         };
         match decide(pod, &self.config, &self.ca_pem, &ctx) {
             Decision::Skip(why) => {
@@ -344,7 +396,8 @@ impl Webhook {
                 );
             }
         };
-        match serde_json::to_vec(&self.review(&body, transparent)) {
+        let namespace = self.namespace_of(&body).await;
+        match serde_json::to_vec(&self.review_in(&body, transparent, namespace)) {
             Ok(json) => {
                 let mut resp = Response::new(Full::new(Bytes::from(json)));
                 resp.headers_mut().insert(

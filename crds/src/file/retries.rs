@@ -7,9 +7,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::common;
+use super::deadlines::DeadlinesSpec;
 use crate::config::BudgetSettings;
 use crate::policy::{
-    FailureBoundary, MethodSet, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_RETRIES,
+    FailureBoundary, MethodSet, RetryLayers, RetryPolicy, StatusSet, GATEWAY_STATUSES, MAX_RETRIES,
 };
 use crate::validation::ValidationErrors;
 
@@ -74,6 +75,14 @@ pub struct RetriesSpec {
     /// Extension: longest Retry-After honoured, in ms (default 30000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_max_ms: Option<u64>,
+    /// Extension: deadlines across hops for this upstream's requests
+    /// (default both on).
+    #[serde(default, skip_serializing_if = "DeadlinesSpec::is_empty")]
+    pub deadlines: DeadlinesSpec,
+    /// Extension: `every` (default) or `once`: a request an upper layer
+    /// already retried is not retried here, and these retries say so below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_layers: Option<RetryLayers>,
 }
 
 /// A status list entry: a code or a preset name (`gateway`, `transient`).
@@ -203,6 +212,8 @@ impl RetriesSpec {
             reuse_endpoints: self.reuse_endpoints.unwrap_or(false),
             retry_after_max: Duration::from_millis(retry_after_max),
             duplicate_risk_acknowledged: acknowledged || retry_post,
+            deadlines: self.deadlines.resolve(),
+            retry_layers: self.retry_layers.unwrap_or_default(),
             deadline_answers_timeout: false,
         };
         let budget = BudgetSettings {

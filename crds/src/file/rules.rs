@@ -7,10 +7,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::common;
+use super::deadlines::DeadlinesSpec;
 use super::retries::{HedgeSpec, StatusEntry};
 use crate::config::Rule;
 use crate::matching::RequestMatch;
-use crate::policy::{FailureBoundary, MethodSet, RetryPolicy, MAX_RETRIES};
+use crate::policy::{FailureBoundary, MethodSet, RetryLayers, RetryPolicy, MAX_RETRIES};
 use crate::validation::ValidationErrors;
 
 /// A retry rule as written. Defaults are the safe starting
@@ -81,6 +82,12 @@ pub struct RuleSpec {
     /// Longest Retry-After honoured, in ms (default 30000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_max_ms: Option<u64>,
+    /// Deadlines across hops for this rule's requests (default both on).
+    #[serde(default, skip_serializing_if = "DeadlinesSpec::is_empty")]
+    pub deadlines: DeadlinesSpec,
+    /// `every` (default) or `once`, as in `retries`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_layers: Option<RetryLayers>,
 }
 
 impl RuleSpec {
@@ -180,6 +187,8 @@ impl RuleSpec {
                 reuse_endpoints: self.reuse_endpoints.unwrap_or(false),
                 retry_after_max: Duration::from_millis(retry_after_max),
                 duplicate_risk_acknowledged: acknowledged,
+                deadlines: self.deadlines.resolve(),
+                retry_layers: self.retry_layers.unwrap_or_default(),
                 deadline_answers_timeout: false,
             },
         }

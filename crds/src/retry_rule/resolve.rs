@@ -109,6 +109,13 @@ impl RetryRule {
                 reuse_endpoints: self.retries.reuse_endpoints,
                 retry_after_max: limits.retry_after_max,
                 duplicate_risk_acknowledged: self.acknowledge_duplicate_risk,
+                deadlines: self
+                    .deadlines
+                    .as_ref()
+                    .map_or(crate::policy::DeadlinePolicy::ON, super::Deadlines::resolve),
+                retry_layers: self
+                    .retry_layers
+                    .map_or(crate::policy::RetryLayers::Every, super::Layers::resolve),
                 deadline_answers_timeout: false,
             },
         };
@@ -480,6 +487,41 @@ mod tests {
         assert_eq!(
             errors(-1),
             "spec.retries.retryAfterMaxMs: must be at least 0 (got -1)"
+        );
+    }
+
+    #[test]
+    fn deadlines_resolve_on_when_absent_and_each_way_as_written() {
+        use crate::policy::DeadlinePolicy;
+        use crate::retry_rule::Deadlines;
+        let resolved = |deadlines: Option<Deadlines>| {
+            let rule = RetryRule {
+                deadlines,
+                ..RetryRule::default()
+            };
+            let mut errs = ValidationErrors::default();
+            let (rule, _) = rule.resolve("ns/p", "api.ns", "spec", &mut errs);
+            assert_eq!(errs.to_string(), "");
+            rule.policy.deadlines
+        };
+        assert_eq!(resolved(None), DeadlinePolicy::ON);
+        let off: Deadlines = serde_json::from_value(serde_json::json!({ "acceptIncoming": false }))
+            .expect("camelCase, propagate defaulted");
+        assert_eq!(
+            resolved(Some(off)),
+            DeadlinePolicy {
+                propagate: true,
+                accept_incoming: false
+            }
+        );
+        let off: Deadlines = serde_json::from_value(serde_json::json!({ "propagate": false }))
+            .expect("acceptIncoming defaulted");
+        assert_eq!(
+            resolved(Some(off)),
+            DeadlinePolicy {
+                propagate: false,
+                accept_incoming: true
+            }
         );
     }
 }

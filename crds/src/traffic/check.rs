@@ -25,7 +25,7 @@ pub const EXHAUSTED_REASONS: [&str; 5] = [
 ];
 
 /// Why a failed request was not retried, as sidecars name it.
-pub const SKIP_REASONS: [&str; 9] = [
+pub const SKIP_REASONS: [&str; 10] = [
     "retries_off",
     "method",
     "tunnel",
@@ -35,6 +35,7 @@ pub const SKIP_REASONS: [&str; 9] = [
     "transport_off",
     "not_retryable",
     "pushback",
+    "upper_layer_retry",
 ];
 
 /// Failure kinds with a fixed name; `upstream_status_NNN` (400-599) and

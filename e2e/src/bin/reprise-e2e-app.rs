@@ -22,7 +22,9 @@
 //!   (the injected sidecar), and answers with JSON counts: `ok`, `failed`,
 //!   `statuses`, `errors`, the `bodies` seen and the `x-reprise-error`
 //!   values of the failures (`reprise_errors`). Bounded: `n` ≤ 100 000 and
-//!   the whole run stops at `timeout_s` (≤ 600).
+//!   the whole run stops at `timeout_s` (≤ 600). With `&chain_tag=T` each
+//!   request carries `baggage: chain.request=T-N,chain.sent_ms=<Unix ms>`
+//!   and the summary each one's status (`by_id`).
 //! - **gRPC client**: `GET /drive-grpc?target=api-grpc:443&n=100[&timeout_s=120]`
 //!   makes `n` `Say` calls over h2c to `$HTTP_PROXY` (the sidecar) with that
 //!   `:authority`, and answers with JSON counts: `ok`, `failed`, `codes`, the
@@ -38,6 +40,23 @@
 //! - `GET /served`: `{"requests": N}`, the requests this pod answered as a
 //!   server (every path but these four), for counting attempts at the pods.
 //! - `GET /healthz`: `200`, for probes.
+//! - **Chain mode** (`$NEXT_HOP`, a host such as `orders`): every other
+//!   request is a call to the next hop through `$HTTP_PROXY` (the sidecar),
+//!   made as an OpenTelemetry-instrumented application makes it: the
+//!   request's `traceparent` and `baggage` extracted and injected with
+//!   OpenTelemetry's propagators, the call cancelled when the request's
+//!   connection closes (`reprise_e2e::hop`; `$CANCEL_CALLS=false`, or a
+//!   request's `?cancel_calls=false`: an app that lets it run on). It
+//!   answers with what the next hop answered.
+//! - **Last hop** (no `$NEXT_HOP`): `?delay_ms=N` (at most 600 000; default
+//!   `$DELAY_MS`) waits before answering, and `?fail_percent=` (default
+//!   `$FAIL_PERCENT`) answers 503 to that share of requests on every pod; a gRPC request (`content-type:
+//!   application/grpc`) gets one `Echo` message (`hi from $POD_NAME`) and
+//!   `grpc-status: 0`, or `UNAVAILABLE` when it fails.
+//! - `GET /stats`: what the server did, as JSON: requests `started`,
+//!   `finished` and `cancelled` (the caller went away first), the chain's
+//!   `calls` and `calls_cancelled`, and at the last hop each request that
+//!   came with a `chain.request` baggage entry (`seen`).
 //!
 //! - **One-shot client**: with `$DRIVE` set (a `/drive` query, e.g.
 //!   `url=http://api/&n=100`), it runs that drive at start, prints the JSON
@@ -49,17 +68,18 @@
 //! `PORT` (default 8080) is the listening port, on every address.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rand::Rng;
+use reprise_e2e::hop;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug)]
@@ -68,6 +88,12 @@ struct State {
     ip: String,
     fail_percent: u32,
     draining: AtomicBool,
+    /// Chain mode: where calls go.
+    next: Option<hop::Next>,
+    /// The last hop's wait before answering (`$DELAY_MS`), unless the
+    /// request's `?delay_ms=` says otherwise.
+    delay_ms: u64,
+    counts: Arc<hop::Counts>,
     /// The conformance backend's attempts per `uuid`.
     attempts: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Requests answered as a server (`/served` reads it).
@@ -177,15 +203,27 @@ async fn main() -> anyhow::Result<()> {
     let port: u16 = env("PORT").parse().unwrap_or(8080);
     let name = env("POD_NAME");
     let flaky = !name.is_empty() && env("FLAKY_POD") == name;
+    let next = match env("NEXT_HOP") {
+        host if host.is_empty() => None,
+        host => Some(hop::Next {
+            host,
+            sidecar: proxy_addr()
+                .ok_or_else(|| anyhow::anyhow!("NEXT_HOP needs HTTP_PROXY (the sidecar)"))?,
+            detached: env("CANCEL_CALLS") == "false",
+        }),
+    };
     let state = Arc::new(State {
         ip: env("POD_IP"),
         fail_percent: if flaky {
             env("FLAKY_PERCENT").parse().unwrap_or(50).min(100)
         } else {
-            0
+            env("FAIL_PERCENT").parse().unwrap_or(0).min(100)
         },
         name,
         draining: AtomicBool::new(false),
+        next,
+        delay_ms: env("DELAY_MS").parse().unwrap_or(0),
+        counts: Arc::default(),
         attempts: std::sync::Mutex::default(),
         served: std::sync::atomic::AtomicU64::new(0),
     });
@@ -193,10 +231,11 @@ async fn main() -> anyhow::Result<()> {
     let tls = tls_acceptor()?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
     eprintln!(
-        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%, {})",
+        "reprise-e2e-app listening on :{port} (pod {:?}, failing {}%, {}, next hop {:?})",
         state.name,
         state.fail_percent,
-        if tls.is_some() { "https" } else { "http" }
+        if tls.is_some() { "https" } else { "http" },
+        state.next.as_ref().map(|n| n.host.as_str())
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Its own task: the listener keeps accepting through the drain. (Dropped
@@ -439,10 +478,13 @@ impl std::error::Error for ResetConnection {}
 async fn handle(
     state: Arc<State>,
     req: http::Request<Incoming>,
-) -> Result<http::Response<Full<Bytes>>, ResetConnection> {
+) -> Result<http::Response<hop::Body>, ResetConnection> {
     let query = req.uri().query().unwrap_or("").to_string();
-    let path = req.uri().path();
-    let conformance = !matches!(path, "/healthz" | "/drive" | "/drive-grpc" | "/served");
+    let path = req.uri().path().to_string();
+    let conformance = !matches!(
+        path.as_str(),
+        "/healthz" | "/drive" | "/drive-grpc" | "/served" | "/stats"
+    );
     if path == "/served" {
         let n = state.served.load(Ordering::Relaxed);
         return Ok(respond(
@@ -488,25 +530,35 @@ async fn handle(
             }
         }
     }
-    let (status, body, content_type) = match path {
+    let (status, body, content_type) = match path.as_str() {
         "/healthz" => (200, "ok\n".to_string(), "text/plain"),
-        "/drive" => match drive(req.uri().query().unwrap_or("")).await {
+        "/stats" => (200, state.counts.json().to_string(), "application/json"),
+        "/drive" => match drive(&query).await {
             Ok(json) => (200, json, "application/json"),
             Err(e) => (400, format!("{e}\n"), "text/plain"),
         },
-        "/drive-grpc" => match drive_grpc(req.uri().query().unwrap_or("")).await {
+        "/drive-grpc" => match drive_grpc(&query).await {
             Ok(json) => (200, json, "application/json"),
             Err(e) => (400, format!("{e}\n"), "text/plain"),
         },
-        "/unavailable" => (503, format!("{}: unavailable\n", state.name), "text/plain"),
-        _ if rand::rng().random_range(0..100) < state.fail_percent => {
-            (503, format!("{}: unavailable\n", state.name), "text/plain")
+        _ => {
+            let guard = state.counts.request();
+            let mut resp = match &state.next {
+                Some(next) => {
+                    // `?cancel_calls=false` makes this request's hops ones
+                    // that let their calls run on.
+                    let mut next = next.clone();
+                    if query.split('&').any(|p| p == "cancel_calls=false") {
+                        next.detached = true;
+                    }
+                    hop::forward(req, &next, &state.counts).await
+                }
+                None => last_hop(&state, &req, &query).await,
+            };
+            guard.finish();
+            closing(&state, &mut resp);
+            return Ok(resp);
         }
-        _ => (
-            200,
-            format!("hello from {} ({})\n", state.name, state.ip),
-            "text/plain",
-        ),
     };
     Ok(respond(&state, status, body, content_type))
 }
@@ -516,25 +568,128 @@ fn respond(
     status: u16,
     body: String,
     content_type: &'static str,
-) -> http::Response<Full<Bytes>> {
-    let mut resp = http::Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+) -> http::Response<hop::Body> {
+    let mut resp = hop::text(status, body);
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static(content_type),
     );
+    closing(state, &mut resp);
+    resp
+}
+
+/// `Connection: close` on every answer while draining.
+fn closing(state: &State, resp: &mut http::Response<hop::Body>) {
     if state.draining.load(Ordering::Relaxed) {
         resp.headers_mut().insert(
             http::header::CONNECTION,
             http::HeaderValue::from_static("close"),
         );
     }
+}
+
+/// The last hop's answer: after `?delay_ms=`, a failure for a share of
+/// requests, else hello; a gRPC request's answer is gRPC.
+async fn last_hop(
+    state: &State,
+    req: &http::Request<Incoming>,
+    query: &str,
+) -> http::Response<hop::Body> {
+    let seen = state.counts.saw(req.headers());
+    let resp = last_hop_answer(state, req, query).await;
+    state.counts.answered(seen, resp.status().as_u16());
     resp
+}
+
+async fn last_hop_answer(
+    state: &State,
+    req: &http::Request<Incoming>,
+    query: &str,
+) -> http::Response<hop::Body> {
+    let delay_ms = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("delay_ms="))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(state.delay_ms)
+        .min(600_000);
+    if delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    }
+    let fail_percent = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("fail_percent="))
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(state.fail_percent, |p| p.min(100));
+    let fail =
+        req.uri().path() == "/unavailable" || rand::rng().random_range(0..100) < fail_percent;
+    let grpc = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        return grpc_hop_answer(&state.name, fail);
+    }
+    if fail {
+        hop::text(503, format!("{}: unavailable\n", state.name))
+    } else {
+        hop::text(200, format!("hello from {} ({})\n", state.name, state.ip))
+    }
+}
+
+/// A unary gRPC answer: one `Echo { text: "hi from NAME" }` message and
+/// `grpc-status: 0`, or a Trailers-Only `UNAVAILABLE`.
+fn grpc_hop_answer(name: &str, fail: bool) -> http::Response<hop::Body> {
+    use http_body_util::BodyExt;
+    let mut resp = if fail {
+        let mut r =
+            http::Response::new(http_body_util::Empty::new().map_err(|e| match e {}).boxed());
+        r.headers_mut()
+            .insert("grpc-status", http::HeaderValue::from_static("14"));
+        r
+    } else {
+        // Echo's field 1 (a string): tag, length, bytes; then the gRPC
+        // frame: uncompressed, length, message.
+        let text = format!("hi from {name}");
+        let mut message = vec![0x0a, text.len() as u8];
+        message.extend_from_slice(text.as_bytes());
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&message);
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let frames = [
+            hyper::body::Frame::data(Bytes::from(frame)),
+            hyper::body::Frame::trailers(trailers),
+        ];
+        http::Response::new(
+            http_body_util::StreamBody::new(futures_util::stream::iter(
+                frames.into_iter().map(Ok::<_, Infallible>),
+            ))
+            .boxed(),
+        )
+    };
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    resp
+}
+
+/// `$HTTP_PROXY`'s address, when it is `http://IP:PORT`.
+fn proxy_addr() -> Option<SocketAddr> {
+    std::env::var("HTTP_PROXY")
+        .or_else(|_| std::env::var("http_proxy"))
+        .ok()?
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .ok()
 }
 
 /// `/drive`: sends the requests and returns the JSON summary.
 async fn drive(query: &str) -> anyhow::Result<String> {
     let mut url = String::new();
+    let mut chain_tag = None;
     let (mut n, mut interval_ms, mut timeout_s) = (1u64, 0u64, 120u64);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -543,9 +698,16 @@ async fn drive(query: &str) -> anyhow::Result<String> {
             "n" => n = v.parse()?,
             "interval_ms" => interval_ms = v.parse()?,
             "timeout_s" => timeout_s = v.parse()?,
+            "chain_tag" => chain_tag = Some(percent_decode(v)),
             _ => anyhow::bail!("unknown parameter {k}"),
         }
     }
+    anyhow::ensure!(
+        chain_tag.as_deref().is_none_or(
+            |t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        ),
+        "chain_tag must be letters, digits and dashes"
+    );
     anyhow::ensure!(n <= 100_000, "n must be at most 100000");
     anyhow::ensure!(timeout_s <= 600, "timeout_s must be at most 600");
     let rest = url
@@ -586,14 +748,36 @@ async fn drive(query: &str) -> anyhow::Result<String> {
     let mut bodies = BTreeMap::<String, u64>::new();
     let mut reprise_errors = BTreeMap::<String, u64>::new();
     let mut first_failures = Vec::new();
+    let mut by_id = BTreeMap::<String, u16>::new();
     while sent < n && Instant::now() < deadline {
         sent += 1;
+        // With a tag, each request names itself and its send time in its
+        // baggage, for the chain's last hop to record (`/stats`).
+        let tagged;
+        let (request, id) = match &chain_tag {
+            Some(tag) => {
+                let id = format!("{tag}-{sent}");
+                tagged = request.replacen(
+                    "\r\n\r\n",
+                    &format!(
+                        "\r\nbaggage: chain.request={id},chain.sent_ms={}\r\n\r\n",
+                        hop::now_ms()
+                    ),
+                    1,
+                );
+                (tagged.as_str(), Some(id))
+            }
+            None => (request.as_str(), None),
+        };
         let one = tokio::time::timeout(
             Duration::from_secs(10),
             once(&connect_to, request.as_bytes()),
         )
         .await
         .unwrap_or_else(|_| Err("timeout".to_string()));
+        if let Some(id) = id {
+            by_id.insert(id, one.as_ref().map_or(0, |(status, _, _)| *status));
+        }
         match one {
             Ok((status, body, reprise_error)) => {
                 if let Some(kind) = reprise_error {
@@ -642,6 +826,7 @@ async fn drive(query: &str) -> anyhow::Result<String> {
         "bodies": bodies,
         "reprise_errors": reprise_errors,
         "first_failures": first_failures,
+        "by_id": by_id,
         "duration_ms": start.elapsed().as_millis() as u64,
     })
     .to_string())

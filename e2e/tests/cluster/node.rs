@@ -25,6 +25,7 @@
 //! `tls.rs` (BackendTLSPolicy), `plugin.rs` (`kubectl reprise`) and
 //! `short_lived.rs` (short-lived pods counted) install releases of their own.
 
+mod chain;
 mod gateway;
 mod plugin;
 mod short_lived;

@@ -12,6 +12,7 @@ use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rand::Rng;
+use reprise_crds::policy::DeadlinePolicy;
 use reprise_crds::protocol::{
     self, HEARTBEAT_SECS, MAX_LINE_BYTES, NAMESPACE_HEADER, POD_HEADER, SNAPSHOTS_PATH,
     VERSION_PARAM,
@@ -58,6 +59,22 @@ pub struct Subscription {
     /// `proxy.diagnostics_retained` for every snapshot
     /// (`REPRISE_DIAGNOSTICS_RETAINED`); `None` keeps the default.
     pub diagnostics_retained: Option<usize>,
+    /// `proxy.deadlines` for every snapshot (`REPRISE_DEADLINE_PROPAGATE`,
+    /// `REPRISE_DEADLINE_ACCEPT_INCOMING`; unset is on).
+    pub deadlines: DeadlinePolicy,
+}
+
+/// A `true`/`false` switch variable's value; unset is `true`.
+fn switch(variable: &'static str, value: Option<String>) -> Result<bool, Error> {
+    match value.as_deref().map(str::trim) {
+        None | Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(Error::Environment {
+            variable,
+            rule: format!("must be true or false (got {other:?})"),
+            source: None,
+        }),
+    }
 }
 
 /// `REPRISE_DIAGNOSTICS_RETAINED`'s value, in the file field's range.
@@ -129,11 +146,21 @@ impl Subscription {
                 .ok()
                 .map(|v| diagnostics_retained(&v))
                 .transpose()?,
+            deadlines: DeadlinePolicy {
+                propagate: switch(
+                    env::DEADLINE_PROPAGATE,
+                    std::env::var(env::DEADLINE_PROPAGATE).ok(),
+                )?,
+                accept_incoming: switch(
+                    env::DEADLINE_ACCEPT_INCOMING,
+                    std::env::var(env::DEADLINE_ACCEPT_INCOMING).ok(),
+                )?,
+            },
         }))
     }
 
     /// What the pod's environment changes in a snapshot's configuration:
-    /// the address map, the diagnostics' retention.
+    /// the address map, the diagnostics' retention, the deadlines' switches.
     pub fn adjust(&self, config: &mut reprise_crds::Config) {
         if let Some(map) = &self.address_map {
             map.apply(config);
@@ -141,6 +168,7 @@ impl Subscription {
         if let Some(n) = self.diagnostics_retained {
             config.proxy.diagnostics_retained = n;
         }
+        config.proxy.deadlines = self.deadlines;
     }
 
     /// The last good snapshot on disk, if there is one and it still validates.
@@ -575,12 +603,36 @@ mod tests {
             address_map: None,
             report_every: Duration::from_secs(REPORT_SECS),
             diagnostics_retained: Some(7),
+            deadlines: DeadlinePolicy {
+                propagate: false,
+                accept_incoming: true,
+            },
         };
         let mut config = Snapshot::new(Vec::new(), Vec::new())
             .resolve()
             .expect("the empty snapshot");
         assert_eq!(config.proxy.diagnostics_retained, 100, "the default");
+        assert_eq!(config.proxy.deadlines, DeadlinePolicy::ON, "the default");
         subscription.adjust(&mut config);
         assert_eq!(config.proxy.diagnostics_retained, 7);
+        assert!(!config.proxy.deadlines.propagate);
+        assert!(config.proxy.deadlines.accept_incoming);
+    }
+
+    #[test]
+    fn the_deadline_switches_are_on_unless_false_and_anything_else_is_refused() {
+        let v = |s: &str| Some(s.to_string());
+        assert!(switch(env::DEADLINE_PROPAGATE, None).expect("unset"));
+        assert!(switch(env::DEADLINE_PROPAGATE, v("true")).expect("true"));
+        assert!(!switch(env::DEADLINE_PROPAGATE, v(" false ")).expect("false"));
+        for bad in ["off", "0", "False", ""] {
+            let e = switch(env::DEADLINE_ACCEPT_INCOMING, v(bad))
+                .expect_err(bad)
+                .to_string();
+            assert!(
+                e.starts_with("REPRISE_DEADLINE_ACCEPT_INCOMING: must be true or false"),
+                "{bad:?}: {e}"
+            );
+        }
     }
 }

@@ -39,7 +39,11 @@ pub enum FailureKind {
     ProtocolError,
     /// No response headers within the per-attempt timeout.
     ReadTimeout,
-    /// The total deadline ran out during the attempt.
+    /// The request's deadline ran out during the attempt, or had passed
+    /// before one could start: the policy's total deadline, a client's
+    /// `grpc-timeout` or a deadline propagated from an earlier hop.
+    /// Answered `504` (gRPC `DEADLINE_EXCEEDED`); never counted against
+    /// the endpoint.
     DeadlineExceeded,
     /// Reading the client's request body failed (the client went away or sent bad framing).
     RequestBodyError,
@@ -505,5 +509,17 @@ mod tests {
         assert_eq!(FailureKind::StreamRefused.name(), "stream_refused");
         assert_eq!(FailureKind::StreamReset.name(), "stream_reset");
         assert!(FailureKind::ConnectionReset.is_transport());
+    }
+
+    #[test]
+    fn a_deadline_is_504_deadline_exceeded_and_never_the_endpoints_fault() {
+        let kind = FailureKind::DeadlineExceeded;
+        assert_eq!(kind.name(), "deadline_exceeded");
+        assert_eq!(kind.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(kind.detail(), None);
+        assert!(
+            !kind.is_transport(),
+            "a deadline (the caller's, a route's or a policy's) says nothing of the endpoint's health"
+        );
     }
 }

@@ -52,6 +52,9 @@ pub(crate) enum SkipReason {
     /// The gRPC server asked for no retry (a negative or malformed
     /// `grpc-retry-pushback-ms`).
     Pushback,
+    /// The request is already an upper layer's retry or hedge, and the
+    /// policy retries once across layers (`retry_layers: once`).
+    UpperLayerRetry,
 }
 
 impl Outcome {
@@ -86,6 +89,7 @@ impl Outcome {
                 SkipReason::TransportOff => "transport_off",
                 SkipReason::NotRetryable => "not_retryable",
                 SkipReason::Pushback => "pushback",
+                SkipReason::UpperLayerRetry => "upper_layer_retry",
             },
         }
     }
@@ -130,6 +134,7 @@ mod vocabulary_tests {
             SkipReason::TransportOff,
             SkipReason::NotRetryable,
             SkipReason::Pushback,
+            SkipReason::UpperLayerRetry,
         ]
         .map(|why| {
             match why {
@@ -141,7 +146,8 @@ mod vocabulary_tests {
                 | SkipReason::FailureBoundary
                 | SkipReason::TransportOff
                 | SkipReason::NotRetryable
-                | SkipReason::Pushback => {}
+                | SkipReason::Pushback
+                | SkipReason::UpperLayerRetry => {}
             }
             Outcome::Skipped(why).reason()
         });

@@ -1,9 +1,10 @@
 //! One attempt's request as the clients send it: the head every attempt
 //! repeats ([`RequestHead`]), borrowed from the retry loop's template or
 //! owned by the only attempt, and the fields one attempt sets over it
-//! ([`AttemptFields`]: its number, its trace context, and for gRPC
+//! ([`AttemptFields`]: its number, its trace context, the `baggage` that
+//! carries its deadline to the next hop, and for gRPC
 //! `grpc-previous-rpc-attempts` and the time left in `grpc-timeout`), each
-//! replacing the head's field of the same name. HTTP/1 encodes the two
+//! replacing the head's field (or fields) of the same name. HTTP/1 encodes the two
 //! together without copying the head; HTTP/2 applies the fields to a copy
 //! ([`AttemptRequest::into_http2`]), or to the head itself when the attempt
 //! owns it.
@@ -17,6 +18,7 @@ use http::{HeaderMap, Method, Request, Uri, Version};
 use reprise_telemetry::propagation::{TraceFields, TRACEPARENT, TRACESTATE};
 
 use super::body::replay::AttemptBody;
+use super::deadline::BAGGAGE;
 use super::grpc::{self, GRPC_TIMEOUT};
 
 /// Request header carrying the attempt number (1 for the first) on retryable
@@ -69,12 +71,15 @@ pub(crate) struct AttemptFields {
     more: Option<Box<MoreFields>>,
 }
 
-/// The fields of gRPC and traced attempts.
+/// The fields of gRPC and traced attempts, and of those that carry a
+/// deadline.
 #[derive(Debug, Default)]
 struct MoreFields {
     previous_attempts: Option<HeaderValue>,
     grpc_timeout: Option<HeaderValue>,
     trace: Option<TraceFields>,
+    /// The application's baggage with the deadline entry set.
+    baggage: Option<HeaderValue>,
 }
 
 impl AttemptFields {
@@ -123,6 +128,11 @@ impl AttemptFields {
         self.more().trace = Some(trace);
     }
 
+    /// The attempt's `baggage`, in place of every field of the head's.
+    pub(crate) fn set_baggage(&mut self, baggage: HeaderValue) {
+        self.more().baggage = Some(baggage);
+    }
+
     /// True when the template's field `name` gives way to one of these.
     pub(crate) fn replaces(&self, name: &HeaderName) -> bool {
         (self.attempt.is_some() && name == ATTEMPT_HEADER)
@@ -130,6 +140,7 @@ impl AttemptFields {
                 (m.trace.is_some() && (name == TRACEPARENT || name == TRACESTATE))
                     || (m.grpc_timeout.is_some() && name == GRPC_TIMEOUT)
                     || (m.previous_attempts.is_some() && name == PREVIOUS_ATTEMPTS)
+                    || (m.baggage.is_some() && name == BAGGAGE)
             })
     }
 
@@ -156,6 +167,9 @@ impl AttemptFields {
                 f(&TRACESTATE, v);
             }
         }
+        if let Some(v) = &more.baggage {
+            f(&BAGGAGE, v);
+        }
     }
 
     /// Sets the fields in `headers`, as [`AttemptFields::replaces`] says.
@@ -181,6 +195,9 @@ impl AttemptFields {
                 Some(v) => headers.insert(TRACESTATE, v),
                 None => headers.remove(TRACESTATE),
             };
+        }
+        if let Some(v) = more.baggage {
+            headers.insert(BAGGAGE, v);
         }
     }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use reprise_telemetry::prometheus::{Exposition, Gauge, Histogram};
 
+use crate::exchange::deadline::{Ignored, NotWritten, Stop};
 use crate::exchange::failure::CertificateError;
 use crate::exchange::outcome::Outcome;
 
@@ -43,6 +44,23 @@ pub(crate) struct UpstreamMetrics {
     /// (in `CertificateError::ALL`'s order).
     certificate_failures: [AtomicU64; CertificateError::ALL.len()],
     attempt_latency: Histogram<14>,
+    /// Deadlines across hops: received, what they stopped, and attempts
+    /// that could not carry one.
+    deadlines: DeadlineCounts,
+}
+
+/// The counters of deadlines across hops, each array in its type's `ALL`
+/// order.
+#[derive(Debug, Default)]
+struct DeadlineCounts {
+    /// Requests whose accepted deadline came with them.
+    accepted: AtomicU64,
+    /// Requests whose deadline entries were all ignored, by reason.
+    ignored: [AtomicU64; Ignored::ALL.len()],
+    /// Attempts not made or cut by a propagated deadline.
+    stops: [AtomicU64; Stop::ALL.len()],
+    /// Attempts whose baggage could not carry the deadline, by reason.
+    not_written: [AtomicU64; NotWritten::ALL.len()],
 }
 
 /// Process-wide metrics.
@@ -228,6 +246,15 @@ pub struct UpstreamStats {
     /// Attempts whose endpoint's certificate failed validation, by reason
     /// (`unknown_issuer`, `expired`, ...); reasons never seen are absent.
     pub certificate_failures: BTreeMap<&'static str, u64>,
+    /// Requests that came with a deadline, by result (`accepted`,
+    /// `malformed`, `stale`, `far_future`); results never seen are absent.
+    pub deadlines_received: BTreeMap<&'static str, u64>,
+    /// Attempts a propagated deadline stopped (`before_first_attempt`,
+    /// `retry`, `hedge`, `attempt_cut`); stops never seen are absent.
+    pub deadline_stops: BTreeMap<&'static str, u64>,
+    /// Attempts whose baggage could not carry the deadline
+    /// (`baggage_full`, `baggage_malformed`); reasons never seen are absent.
+    pub deadlines_not_propagated: BTreeMap<&'static str, u64>,
     /// Each endpoint, in configuration order.
     pub endpoints: Vec<EndpointStats>,
 }
@@ -266,6 +293,7 @@ impl Default for UpstreamMetrics {
             grpc_statuses: Mutex::default(),
             certificate_failures: Default::default(),
             attempt_latency: Histogram::new(LATENCY_BUCKETS),
+            deadlines: DeadlineCounts::default(),
         }
     }
 }
@@ -332,6 +360,26 @@ impl UpstreamMetrics {
         *map.entry(code).or_default() += 1;
     }
 
+    /// Counts a request that came with a deadline: accepted, or `ignored`
+    /// and why.
+    pub(crate) fn record_deadline_received(&self, ignored: Option<Ignored>) {
+        match ignored {
+            None => &self.deadlines.accepted,
+            Some(why) => &self.deadlines.ignored[why.index()],
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an attempt a propagated deadline stopped.
+    pub(crate) fn record_deadline_stop(&self, stop: Stop) {
+        self.deadlines.stops[stop.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an attempt whose baggage could not carry the deadline.
+    pub(crate) fn record_deadline_not_written(&self, why: NotWritten) {
+        self.deadlines.not_written[why.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Records one attempt's time to response headers (or failure).
     pub(crate) fn record_attempt(&self, elapsed: Duration) {
         self.attempt_latency.observe(elapsed);
@@ -369,6 +417,24 @@ impl UpstreamStats {
             certificate_failures: CertificateError::ALL
                 .iter()
                 .map(|r| (r.name(), load(&m.certificate_failures[r.index()])))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            deadlines_received: std::iter::once(("accepted", load(&m.deadlines.accepted)))
+                .chain(
+                    Ignored::ALL
+                        .iter()
+                        .map(|r| (r.name(), load(&m.deadlines.ignored[r.index()]))),
+                )
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            deadline_stops: Stop::ALL
+                .iter()
+                .map(|s| (s.name(), load(&m.deadlines.stops[s.index()])))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            deadlines_not_propagated: NotWritten::ALL
+                .iter()
+                .map(|r| (r.name(), load(&m.deadlines.not_written[r.index()])))
                 .filter(|(_, n)| *n > 0)
                 .collect(),
             endpoints,

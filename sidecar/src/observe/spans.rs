@@ -72,6 +72,18 @@ pub(crate) const CERTIFICATE_ERROR: &str = "reprise.tls.certificate_error";
 pub(crate) const BACKOFF_MS: &str = "reprise.backoff_ms";
 /// The wait before a hedge was sent, in milliseconds (`hedge` event).
 pub(crate) const HEDGE_DELAY_MS: &str = "reprise.hedge.delay_ms";
+/// A deadline came from an earlier hop: `accepted`, or why it was ignored
+/// (`malformed`, `stale`, `far_future`) (SERVER span).
+pub(crate) const DEADLINE_RECEIVED: &str = "reprise.deadline.received";
+/// What was left of an accepted propagated deadline when the request came,
+/// in milliseconds (SERVER span).
+pub(crate) const DEADLINE_LEFT_MS: &str = "reprise.deadline.left_ms";
+/// What a propagated deadline stopped: `before_first_attempt`, `retry`,
+/// `hedge` or `attempt_cut` (SERVER span; the last one).
+pub(crate) const DEADLINE_STOPPED: &str = "reprise.deadline.stopped";
+/// Which deadline ended the retries: `policy`, `grpc` (the client's
+/// `grpc-timeout`) or `propagated` (`deadline_exceeded` event).
+pub(crate) const DEADLINE_SOURCE: &str = "reprise.deadline.source";
 
 /// The SERVER span of one request. Boxed, as [`AttemptSpan`] is: it moves
 /// with the request's future on every request, traced or not.
@@ -426,9 +438,33 @@ impl RequestSpan {
         self.event("budget_refused", Vec::new);
     }
 
-    /// The total deadline ended the retries.
-    pub(crate) fn deadline_exceeded(&self) {
-        self.event("deadline_exceeded", Vec::new);
+    /// The request's deadline, from `source`, ended the retries.
+    pub(crate) fn deadline_exceeded(&self, source: &'static str) {
+        self.event("deadline_exceeded", || {
+            vec![KeyValue::new(DEADLINE_SOURCE, source)]
+        });
+    }
+
+    /// A deadline came from an earlier hop: `result` (`accepted`, or why it
+    /// was ignored), and for an accepted one the milliseconds `left`.
+    pub(crate) fn deadline_received(&self, result: &'static str, left: Option<i64>) {
+        let Some(live) = self.live() else {
+            return;
+        };
+        let span = live.cx.span();
+        span.set_attribute(KeyValue::new(DEADLINE_RECEIVED, result));
+        if let Some(ms) = left {
+            span.set_attribute(KeyValue::new(DEADLINE_LEFT_MS, ms));
+        }
+    }
+
+    /// A propagated deadline stopped an attempt (`stop` names how).
+    pub(crate) fn deadline_stopped(&self, stop: &'static str) {
+        if let Some(live) = self.live() {
+            live.cx
+                .span()
+                .set_attribute(KeyValue::new(DEADLINE_STOPPED, stop));
+        }
     }
 
     /// Records what the retry loop did: outcome, rule and attempts.

@@ -115,6 +115,15 @@ impl<'a> Local<'a> {
                 "reprise: CONNECT to a host outside the mesh is not supported; add it to NO_PROXY\n"
                     .into()
             }
+            // The request's deadline had passed before a first attempt could
+            // start: nothing was sent.
+            Local::Failed {
+                upstream,
+                kind: FailureKind::DeadlineExceeded,
+                attempts: 0,
+            } => format!(
+                "reprise: the request's deadline passed before an attempt to upstream \"{upstream}\" could start\n"
+            ),
             Local::Failed {
                 upstream,
                 kind,
@@ -186,5 +195,84 @@ impl<'a> Local<'a> {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    fn deadline(attempts: u32) -> Local<'static> {
+        Local::Failed {
+            upstream: "stock",
+            kind: FailureKind::DeadlineExceeded,
+            attempts,
+        }
+    }
+
+    async fn text(response: Response<ProxyBody>) -> String {
+        let body = response.into_body().collect().await.expect("a local body");
+        String::from_utf8(body.to_bytes().to_vec()).expect("utf-8")
+    }
+
+    #[tokio::test]
+    async fn a_deadline_answers_504_deadline_exceeded_before_or_after_attempts() {
+        for (attempts, says) in [
+            (0, "deadline passed before an attempt to upstream \"stock\""),
+            (
+                2,
+                "upstream \"stock\" failed: deadline_exceeded after 2 attempt(s)",
+            ),
+        ] {
+            let response = deadline(attempts).answer(false);
+            assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+            assert_eq!(response.headers()[ERROR_HEADER], "deadline_exceeded");
+            assert_eq!(
+                response.headers()[CONTENT_TYPE],
+                "text/plain; charset=utf-8"
+            );
+            let body = text(response).await;
+            assert!(body.contains(says), "{attempts}: {body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_grpc_client_gets_its_deadline_as_deadline_exceeded_in_trailers_only() {
+        for attempts in [0, 3] {
+            let response = deadline(attempts).answer(true);
+            assert_eq!(response.status(), StatusCode::OK, "gRPC: never an HTTP 5xx");
+            let h = response.headers();
+            assert_eq!(
+                h["grpc-status"],
+                grpc::DEADLINE_EXCEEDED.to_string().as_str()
+            );
+            assert_eq!(h["grpc-message"], "deadline_exceeded");
+            assert_eq!(h[ERROR_HEADER], "deadline_exceeded");
+            assert_eq!(h[CONTENT_TYPE], "application/grpc");
+            assert_eq!(text(response).await, "", "Trailers-Only: no body");
+        }
+    }
+
+    #[test]
+    fn timeouts_are_504_and_deadline_exceeded_other_failures_502_and_unavailable() {
+        let answer = |kind| Local::Failed {
+            upstream: "stock",
+            kind,
+            attempts: 1,
+        };
+        for kind in [
+            FailureKind::DeadlineExceeded,
+            FailureKind::ReadTimeout,
+            FailureKind::ConnectTimeout,
+        ] {
+            assert_eq!(answer(kind).status(), StatusCode::GATEWAY_TIMEOUT);
+            assert_eq!(answer(kind).grpc_status(), grpc::DEADLINE_EXCEEDED);
+        }
+        let refused = answer(FailureKind::ConnectRefused);
+        assert_eq!(refused.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(refused.grpc_status(), grpc::UNAVAILABLE);
+        assert_eq!(refused.kind(), "connect_refused");
     }
 }

@@ -4,8 +4,8 @@
 //! failure's kind, failure boundary, body, attempt cap, alternate endpoint,
 //! budget room, backoff (or `Retry-After`), deadline, budget charge. A slow
 //! attempt under hedging passes the same gates from the attempt cap on, with
-//! no backoff (its delay has already elapsed) and never back to a tried
-//! endpoint. The first gate that says no decides the outcome; the budget is
+//! no backoff (its delay has already elapsed), never back to a tried
+//! endpoint, and only with its delay still left before the deadline. The first gate that says no decides the outcome; the budget is
 //! charged only by the last, so a retry the deadline refuses costs nothing.
 //!
 //! The decision reads the request's state, the upstream's budget and endpoint
@@ -116,8 +116,15 @@ pub(crate) fn decide(
         Some(Wait::Backoff) => full_jitter(p.nominal_backoff(state.retries + 1), random),
     };
     if let Some(deadline) = state.deadline {
-        // An attempt that would start at or after the deadline is not made, and not charged.
-        if Instant::now() + delay >= deadline {
+        // An attempt that would start at or after the deadline is not made,
+        // and not charged. A hedge needs its own delay left at least: with
+        // less it cannot answer before the attempt it duplicates has had as
+        // long as it waited so far.
+        let needed = match failure {
+            Some(_) => delay,
+            None => p.hedge_delay.unwrap_or_default(),
+        };
+        if Instant::now() + needed >= deadline {
             return Stop(Outcome::Exhausted(ExhaustedBy::Deadline));
         }
     }
@@ -333,6 +340,25 @@ mod tests {
                     ..base()
                 },
                 ..row("a hedge: no backoff")
+            },
+            Row {
+                trigger: None,
+                retries: RetriesSpec {
+                    hedge: Some(HedgeSpec::Delay { delay_ms: 100 }),
+                    total_deadline_ms: Some(100),
+                    ..base()
+                },
+                want: Err(Outcome::Exhausted(Deadline)),
+                ..row("no hedge with less than its delay left")
+            },
+            Row {
+                trigger: None,
+                retries: RetriesSpec {
+                    hedge: Some(HedgeSpec::Delay { delay_ms: 100 }),
+                    total_deadline_ms: Some(101),
+                    ..base()
+                },
+                ..row("a hedge with its delay left")
             },
             Row {
                 trigger: None,

@@ -13,6 +13,8 @@ use super::attempt::{self, Attempted, RequestTemplate};
 use super::gate::{self, Decision, Trigger};
 use super::verdict;
 use super::{BodySource, RetryState};
+use crate::exchange::deadline::Stop as DeadlineStop;
+use crate::exchange::outcome::{ExhaustedBy, Outcome};
 use crate::exchange::report::{AttemptEnd, AttemptRecord};
 use crate::observe::spans::RequestSpan;
 use crate::random::Random;
@@ -34,10 +36,12 @@ pub(crate) async fn race(
         unreachable!("hedging needs a buffered body");
     };
     let up = state.up;
-    let (request, span) = template.request(up, endpoint, replay.for_attempt(), trace, false);
+    let started = Instant::now();
+    let until = state.attempt_until(started, template.propagates());
+    let sent = replay.for_attempt();
+    let (request, span) = template.request(up, endpoint, sent, trace, false, until);
     // Kept for the record of its cancellation: the span goes with the attempt.
     let first_span = span.unrecorded_id();
-    let started = Instant::now();
     let first = attempt::send(
         up,
         endpoint,
@@ -56,13 +60,18 @@ pub(crate) async fn race(
         Decision::Go { endpoint, .. } => endpoint,
         Decision::Stop(outcome) => {
             state.refused(outcome, trace);
+            if outcome == Outcome::Exhausted(ExhaustedBy::Deadline) {
+                state.deadline_stop(DeadlineStop::Hedge, trace);
+            }
             return first.await;
         }
     };
     state.hedging(second_endpoint, delay, trace, &template.head);
-    let (request, span) = template.request(up, second_endpoint, replay.for_attempt(), trace, true);
-    let second_span = span.unrecorded_id();
     let now = Instant::now();
+    let until = state.attempt_until(now, template.propagates());
+    let sent = replay.for_attempt();
+    let (request, span) = template.request(up, second_endpoint, sent, trace, true, until);
+    let second_span = span.unrecorded_id();
     let second = attempt::send(
         up,
         second_endpoint,

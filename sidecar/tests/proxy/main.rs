@@ -9,6 +9,7 @@ mod captured;
 mod classification;
 mod cli;
 mod config_file;
+mod deadlines;
 mod diagnostics;
 mod dns;
 mod drain;

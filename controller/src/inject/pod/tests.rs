@@ -2,7 +2,10 @@ use k8s_openapi::api::core::v1::{PodSecurityContext, SecurityContext};
 use reprise_crds::sidecar_env;
 
 use super::*;
-use crate::inject::{CPU_LIMIT, CPU_REQUEST, DIAGNOSTICS_RETAINED, LOG_LEVEL, MEMORY_LIMIT};
+use crate::inject::{
+    CPU_LIMIT, CPU_REQUEST, DEADLINE_ACCEPT_INCOMING, DEADLINE_PROPAGATE, DIAGNOSTICS_RETAINED,
+    LOG_LEVEL, MEMORY_LIMIT,
+};
 
 /// Transparent mode: reprise-init, its rules and the checks around it.
 mod transparent;
@@ -39,6 +42,7 @@ fn cluster(transparent_by_default: bool) -> Context {
             "10.96.0.1".parse().expect("ip"),
             "fd00:96::1".parse().expect("ip"),
         ],
+        ..Context::default()
     }
 }
 
@@ -246,6 +250,81 @@ fn diagnostics_retention_comes_from_the_annotation_else_the_config() {
             other => panic!("{bad:?}: expected a refusal, got {other:?}"),
         }
     }
+}
+
+#[test]
+fn deadline_switches_come_from_the_pod_else_its_namespace_and_only_off_is_written() {
+    let switches = |pod_annotations: &[(&str, &str)], namespace: &[(&str, &str)]| {
+        let ctx = Context {
+            namespace: (
+                "shop".to_string(),
+                namespace
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..native()
+        };
+        let d = decide(&pod(pod_annotations), &config(), "CA", &ctx);
+        let sidecar = injected(d)
+            .spec
+            .expect("spec")
+            .init_containers
+            .expect("init")
+            .remove(0);
+        (
+            env_of(&sidecar, sidecar_env::DEADLINE_PROPAGATE),
+            env_of(&sidecar, sidecar_env::DEADLINE_ACCEPT_INCOMING),
+        )
+    };
+    let off = Some("false".to_string());
+    assert_eq!(switches(&[], &[]), (None, None), "on: nothing written");
+    assert_eq!(
+        switches(&[], &[(DEADLINE_PROPAGATE, "false")]),
+        (off.clone(), None),
+        "the namespace's"
+    );
+    assert_eq!(
+        switches(
+            &[(DEADLINE_PROPAGATE, "true")],
+            &[
+                (DEADLINE_PROPAGATE, "false"),
+                (DEADLINE_ACCEPT_INCOMING, "false")
+            ]
+        ),
+        (None, off.clone()),
+        "the pod's own wins, key by key"
+    );
+    assert_eq!(
+        switches(&[(DEADLINE_ACCEPT_INCOMING, "false")], &[]),
+        (None, off)
+    );
+    let refused = |pod_annotations: &[(&str, &str)], namespace: &[(&str, &str)]| {
+        let ctx = Context {
+            namespace: (
+                "shop".to_string(),
+                namespace
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..native()
+        };
+        match decide(&pod(pod_annotations), &config(), "CA", &ctx) {
+            Decision::Refuse(msg) => msg,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    let msg = refused(&[(DEADLINE_PROPAGATE, "off")], &[]);
+    assert_eq!(
+        msg,
+        "annotation reprise.dev/deadline-propagate: \"off\" is not \"true\" or \"false\""
+    );
+    let msg = refused(&[], &[(DEADLINE_ACCEPT_INCOMING, "no")]);
+    assert!(
+        msg.starts_with("namespace shop's annotation reprise.dev/deadline-accept-incoming"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -387,6 +387,10 @@ fn rule(
                 reuse_endpoints: true,
                 ..defaults
             },
+            // A route's deadline travels down the chain as a RetryPolicy's
+            // does; its retries count for the layer rule alike.
+            deadlines: None,
+            retry_layers: None,
         },
         route: SnapshotRoute {
             kind: route.kind,

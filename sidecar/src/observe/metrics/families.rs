@@ -52,6 +52,21 @@ pub(crate) const FAMILIES: &[Family] = &[
         "Attempts whose endpoint's certificate failed validation, by upstream and reason (unknown_issuer, expired, not_yet_valid, name_mismatch, bad_signature, revoked, invalid_purpose, not_presented, other).",
     ),
     family(
+        "reprise_deadlines_received_total",
+        Kind::Counter,
+        "Requests that came with a deadline from an earlier hop (a reprise-deadline baggage entry), by upstream and result (accepted; ignored as malformed, stale or far_future).",
+    ),
+    family(
+        "reprise_deadline_stops_total",
+        Kind::Counter,
+        "Attempts a deadline propagated from an earlier hop stopped, by upstream and stop (before_first_attempt: answered 504 at once; retry, hedge: not sent; attempt_cut: its wait cut).",
+    ),
+    family(
+        "reprise_deadlines_not_propagated_total",
+        Kind::Counter,
+        "Attempts whose baggage could not carry the request's deadline, by upstream and reason (baggage_full: past the W3C limits; baggage_malformed: the application's baggage is not valid); their baggage went out as the application sent it.",
+    ),
+    family(
         "reprise_response_body_errors_total",
         Kind::Counter,
         "Response bodies that failed mid-stream (never retried).",

@@ -13,6 +13,7 @@ use http::{HeaderMap, Version};
 use tokio::time::Instant;
 
 use crate::exchange::body::replay::AttemptBody;
+use crate::exchange::deadline::{self, Hops};
 use crate::exchange::request::{
     attempt_number, AttemptFields, AttemptRequest, RequestHead, ATTEMPT_HEADER,
 };
@@ -39,6 +40,12 @@ pub(crate) struct RequestTemplate {
     pub(crate) grpc: bool,
     /// When the client's `grpc-timeout` runs out, if it sent one.
     pub(crate) grpc_deadline: Option<Instant>,
+    /// The deadline across hops, when one came or attempts carry one on.
+    /// Boxed: most requests have none, and the template moves with the
+    /// request's future.
+    pub(crate) hops: Option<Box<Hops>>,
+    /// Retries and hedges carry the retry mark (`retry_layers: once`).
+    pub(crate) mark_retries: bool,
 }
 
 impl RequestTemplate {
@@ -57,7 +64,14 @@ impl RequestTemplate {
             authority,
             grpc,
             grpc_deadline: None,
+            hops: None,
+            mark_retries: false,
         }
+    }
+
+    /// True when attempts carry the request's deadline to the next hop.
+    pub(crate) fn propagates(&self) -> bool {
+        self.hops.as_deref().is_some_and(|h| h.propagate)
     }
 
     /// The request may be retried or hedged: each attempt carries its
@@ -72,7 +86,8 @@ impl RequestTemplate {
     }
 
     /// The request for one attempt to `endpoint`, and the attempt's CLIENT
-    /// span under `trace`, whose context it carries.
+    /// span under `trace`, whose context it carries; `until` is the
+    /// deadline it carries to the next hop, if any.
     pub(crate) fn request<'t>(
         &'t self,
         up: &'t UpstreamState,
@@ -80,8 +95,10 @@ impl RequestTemplate {
         body: AttemptBody,
         trace: &RequestSpan,
         hedge: bool,
+        until: Option<Instant>,
     ) -> (AttemptRequest<'t>, AttemptSpan) {
-        self.attempt(Cow::Borrowed(&self.head), up, endpoint, body, trace, hedge)
+        let head = Cow::Borrowed(&self.head);
+        self.attempt(head, up, endpoint, body, trace, hedge, until)
     }
 
     /// The request of the only attempt there will be: over HTTP/2 it takes
@@ -92,13 +109,14 @@ impl RequestTemplate {
         endpoint: usize,
         body: AttemptBody,
         trace: &RequestSpan,
+        until: Option<Instant>,
     ) -> (AttemptRequest<'t>, AttemptSpan) {
         if self.version != Version::HTTP_2 {
-            return self.request(up, endpoint, body, trace, false);
+            return self.request(up, endpoint, body, trace, false, until);
         }
         let head = self.take_head();
         let this: &'t Self = self;
-        this.attempt(Cow::Owned(head), up, endpoint, body, trace, false)
+        this.attempt(Cow::Owned(head), up, endpoint, body, trace, false, until)
     }
 
     /// The request of an attempt with no other in flight (not a hedge's
@@ -116,13 +134,14 @@ impl RequestTemplate {
         endpoint: usize,
         body: AttemptBody,
         trace: &RequestSpan,
+        until: Option<Instant>,
     ) -> (AttemptRequest<'t>, AttemptSpan) {
         if self.version != Version::HTTP_2 || !KeptFields::keep(kept, &self.head.headers) {
-            return self.request(up, endpoint, body, trace, false);
+            return self.request(up, endpoint, body, trace, false, until);
         }
         let head = self.take_head();
         let this: &'t Self = self;
-        this.attempt(Cow::Owned(head), up, endpoint, body, trace, false)
+        this.attempt(Cow::Owned(head), up, endpoint, body, trace, false, until)
     }
 
     /// Gives back the head [`RequestTemplate::sole_request`] took, if it did.
@@ -141,6 +160,7 @@ impl RequestTemplate {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attempt<'t>(
         &'t self,
         head: Cow<'t, RequestHead>,
@@ -149,6 +169,7 @@ impl RequestTemplate {
         body: AttemptBody,
         trace: &RequestSpan,
         hedge: bool,
+        until: Option<Instant>,
     ) -> (AttemptRequest<'t>, AttemptSpan) {
         let n = self.attempts_sent.fetch_add(1, Ordering::Relaxed) + 1;
         let endpoint_authority = &up.endpoints[endpoint].authority;
@@ -157,8 +178,19 @@ impl RequestTemplate {
         if self.numbered && (n > 1 || self.version != Version::HTTP_2) {
             fields.set_attempt(n, self.grpc);
         }
-        if let Some(deadline) = self.grpc_deadline {
-            fields.set_grpc_timeout(deadline.saturating_duration_since(Instant::now()));
+        let mark = self.mark_retries && n > 1;
+        match (until, self.hops.as_deref()) {
+            (Some(until), Some(hops)) => {
+                self.carry(&head.headers, up, Some((hops, until)), mark, &mut fields)
+            }
+            _ => {
+                if let Some(deadline) = self.grpc_deadline {
+                    fields.set_grpc_timeout(deadline.saturating_duration_since(Instant::now()));
+                }
+                if mark {
+                    self.carry(&head.headers, up, None, true, &mut fields);
+                }
+            }
         }
         if self.version != Version::HTTP_2
             && self.authority.is_none()
@@ -186,6 +218,38 @@ impl RequestTemplate {
             body,
         };
         (request, span)
+    }
+}
+
+impl RequestTemplate {
+    /// Sets the fields that carry the attempt's deadline (`hops`, `until`)
+    /// to the next hop, and the retry mark when `mark`: `grpc-timeout` for
+    /// gRPC, and the Reprise entries of `baggage`, unless the entry the
+    /// application forwarded already says the same deadline and no mark is
+    /// due (the common pass-through costs no rewrite).
+    #[cold]
+    fn carry(
+        &self,
+        headers: &HeaderMap,
+        up: &UpstreamState,
+        deadline: Option<(&Hops, Instant)>,
+        mark: bool,
+        fields: &mut AttemptFields,
+    ) {
+        let ms = deadline.and_then(|(hops, until)| {
+            if self.grpc {
+                fields.set_grpc_timeout(until.saturating_duration_since(Instant::now()));
+            }
+            let ms = hops.ms(until);
+            (hops.incoming_ms != Some(ms)).then_some(ms)
+        });
+        if ms.is_none() && !mark {
+            return;
+        }
+        match deadline::with_entries(headers, ms, mark) {
+            Ok(value) => fields.set_baggage(value),
+            Err(why) => up.metrics.record_deadline_not_written(why),
+        }
     }
 }
 

@@ -86,6 +86,28 @@ fn upstream_samples(out: &mut Exposition, name: &str, up: &UpstreamState) {
             n,
         );
     }
+    let labelled = [
+        (
+            "reprise_deadlines_received_total",
+            "result",
+            &stats.deadlines_received,
+        ),
+        (
+            "reprise_deadline_stops_total",
+            "stop",
+            &stats.deadline_stops,
+        ),
+        (
+            "reprise_deadlines_not_propagated_total",
+            "reason",
+            &stats.deadlines_not_propagated,
+        ),
+    ];
+    for (family, label, counts) in labelled {
+        for (value, n) in counts {
+            out.sample(family, &[("upstream", name), (label, value)], n);
+        }
+    }
     for (code, n) in &stats.grpc_statuses {
         let status = reprise_crds::grpc::name_of(*code);
         out.sample(

@@ -29,6 +29,7 @@ fn subscription(name: &str) -> Subscription {
         address_map: None,
         report_every: Duration::from_secs(10),
         diagnostics_retained: None,
+        deadlines: reprise_crds::policy::DeadlinePolicy::ON,
     }
 }
 
