@@ -129,7 +129,18 @@ impl Cluster {
             ])
             .expect("delete the standard channel's safe-upgrades policy");
         }
-        self.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &dir])
+        // The CRD files, not the folder: it also holds a kustomization.
+        let mut args = vec!["apply", "--server-side", "--force-conflicts"];
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .filter_map(|e| Some(e.ok()?.path().to_str()?.to_string()))
+            .filter(|f| f.ends_with(".yaml") && !f.ends_with("/kustomization.yaml"))
+            .collect();
+        files.sort();
+        for f in &files {
+            args.extend(["-f", f.as_str()]);
+        }
+        self.kubectl(&args)
             .unwrap_or_else(|e| panic!("apply {dir}: {e}"));
         let mut crds = vec![
             "crd/httproutes.gateway.networking.k8s.io",

@@ -332,7 +332,7 @@ async fn deadlines_and_retries_across_a_three_hop_chain() {
             } else {
                 (String::new(), 2_000)
             };
-            format!("  failureBoundary: BeforeHeaders\n  reuseEndpoints: true{switches}\n  retries: {{ attempts: 2, backoffBaseMs: 1, backoffCapMs: 5, budgetPercent: 100, attemptTimeoutMs: {attempt}{total} }}")
+            format!("  failureBoundary: BeforeHeaders{switches}\n  retries: {{ attempts: 2, reuseEndpoints: true, backoffBaseMs: 1, backoffCapMs: 5, budgetPercent: 100, attemptTimeoutMs: {attempt}{total} }}")
         });
         let tag = format!("d-{propagate}");
         let url = "http://front/work?delay_ms=3000&cancel_calls=false";

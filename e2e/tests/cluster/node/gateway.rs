@@ -384,8 +384,11 @@ async fn routes_across_namespaces_and_the_ported_conformance_assertions() {
 
     // (a) A consumer RetryPolicy across namespaces, for A's callers only.
     step("(a) a consumer RetryPolicy in A for -srv/api");
-    c.apply(&format!(
-        r#"apiVersion: reprise.dev/v1alpha1
+    apply_in(
+        &c,
+        &srv,
+        &format!(
+            r#"apiVersion: reprise.dev/v1alpha1
 kind: RetryPolicy
 metadata: {{ name: reads }}
 spec:
@@ -396,8 +399,8 @@ spec:
   acknowledgeDuplicateRisk: true
   retries: {{ attempts: 2, backoffBaseMs: 5, backoffCapMs: 50, budgetPercent: 50 }}
 "#
-    ))
-    .expect("RetryPolicy reads");
+        ),
+    );
     c.until(
         "reads In-Sync 1/1 with 3 endpoints",
         Duration::from_secs(60),
@@ -418,8 +421,11 @@ spec:
 
     // A producer policy for callers in namespaces labelled team=b: its
     // status counts B's traffic.
-    c.apply(&format!(
-        r#"apiVersion: reprise.dev/v1alpha1
+    apply_in(
+        &c,
+        &srv,
+        &format!(
+            r#"apiVersion: reprise.dev/v1alpha1
 kind: RetryPolicy
 metadata: {{ name: producer, namespace: {srv} }}
 spec:
@@ -431,8 +437,8 @@ spec:
   acknowledgeDuplicateRisk: true
   retries: {{ attempts: 2, backoffBaseMs: 5, backoffCapMs: 50, budgetPercent: 50 }}
 "#
-    ))
-    .expect("RetryPolicy producer");
+        ),
+    );
     let producer_field = |path: &str| {
         c.kubectl(&[
             "-n",
@@ -459,8 +465,11 @@ spec:
     // (b) A producer HTTPRoute recovers B's 503s (A's own policy runs
     // first for A); a consumer route in B then replaces it for B.
     step("(b) a producer HTTPRoute with retry and timeouts, then B's consumer route");
-    c.apply(&format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
+    apply_in(
+        &c,
+        &srv,
+        &format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{ name: api-retries, namespace: {srv} }}
 spec:
@@ -471,8 +480,8 @@ spec:
       timeouts: {{ request: 5s }}
       backendRefs: [{{ name: api, port: 80 }}]
 "#
-    ))
-    .expect("producer route");
+        ),
+    );
     c.until(
         "the producer route Accepted by Reprise",
         Duration::from_secs(60),
@@ -499,8 +508,11 @@ spec:
     step(&format!("   B (producer route): {r}"));
     let a = drive(web_a, &api, 100, 0).await.expect("drive A");
     assert_eq!(a["ok"], 100, "A: {a}");
-    c.apply(&format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
+    apply_in(
+        &c,
+        &b,
+        &format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{ name: mine, namespace: {b} }}
 spec:
@@ -509,8 +521,8 @@ spec:
     - matches: [{{ path: {{ type: PathPrefix, value: / }} }}]
       backendRefs: [{{ name: api, namespace: {srv}, port: 80 }}]
 "#
-    ))
-    .expect("consumer route");
+        ),
+    );
     c.until(
         "B's consumer route Accepted",
         Duration::from_secs(60),
@@ -530,8 +542,11 @@ spec:
 
     // (c) A GRPCRoute whose annotation retries UNAVAILABLE.
     step("(c) a GRPCRoute retrying UNAVAILABLE");
-    c.apply(&format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
+    apply_in(
+        &c,
+        &srv,
+        &format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
 kind: GRPCRoute
 metadata:
   name: say
@@ -543,8 +558,8 @@ spec:
     - matches: [{{ method: {{ service: reprise.test.Echo }} }}]
       backendRefs: [{{ name: api-grpc, port: 9090 }}]
 "#
-    ))
-    .expect("GRPCRoute");
+        ),
+    );
     c.until("the GRPCRoute Accepted", Duration::from_secs(60), || {
         route_accepted(&c, &srv, "grpcroute", "say").is_some_and(|a| a.0 == "True")
     });
@@ -568,8 +583,11 @@ spec:
 
     // (e) A route with a filter Reprise does not implement: not applied.
     step("(e) a route with a RequestRedirect filter");
-    c.apply(&format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
+    apply_in(
+        &c,
+        &srv,
+        &format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{ name: redirect, namespace: {srv} }}
 spec:
@@ -578,8 +596,8 @@ spec:
     - filters: [{{ type: RequestRedirect, requestRedirect: {{ statusCode: 302, hostname: example.com }} }}]
       retry: {{ codes: [503], attempts: 2 }}
 "#
-    ))
-    .expect("redirect route");
+        ),
+    );
     c.until(
         "the redirect route refused",
         Duration::from_secs(60),
@@ -756,8 +774,11 @@ async fn an_xbackendtrafficpolicy_budget_bounds_retries_at_the_pods() {
     let (_release, srv, b) = setup(&c, "experimental", &step);
     let _namespaces = Namespaces(&c, vec![srv.clone(), b]);
     let web_a = web(&c, &c.ns);
-    c.apply(&format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
+    apply_in(
+        &c,
+        &srv,
+        &format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{ name: api-retries, namespace: {srv} }}
 spec:
@@ -766,8 +787,8 @@ spec:
     - retry: {{ codes: [503], attempts: 2, backoff: 1ms }}
       backendRefs: [{{ name: api, port: 80 }}]
 "#
-    ))
-    .expect("route");
+        ),
+    );
     c.until("the route Accepted", Duration::from_secs(60), || {
         route_accepted(&c, &srv, "httproute", "api-retries").is_some_and(|a| a.0 == "True")
     });
@@ -787,8 +808,7 @@ spec:
     };
     let mut rows = Vec::new();
     for (percent, count) in [(100, 1000), (0, 1)] {
-        c.apply(&budget(percent, count))
-            .expect("XBackendTrafficPolicy");
+        apply_in(&c, &srv, &budget(percent, count));
         // Let the budget reach the sidecar and a fresh window begin.
         tokio::time::sleep(Duration::from_secs(12)).await;
         let before = served(&c, &srv, "app=api").await;
