@@ -327,7 +327,8 @@ fn setup(c: &Cluster, channel: &str, step: &dyn Fn(&str)) -> (Release, String, S
     c.gateway_api(channel);
     let release = Release::new(
         &c.kubeconfig,
-        &format!("reprise-gw-{}", std::process::id()),
+        // One namespace per channel: the other test's may still be terminating.
+        &format!("reprise-gw-{}-{}", &channel[..3], std::process::id()),
         "reprise",
     );
     let out = release
