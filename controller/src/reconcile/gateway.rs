@@ -51,6 +51,7 @@ pub(crate) async fn run(ctx: Arc<Context>) {
         }
         tokio::select! {
             r = changes.changed() => if r.is_err() { return },
+            () = ctx.traffic.routes_changed.notified() => {}
             () = tokio::time::sleep(RESYNC) => {}
         }
         tokio::time::sleep(DEBOUNCE).await;

@@ -23,6 +23,9 @@ pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 pub(crate) struct Published {
     statuses: Mutex<HashMap<String, TrafficStatus>>,
+    /// Told when a route rule's traffic changed: the Gateway API status
+    /// writer (`gateway.rs`) writes it then, not at its next resync.
+    pub(crate) routes_changed: tokio::sync::Notify,
 }
 
 impl Published {
@@ -89,7 +92,9 @@ fn changed(ctx: &Context) -> Vec<String> {
             if let Some(peer) = peers.get(&id) {
                 total.get_or_insert_with(WindowTotal::default).add(peer);
             }
-            ctx.traffic.offer(&id, total, &observed_at);
+            if ctx.traffic.offer(&id, total, &observed_at) {
+                ctx.traffic.routes_changed.notify_one();
+            }
         }
     }
     out
