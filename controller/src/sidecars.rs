@@ -48,6 +48,10 @@ pub struct SidecarState {
     pub acked: Option<String>,
     /// Policies in the ACKed snapshot.
     pub acked_policies: HashMap<String, i64>,
+    /// Policies an ACK took out of the pod's snapshot since its last
+    /// report: the sidecar reports what they counted before the change
+    /// once more, in its next report.
+    pub retired_policies: BTreeSet<String>,
     /// Error of the last NACK, if the last answer was a NACK.
     pub nack: Option<String>,
     /// Which connection owns this entry (a reconnect replaces it).
@@ -187,8 +191,11 @@ impl SidecarRegistry {
             s.reported_final = report.last;
             let before = report.traffic.len();
             report.traffic.retain(|id, _| {
-                s.sent_policies.contains_key(id) || s.acked_policies.contains_key(id)
+                s.sent_policies.contains_key(id)
+                    || s.acked_policies.contains_key(id)
+                    || s.retired_policies.contains(id)
             });
+            s.retired_policies.clear();
             (before - report.traffic.len()) as u64
         };
         if !report.traffic.is_empty() {
@@ -392,6 +399,13 @@ impl SidecarRegistry {
         touched.sort();
         touched.dedup();
         s.acked = Some(version.to_string());
+        let retired: Vec<String> = s
+            .acked_policies
+            .keys()
+            .filter(|id| !s.sent_policies.contains_key(*id))
+            .cloned()
+            .collect();
+        s.retired_policies.extend(retired);
         s.acked_policies = s.sent_policies.clone();
         s.nack = None;
         Some(touched)
@@ -665,6 +679,47 @@ mod traffic_tests {
         let all = registry.traffic().all(1_000);
         assert_eq!(all.keys().collect::<Vec<_>>(), ["shop/reads"]);
         assert_eq!(all["shop/reads"].counts.requests, 5);
+    }
+
+    #[test]
+    fn a_policy_an_ack_took_out_is_taken_in_the_next_report_only() {
+        let registry = SidecarRegistry::default();
+        registry.connect("shop", "web-0", BTreeMap::new(), BTreeSet::new(), 1);
+        let both = HashMap::from([("shop/reads".to_string(), 1), ("shop/gone".to_string(), 1)]);
+        registry.sent("shop", "web-0", "v1", both);
+        registry.ack("shop", "web-0", "v1").expect("ack");
+        registry.sent(
+            "shop",
+            "web-0",
+            "v2",
+            HashMap::from([("shop/reads".to_string(), 1)]),
+        );
+        registry.ack("shop", "web-0", "v2").expect("ack");
+        let report = TrafficReport {
+            traffic: [(
+                "shop/gone".to_string(),
+                TrafficCounts {
+                    requests: 3,
+                    ..TrafficCounts::default()
+                },
+            )]
+            .into(),
+            ..TrafficReport::default()
+        };
+        assert_eq!(
+            registry.record_traffic("shop", "web-0", report.clone(), 1_000),
+            Taken::Recorded {
+                unknown_policies: 0
+            }
+        );
+        assert_eq!(
+            registry.record_traffic("shop", "web-0", report, 1_000),
+            Taken::Recorded {
+                unknown_policies: 1
+            }
+        );
+        let t = registry.traffic().window("shop/gone", 1_000).expect("kept");
+        assert_eq!(t.counts.requests, 3);
     }
 
     #[tokio::test(start_paused = true)]

@@ -152,6 +152,12 @@ impl RuleTraffic {
         c
     }
 
+    /// Whether it counted anything [`RuleTraffic::take_since_report`] has
+    /// not taken yet.
+    pub(crate) fn has_unreported(&self) -> bool {
+        self.counts() != *lock(&self.reported)
+    }
+
     /// What was counted since the last call (everything, the first time).
     pub(crate) fn take_since_report(&self) -> TrafficCounts {
         let now = self.counts();

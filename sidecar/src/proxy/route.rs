@@ -35,6 +35,10 @@ pub(crate) struct Routes {
     /// Each rule's traffic, in the order of `config.rules`; a rule's counts
     /// carry over a reload while its id stays.
     pub traffic: Vec<Arc<RuleTraffic>>,
+    /// Rules a reload took out, by the id they report as, while they hold
+    /// counts not yet reported: the next report still carries them (a
+    /// route replaced between two reports loses nothing it counted).
+    pub retired: Vec<(String, Arc<RuleTraffic>)>,
 }
 
 /// The routing maps' hasher: FNV-1a, not std's SipHash. Every key comes from
@@ -176,11 +180,24 @@ impl Routes {
                     .unwrap_or_default()
             })
             .collect();
+        let retired = previous.map_or_else(Vec::new, |p| {
+            let gone = p
+                .config
+                .rules
+                .iter()
+                .zip(&p.traffic)
+                .filter(|(old, _)| !config.rules.iter().any(|r| r.id == old.id))
+                .map(|(old, t)| (old.report_id().to_string(), Arc::clone(t)));
+            gone.chain(p.retired.iter().cloned())
+                .filter(|(_, t)| t.has_unreported())
+                .collect()
+        });
         Self {
             config,
             upstreams,
             by_address,
             traffic,
+            retired,
         }
     }
 
@@ -254,6 +271,7 @@ impl Routes {
             upstreams,
             by_address,
             traffic: self.traffic.clone(),
+            retired: self.retired.clone(),
         })
     }
 
@@ -261,15 +279,22 @@ impl Routes {
     /// Rules of one policy (a route rule's matches) report as one.
     pub(crate) fn traffic_report(&self) -> TrafficReport {
         let mut traffic: BTreeMap<String, TrafficCounts> = BTreeMap::new();
-        for (r, t) in self.config.rules.iter().zip(&self.traffic) {
+        let live = self
+            .config
+            .rules
+            .iter()
+            .zip(&self.traffic)
+            .map(|(r, t)| (r.report_id(), t));
+        let retired = self.retired.iter().map(|(id, t)| (id.as_str(), t));
+        for (id, t) in live.chain(retired) {
             let counts = t.take_since_report();
             if counts.is_empty() {
                 continue;
             }
-            match traffic.get_mut(r.report_id()) {
+            match traffic.get_mut(id) {
                 Some(sum) => sum.add(&counts),
                 None => {
-                    traffic.insert(r.report_id().to_string(), counts);
+                    traffic.insert(id.to_string(), counts);
                 }
             }
         }
@@ -441,6 +466,55 @@ mod tests {
     use http::uri::Authority;
 
     use super::*;
+
+    #[test]
+    fn a_rule_a_reload_takes_out_reports_what_it_counted_once_more() {
+        use crate::exchange::outcome::Outcome;
+        use crate::observe::traffic::Finished;
+        let config = |rules: &str| {
+            let yaml = format!(
+                "upstreams:\n  - name: api\n    endpoints: [{{ address: 127.0.0.1, port: 1 }}]\nrules:\n{rules}"
+            );
+            Arc::new(reprise_crds::file::parse(&yaml, "test.yaml").expect("valid"))
+        };
+        let both = "  - { id: kept, upstreams: [api] }\n  - { id: gone, upstreams: [api] }\n";
+        let dns = Dns::default();
+        let before = Routes::new(config(both), None, &dns);
+        let ok = Finished {
+            outcome: Outcome::Ok,
+            success: true,
+            attempts: 1,
+            first_error: None,
+            elapsed: std::time::Duration::from_millis(1),
+        };
+        for t in &before.traffic {
+            t.record(&ok);
+        }
+        // A reload between two reports drops `gone`: its request is still
+        // reported, under its id, then never again.
+        let after = Routes::new(
+            config("  - { id: kept, upstreams: [api] }\n"),
+            Some(&before),
+            &dns,
+        );
+        let report = after.traffic_report();
+        let requests: Vec<(&str, u64)> = report
+            .traffic
+            .iter()
+            .map(|(id, c)| (id.as_str(), c.requests))
+            .collect();
+        assert_eq!(requests, [("gone", 1), ("kept", 1)]);
+        assert!(after.traffic_report().traffic.is_empty());
+        let again = Routes::new(
+            config("  - { id: kept, upstreams: [api] }\n"),
+            Some(&after),
+            &dns,
+        );
+        assert!(
+            again.retired.is_empty(),
+            "reported: forgotten at the next reload"
+        );
+    }
 
     #[test]
     fn authority_host_is_https_without_its_splits() {
