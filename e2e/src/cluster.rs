@@ -140,8 +140,16 @@ impl Cluster {
         for f in &files {
             args.extend(["-f", f.as_str()]);
         }
-        self.kubectl(&args)
-            .unwrap_or_else(|e| panic!("apply {dir}: {e}"));
+        // The API server may still enforce the policy deleted just before
+        // (its admission plugin learns of the deletion from a watch).
+        let mut tries = 0;
+        while let Err(e) = self.kubectl(&args) {
+            tries += 1;
+            if tries >= 30 || !e.contains("ValidatingAdmissionPolicy") {
+                panic!("apply {dir}: {e}");
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
         let mut crds = vec![
             "crd/httproutes.gateway.networking.k8s.io",
             "crd/grpcroutes.gateway.networking.k8s.io",
