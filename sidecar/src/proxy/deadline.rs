@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::admit::Admission;
 use crate::clock;
-use crate::exchange::deadline::{self, Hops, Received, BAGGAGE};
+use crate::exchange::deadline::{self, Hops, Received};
 use crate::exchange::outcome::SkipReason;
 use crate::observe::spans::RequestSpan;
 use crate::retry::attempt::RequestTemplate;
@@ -57,7 +57,7 @@ pub(crate) fn received(
     upstream: &UpstreamState,
     span: &RequestSpan,
 ) -> Option<Hops> {
-    if !switches.accept_incoming || !headers.contains_key(BAGGAGE) {
+    if !switches.accept_incoming || !deadline::has_baggage(headers) {
         return None;
     }
     let (wall, at) = (clock::unix_ms(), Instant::now());

@@ -355,3 +355,18 @@ fn the_retry_mark_is_read_anywhere_and_written_once_beside_the_deadline() {
     );
     assert_eq!(marked(&["a b"], None), Err(NotWritten::Malformed));
 }
+
+#[test]
+fn a_baggage_field_is_found_by_its_name_in_any_case_among_others() {
+    assert!(!has_baggage(&fields(&[])));
+    assert!(has_baggage(&fields(&["k=v"])));
+    let mut h = HeaderMap::new();
+    h.insert("x-baggage", http::HeaderValue::from_static("k=v"));
+    h.insert(http::header::ACCEPT, http::HeaderValue::from_static("*/*"));
+    assert!(!has_baggage(&h));
+    h.append(
+        http::HeaderName::from_bytes(b"Baggage").expect("name"),
+        http::HeaderValue::from_static("k=v"),
+    );
+    assert!(has_baggage(&h));
+}
