@@ -20,7 +20,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_reprise-controller");
 
 /// The flags that hold the listeners to short limits.
 const LIMITS: &[&str] = &[
-    "--header-timeout=1s",
+    "--header-timeout=2s",
     "--idle-timeout=5s",
     "--metrics-max-connections=20",
     "--webhook-max-connections=10",
@@ -133,23 +133,35 @@ async fn idle_metrics_connections_are_capped_and_closed() {
     for _ in 0..40 {
         held.push(TcpStream::connect(c.metrics).await.expect("connect"));
     }
-    // Over the cap: closed at once.
-    let mut refused = 0;
-    for s in held.iter_mut().skip(20) {
-        if closed_within(s, Duration::from_millis(500)).await {
-            refused += 1;
-        }
-    }
+    // Watched all at once: which of the 40 the listener took within its
+    // cap depends on the order it accepted them in (and on the start's
+    // probe connection, perhaps still held), not on the order they were
+    // opened in; a busy machine delays both closings alike.
+    let started = std::time::Instant::now();
+    let closed: Vec<Option<Duration>> =
+        futures_util::future::join_all(held.iter_mut().map(|s| async move {
+            closed_within(s, Duration::from_secs(6))
+                .await
+                .then(|| started.elapsed())
+        }))
+        .await;
+    // Over the cap: closed at once, well before the head's time (2 s).
+    let refused = closed
+        .iter()
+        .filter(|t| t.is_some_and(|t| t < Duration::from_secs(1)))
+        .count();
     // Within it: closed once they sent nothing for the head's time.
-    let mut idle_closed = 0;
-    for s in held.iter_mut().take(20) {
-        if closed_within(s, Duration::from_secs(4)).await {
-            idle_closed += 1;
-        }
-    }
-    println!("40 idle connections to the metrics listener: {refused} of 20 over the cap closed at once, {idle_closed} of 20 closed within 4 s");
-    assert_eq!(refused, 20, "connections over the cap are closed at once");
-    assert_eq!(idle_closed, 20, "idle connections are closed");
+    let idle_closed = closed.iter().filter(|t| t.is_some()).count() - refused;
+    println!("40 idle connections to the metrics listener with a cap of 20: {refused} closed at once, {idle_closed} after the head's time");
+    assert!(
+        (20..=21).contains(&refused),
+        "connections over the cap are closed at once: {closed:?}"
+    );
+    assert_eq!(
+        refused + idle_closed,
+        40,
+        "idle connections are closed: {closed:?}"
+    );
     let text = get(c.metrics, "/metrics").await;
     // 20, and perhaps the start's probe connection, still held when they came.
     let over = metric(
