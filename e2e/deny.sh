@@ -29,8 +29,8 @@ if ! cargo deny --version >/dev/null 2>&1; then
 fi
 
 status=0
-for manifest in Cargo.toml fuzz/Cargo.toml; do
-  # The main lock must be current (as for every build here); fuzz/Cargo.lock
+for manifest in Cargo.toml fuzz/libfuzzer/Cargo.toml; do
+  # The main lock must be current (as for every build here); fuzz/libfuzzer/Cargo.lock
   # follows the sidecar's dependencies, so it is brought up to date instead.
   locked=()
   [ "$manifest" = Cargo.toml ] && locked=(--locked)

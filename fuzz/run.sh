@@ -12,7 +12,7 @@
 #
 # The committed seeds in fuzz/corpus/<target> are read-only inputs; what a run
 # discovers goes to fuzz/work/<target> (ignored by git), so the committed corpus
-# stays small. Crash inputs land in fuzz/artifacts/<target>/.
+# stays small. Crash inputs land in fuzz/libfuzzer/artifacts/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +28,8 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 fuzz=(cargo +nightly fuzz)
+# The targets are in fuzz/libfuzzer; their inputs and invariants in fuzz/src.
+dir=(--fuzz-dir fuzz/libfuzzer)
 if [ "${FUZZ_STABLE:-0}" = 1 ] || ! cargo +nightly --version >/dev/null 2>&1; then
   echo "== using $(rustc --version) with RUSTC_BOOTSTRAP=1 (no nightly, or FUZZ_STABLE=1)"
   export RUSTC_BOOTSTRAP=1
@@ -36,16 +38,16 @@ fi
 
 targets=(config_file snapshot retry_after classifier http1_response http1_request)
 echo "== building ${targets[*]}"
-"${fuzz[@]}" build
+"${fuzz[@]}" build "${dir[@]}"
 
 failed=()
 summary=()
 for t in "${targets[@]}"; do
-  mkdir -p "fuzz/work/$t" "fuzz/artifacts/$t"
+  mkdir -p "fuzz/work/$t"
   log="fuzz/work/$t.log"
   echo "== fuzzing $t for ${seconds}s"
   # -timeout: one input running over 10 s counts as a hang (a crash).
-  if "${fuzz[@]}" run "$t" "fuzz/work/$t" "fuzz/corpus/$t" -- \
+  if "${fuzz[@]}" run "${dir[@]}" "$t" "fuzz/work/$t" "fuzz/corpus/$t" -- \
     -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
     -print_final_stats=1 >"$log" 2>&1; then
     status=ok
@@ -63,6 +65,6 @@ done
 echo "== summary (${seconds}s per target)"
 printf '%s\n' "${summary[@]}"
 if [ "${#failed[@]}" -gt 0 ]; then
-  echo "fuzz: crash in ${failed[*]}; inputs are in fuzz/artifacts/ (reproduce with: cargo +nightly fuzz run TARGET fuzz/artifacts/TARGET/FILE)" >&2
+  echo "fuzz: crash in ${failed[*]}; inputs are in fuzz/libfuzzer/artifacts/ (reproduce with: cargo +nightly fuzz run --fuzz-dir fuzz/libfuzzer TARGET FILE)" >&2
   exit 1
 fi

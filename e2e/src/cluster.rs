@@ -436,9 +436,7 @@ pub fn rand_suffix() -> u64 {
 }
 
 pub fn free() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
+    reprise_testkit::sidecar::free_addr()
 }
 
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Option<(u16, String)> {

@@ -137,7 +137,8 @@ const FOREIGN_FLAGS: &[&str] = &[
     "set",
     "set-string",
     "wait",
-    // cargo and the test harness
+    // cargo, cargo-fuzz and the test harness
+    "fuzz-dir",
     "bin",
     "example",
     "locked",
@@ -331,7 +332,7 @@ fn every_metric_the_guide_names_exists() {
 }
 
 /// Folders the guide names that builds and runs create: not in the tree.
-const OUTPUTS: &[&str] = &["docs/book", "fuzz/work", "fuzz/artifacts"];
+const OUTPUTS: &[&str] = &["docs/book", "fuzz/work", "fuzz/libfuzzer/artifacts"];
 
 /// Top-level folders of the repository: a code span starting with one of
 /// them is a path the guide cites.

@@ -1,9 +1,22 @@
-//! Invariants the fuzz targets check on every configuration that validation
-//! accepted: whatever the input, an accepted [`Config`] is within the bounds
-//! the product documents promise, so the sidecar never runs a policy that
-//! validation would have refused. [`wire`] holds what the HTTP/1 targets
-//! share.
+//! The fuzz targets' inputs and invariants, one module per target, each
+//! with a `check(&[u8])` that panics when an invariant breaks. libFuzzer
+//! drives them from `fuzz/libfuzzer` (its own workspace: nightly flags and
+//! the sanitizers); this crate is a member of the main workspace so that
+//! `cargo test` replays the committed corpus (`fuzz/corpus/<target>`)
+//! through the same functions on every run, without that build.
+//!
+//! What every target shares: an accepted [`Config`] is within the bounds
+//! the product documents promise, whatever the input, so the sidecar never
+//! runs a policy that validation would have refused ([`check_config`]).
+//! [`wire`] holds what the HTTP/1 targets share.
+#![forbid(unsafe_code)]
 
+pub mod classifier;
+pub mod config_file;
+pub mod http1_request;
+pub mod http1_response;
+pub mod retry_after;
+pub mod snapshot;
 pub mod wire;
 
 use std::time::Duration;

@@ -33,7 +33,7 @@ mod capture;
 mod clock;
 pub mod config;
 mod exchange;
-/// HTTP/1.1 on the wire, public only for the fuzz targets (`fuzz/fuzz_targets/`).
+/// HTTP/1.1 on the wire, public only for the fuzz targets (`fuzz/src/`).
 #[doc(hidden)]
 pub mod http1;
 pub mod observe;

@@ -16,7 +16,6 @@
 //! once they are, with `$JAEGER` set, and a missing binary fails them.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,10 +87,7 @@ fn find_jaeger() -> Option<PathBuf> {
 
 /// A free port on 127.0.0.1 (free when asked; Jaeger binds it a moment later).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    reprise_testkit::sidecar::free_addr().port()
 }
 
 /// A running Jaeger, killed when dropped.

@@ -30,11 +30,40 @@ use crate::prometheus::Metrics;
 pub const READY_WITHIN: Duration = Duration::from_secs(20);
 const POLL: Duration = Duration::from_millis(50);
 
-/// A free port on 127.0.0.1 (free when asked; a race with another process
-/// taking it is possible, and loud).
+/// The ports [`free_addr`] hands out: below the kernel's ephemeral range
+/// (32768 and up by default), so that no outgoing connection and no
+/// `bind(…:0)` of another test takes one between the check and the child's
+/// bind, and below Kubernetes' NodePorts (30000 and up).
+const HANDED_OUT: std::ops::Range<u16> = 20000..30000;
+
+/// The next candidate port of this process; starts at an offset drawn from
+/// the process id so that test binaries run side by side rarely meet.
+static NEXT_PORT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+/// A free port on 127.0.0.1 for a process started later. A port bound with
+/// `:0` and released is the kernel's next ephemeral pick for anyone, so
+/// parallel tests (and their clients' connections) used to take each other's
+/// ports before the child bound them: a sidecar then exited at start. Ports
+/// come from [`HANDED_OUT`] instead, each at most once per process, checked
+/// free when handed out (a race with another process remains possible, and
+/// loud).
 pub fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("its address")
+    use std::sync::atomic::Ordering;
+    let span = u32::from(HANDED_OUT.end - HANDED_OUT.start);
+    let _ = NEXT_PORT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(2_654_435_761) % span,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..span {
+        let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = HANDED_OUT.start + u16::try_from(n).expect("below the span");
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().expect("its address");
+        }
+    }
+    panic!("no free port on 127.0.0.1 in {HANDED_OUT:?}")
 }
 
 /// The built binary `name` of this workspace: next to the current executable

@@ -471,7 +471,7 @@ mod tests {
 
     #[test]
     fn retry_after_max_is_bounded_as_in_the_schema() {
-        // Found by fuzz/fuzz_targets/classifier.rs: the snapshot path accepted any value.
+        // Found by the classifier fuzz target (fuzz/src/classifier.rs): the snapshot path accepted any value.
         assert_eq!(errors(600_000), "");
         assert_eq!(
             errors(600_001),

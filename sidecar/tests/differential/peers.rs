@@ -471,10 +471,7 @@ impl Drop for External {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    reprise_testkit::sidecar::free_addr().port()
 }
 
 /// One single-process nginx (no `user`: without a master process it never

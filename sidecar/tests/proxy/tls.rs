@@ -373,10 +373,7 @@ async fn python_ssl_serves_the_sidecar_over_tls() {
     };
     let ca = TestCa::new("python");
     let server = ca.issue("python", &["api.test"]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = reprise_testkit::sidecar::free_addr().port();
     let script = format!(
         r#"
 import http.server, ssl

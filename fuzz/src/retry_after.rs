@@ -5,15 +5,14 @@
 //! RFC 9110's `Retry-After`: delay-seconds (digits only, after trimming spaces
 //! and tabs), else an HTTP-date as the time from a fixed "now" until it (zero
 //! for the past). Nothing else (signs, fractions, empty) yields a delay.
-#![no_main]
 
 use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
-use libfuzzer_sys::fuzz_target;
 use reprise_sidecar::retry::{retry_after_at, RETRY_AFTER_MAX_SECS};
 
-fuzz_target!(|data: &[u8]| {
+/// Replays one input; panics when an invariant above breaks.
+pub fn check(data: &[u8]) {
     // Several values: the first one is the one that counts (`HeaderMap::get`).
     let mut headers = HeaderMap::new();
     for part in data.split(|b| *b == b'\n') {
@@ -53,4 +52,4 @@ fuzz_target!(|data: &[u8]| {
         Some(Duration::from_secs(t.parse::<u64>().ok()?))
     });
     assert_eq!(got, expected, "{:?}", headers.get(RETRY_AFTER));
-});
+}

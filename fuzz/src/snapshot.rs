@@ -4,18 +4,17 @@
 //! within every documented bound; and re-hashing is stable (a snapshot whose
 //! version is recomputed from its content resolves exactly as well as before,
 //! apart from the version check itself).
-#![no_main]
 
-use libfuzzer_sys::fuzz_target;
 use reprise_crds::snapshot::Snapshot;
 
-fuzz_target!(|data: &[u8]| {
+/// Replays one input; panics when an invariant above breaks.
+pub fn check(data: &[u8]) {
     let Ok(snapshot) = serde_json::from_slice::<Snapshot>(data) else {
         return;
     };
     let resolved = snapshot.resolve();
     if let Ok(cfg) = &resolved {
-        reprise_fuzz::check_config(cfg);
+        crate::check_config(cfg);
     }
 
     // The version is a pure function of the content: recomputing it on an
@@ -43,4 +42,4 @@ fuzz_target!(|data: &[u8]| {
             "re-hashing fixed more than the version: {before}"
         ),
     }
-});
+}

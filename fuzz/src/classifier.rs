@@ -15,21 +15,19 @@
 //! - a method is retried only if it was listed (or `*`), never CONNECT/TRACE;
 //! - every delay the loop could sleep is bounded: at most `retry_after_max`
 //!   (<= 600 s) for an honoured Retry-After, at most `backoff_cap` otherwise.
-#![no_main]
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::Origin;
 use arbitrary::Arbitrary;
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
-use libfuzzer_sys::fuzz_target;
 use reprise_crds::file::{
     ConfigFile, EndpointSpec, RetriesSpec, RuleSpec, StatusEntry, UpstreamSpec,
 };
 use reprise_crds::policy::{GATEWAY_STATUSES, TRANSIENT_STATUSES};
 use reprise_crds::retry_rule::{Boundary, HttpMethod, RetryRule, StatusPreset};
 use reprise_crds::{FailureBoundary, RetryPolicy, ValidationErrors};
-use reprise_fuzz::Origin;
 use reprise_sidecar::retry::{full_jitter, retry_after, FailureKind, ThreadRandom};
 
 #[derive(Arbitrary, Debug)]
@@ -138,14 +136,14 @@ const HTTP_METHODS: [&str; 10] = [
     "GET", "HEAD", "OPTIONS", "PUT", "DELETE", "POST", "PATCH", "CONNECT", "TRACE", "PROPFIND",
 ];
 
-fn check(
+fn check_policy_against_model(
     origin: Origin,
     p: &RetryPolicy,
     statuses: &BTreeSet<u16>,
     methods: &Option<BTreeSet<String>>,
     probes: &[(u16, Vec<u8>, String)],
 ) {
-    reprise_fuzz::check_policy(p, origin);
+    crate::check_policy(p, origin);
     // Every status the retry loop could see (hyper only yields 100..=999).
     for s in 0..=1000u16 {
         let retryable = p.retry_statuses.contains(s);
@@ -196,7 +194,15 @@ fn check(
     }
 }
 
-fuzz_target!(|input: Input| {
+/// Replays one input: the bytes become an [`Input`] as libFuzzer's typed
+/// targets make it (`arbitrary_take_rest`); too few bytes check nothing.
+pub fn check(data: &[u8]) {
+    if data.len() < <Input as Arbitrary>::size_hint(0).0 {
+        return;
+    }
+    let Ok(input) = Input::arbitrary_take_rest(arbitrary::Unstructured::new(data)) else {
+        return;
+    };
     // The file: one upstream with a generated `retries:` block, one generated rule.
     let retries = RetriesSpec {
         attempts: input.attempts.map(u32::from),
@@ -255,7 +261,7 @@ fuzz_target!(|input: Input| {
         ..ConfigFile::default()
     };
     if let Ok(cfg) = file.resolve() {
-        reprise_fuzz::check_config(&cfg);
+        crate::check_config(&cfg);
         // The gateway block: default 502/503/504; 429 joins whenever status retries are on.
         let mut up_statuses = match &input.statuses {
             None => GATEWAY_STATUSES.into_iter().collect(),
@@ -271,7 +277,7 @@ fuzz_target!(|input: Input| {
         if input.retry_post == Some(true) {
             up_tokens.push("POST".into());
         }
-        check(
+        check_policy_against_model(
             Origin::Upstream,
             &cfg.upstreams[0].retries,
             &up_statuses,
@@ -282,7 +288,7 @@ fuzz_target!(|input: Input| {
             None => vec!["GET".into(), "HEAD".into()],
             Some(l) => l.iter().map(token).collect(),
         };
-        check(
+        check_policy_against_model(
             Origin::Rule,
             &cfg.rules[0].policy,
             &model_statuses(&input.rule_statuses),
@@ -332,7 +338,7 @@ fuzz_target!(|input: Input| {
     let mut errs = ValidationErrors::default();
     let (resolved, _) = rule.resolve("ns/p", "api.ns", "ns/p: spec", &mut errs);
     if errs.is_empty() {
-        reprise_fuzz::check_rule(&resolved);
+        crate::check_rule(&resolved);
         let mut statuses: BTreeSet<u16> = input
             .snap_statuses
             .iter()
@@ -354,7 +360,7 @@ fuzz_target!(|input: Input| {
                     .unwrap_or_default()
             })
             .collect();
-        check(
+        check_policy_against_model(
             Origin::Rule,
             &resolved.policy,
             &statuses,
@@ -362,4 +368,4 @@ fuzz_target!(|input: Input| {
             &input.probes,
         );
     }
-});
+}

@@ -1,27 +1,26 @@
 //! The standalone configuration file: any UTF-8 text.
 //!
 //! Invariants: parsing never panics; a configuration that is accepted is
-//! within every documented bound (`reprise_fuzz::check_config`), and it
+//! within every documented bound (`crate::check_config`), and it
 //! round-trips: written back out as YAML from its parsed form and parsed
 //! again, it resolves to exactly the same configuration (so what `--check`
 //! or the admin endpoint shows is what the sidecar runs).
-#![no_main]
 
-use libfuzzer_sys::fuzz_target;
 use reprise_crds::file::{self, ConfigFile};
 
-fuzz_target!(|data: &[u8]| {
+/// Replays one input; panics when an invariant above breaks.
+pub fn check(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
     let Ok(cfg) = file::parse(text, "fuzz") else {
         return;
     };
-    reprise_fuzz::check_config(&cfg);
+    crate::check_config(&cfg);
 
     let spec: ConfigFile = serde_yaml::from_str(text).expect("parse accepted this text");
     let written = serde_yaml::to_string(&spec).expect("a parsed file serializes");
     let again = file::parse(&written, "fuzz-roundtrip")
         .unwrap_or_else(|e| panic!("re-parsing the written file failed: {e}\n{written}"));
     assert_eq!(cfg, again, "round trip changed the config\n{written}");
-});
+}
