@@ -137,6 +137,7 @@ const FOREIGN_FLAGS: &[&str] = &[
     "set",
     "set-string",
     "wait",
+    "kube-version",
     // cargo and the test harness
     "bin",
     "example",
