@@ -227,7 +227,10 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         "clusterrolebinding",
     ] {
         let left = release.kubectl(&["get", kind, "reprise-test", "-o", "name"]);
-        assert!(left.is_err(), "{kind} reprise-test left after helm test: {left:?}");
+        assert!(
+            left.is_err(),
+            "{kind} reprise-test left after helm test: {left:?}"
+        );
     }
     step("   helm test passed in a real pod, its RBAC gone");
 
