@@ -9,7 +9,10 @@
 # that bad values are refused by values.schema.json with the field named, and
 # that the chart's CRD is byte-identical to crds/retrypolicy.yaml. The
 # PrometheusRule's groups go through `promtool check rules` and the unit tests
-# of charts/alerts.test.yaml (`promtool test rules`).
+# of charts/alerts.test.yaml (`promtool test rules`). Every render is for
+# the oldest Kubernetes the chart's kubeVersion admits (KUBE_VERSION): helm
+# template's own default is too old for it (1.20 in a helm built without
+# the release's flags, as e2e/build-tools.sh builds it).
 # One line per check; exits non-zero when any check fails.
 set -euo pipefail
 
@@ -19,6 +22,7 @@ HELM="${HELM:-$HOME/.cache/reprise-tools/helm-v3.22.0/helm}"
 PROMTOOL="${PROMTOOL:-$HOME/.cache/reprise-tools/promtool-v3.16.0/promtool}"
 RELEASE=reprise
 NS=reprise-system
+KUBE_VERSION="${KUBE_VERSION:-1.28.0}"
 
 [[ -x "$HELM" ]] || {
   echo "helm not found at $HELM (set HELM, or build it with e2e/build-tools.sh)" >&2
@@ -120,6 +124,13 @@ def hardened(d, c):
             and s["capabilities"]["drop"] == ["ALL"]
             and s["seccompProfile"]["type"] == "RuntimeDefault")
 
+def podspec(d):
+    return d["spec"]["template"]["spec"] if d["kind"] == "Deployment" else d["spec"]
+
+def test_objects():
+    # What `helm test` creates: the selftest Pod and its RBAC.
+    return [d for d in docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "test"]
+
 def dashboard(name="reprise-dashboard"):
     return json.loads(one("ConfigMap", name)["data"]["reprise.json"])
 
@@ -180,7 +191,7 @@ render() {
   flush
   CURRENT="$1"
   shift
-  if "$HELM" template "$RELEASE" "$CHART" -n "$NS" "$@" >"$TMP/$CURRENT.yaml" 2>"$TMP/$CURRENT.err"; then
+  if "$HELM" template "$RELEASE" "$CHART" -n "$NS" --kube-version "$KUBE_VERSION" "$@" >"$TMP/$CURRENT.yaml" 2>"$TMP/$CURRENT.err"; then
     check "renders valid YAML${*:+ with $*}" 'valid()' '+^kind: '
   else
     fail "$CURRENT: helm template failed: $(head -3 "$TMP/$CURRENT.err" | tr '\n' ' ')"
@@ -218,7 +229,7 @@ check() {
 refuse() {
   local desc="$1" field="$2"
   shift 2
-  if "$HELM" template "$RELEASE" "$CHART" -n "$NS" "$@" >/dev/null 2>"$TMP/refuse.err"; then
+  if "$HELM" template "$RELEASE" "$CHART" -n "$NS" --kube-version "$KUBE_VERSION" "$@" >/dev/null 2>"$TMP/refuse.err"; then
     fail "schema: $desc was accepted ($*)"
   elif grep -q -- "$field" "$TMP/refuse.err"; then
     pass "schema: $desc refused, naming $field"
@@ -230,15 +241,27 @@ refuse() {
 SVC="reprise-controller.$NS.svc"
 
 # --- lint and CRD copy ---------------------------------------------------------------
-if "$HELM" lint "$CHART" --strict >"$TMP/lint.out" 2>&1; then
+if "$HELM" lint "$CHART" --strict --kube-version "$KUBE_VERSION" >"$TMP/lint.out" 2>&1; then
   pass "lint: helm lint --strict"
 else
   fail "lint: $(grep -E 'ERROR|WARNING' "$TMP/lint.out" | head -3 | tr '\n' ' ')"
 fi
-if "$HELM" lint "$CHART" --strict --set grafanaDashboard.enabled=true --set prometheusRule.enabled=true >"$TMP/lint.out" 2>&1; then
-  pass "lint: helm lint --strict with the dashboard and the PrometheusRule"
+if "$HELM" lint "$CHART" --strict --kube-version "$KUBE_VERSION" --set grafanaDashboard.enabled=true --set prometheusRule.enabled=true \
+  --set podMonitor.enabled=true >"$TMP/lint.out" 2>&1; then
+  pass "lint: helm lint --strict with the dashboard, the PrometheusRule and the PodMonitor"
 else
-  fail "lint (dashboard, PrometheusRule): $(grep -E 'ERROR|WARNING' "$TMP/lint.out" | head -3 | tr '\n' ' ')"
+  fail "lint (dashboard, PrometheusRule, PodMonitor): $(grep -E 'ERROR|WARNING' "$TMP/lint.out" | head -3 | tr '\n' ' ')"
+fi
+# kubeVersion: the CRD's validation rules name their field (fieldPath),
+# which Kubernetes serves from 1.28; vendors' version suffixes still match.
+if grep -qx 'kubeVersion: ">=1.28.0-0"' "$CHART/Chart.yaml" &&
+  ! "$HELM" template "$RELEASE" "$CHART" --kube-version 1.27.16 >/dev/null 2>"$TMP/kube.err" &&
+  grep -q 'incompatible with Kubernetes v1.27.16' "$TMP/kube.err" &&
+  "$HELM" template "$RELEASE" "$CHART" --kube-version 1.28.0 >/dev/null 2>&1 &&
+  "$HELM" template "$RELEASE" "$CHART" --kube-version v1.32.13-eks-1a2b3c4 >/dev/null 2>&1; then
+  pass "kubeVersion >=1.28.0-0: 1.27 refused, 1.28.0 and a vendor's v1.32.13-eks-1a2b3c4 admitted"
+else
+  fail "kubeVersion: expected >=1.28.0-0 refusing 1.27.16 and admitting 1.28.0 and v1.32.13-eks-1a2b3c4 ($(head -1 "$TMP/kube.err" 2>/dev/null))"
 fi
 if cmp -s "$CHART/crds/retrypolicy.yaml" "$ROOT/crds/retrypolicy.yaml"; then
   pass "crd: charts/reprise/crds/retrypolicy.yaml == crds/retrypolicy.yaml"
@@ -299,15 +322,24 @@ check "RBAC: leases/webhook restricted by resourceNames" \
 check "helm test Pod runs selftest as reprise-test" \
   'one("Pod","reprise-test")["metadata"]["annotations"]["helm.sh/hook"] == "test" and one("Pod","reprise-test")["spec"]["containers"][0]["command"] == ["/usr/local/bin/reprise-controller","selftest","--namespace","'"$NS"'","--webhook-configuration","reprise-sidecar-injector"] and one("Pod","reprise-test")["spec"]["serviceAccountName"] == "reprise-test" and one("Pod","reprise-test")["spec"]["restartPolicy"] == "Never"' \
   '+helm.sh/hook: test' '+- selftest' '+serviceAccountName: reprise-test'
+check "helm test RBAC: test hooks created before the Pod (weight -1), deleted once the test is over; the Pod kept for its log" \
+  'sorted(d["kind"] for d in test_objects()) == ["ClusterRole","ClusterRoleBinding","Pod","Role","RoleBinding","ServiceAccount"] and all(d["metadata"]["annotations"] == {"helm.sh/hook":"test","helm.sh/hook-weight":"-1","helm.sh/hook-delete-policy":"before-hook-creation,hook-succeeded"} for d in test_objects() if d["kind"] != "Pod") and one("Pod","reprise-test")["metadata"]["annotations"] == {"helm.sh/hook":"test","helm.sh/hook-delete-policy":"before-hook-creation"}' \
+  '+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded' '+helm.sh/hook-weight: "-1"'
+check "controller resources: 100m and 128Mi requested, a 512Mi memory limit, no CPU limit" \
+  'container()["resources"] == {"requests":{"cpu":"100m","memory":"128Mi"},"limits":{"memory":"512Mi"}}' \
+  '+memory: 512Mi' '-memory: 256Mi'
+check "no pull secrets, node selector, tolerations or priority class on any pod; the test pod without affinity" \
+  'all(k not in podspec(d) for d in find("Deployment") + find("Pod") for k in ("imagePullSecrets","nodeSelector","tolerations","priorityClassName")) and "affinity" not in one("Pod","reprise-test")["spec"] and set(one("Deployment","reprise-controller")["spec"]["template"]["metadata"]["annotations"]) == {"checksum/injection"}' \
+  '-imagePullSecrets' '-nodeSelector' '-tolerations' '-priorityClassName'
 check "the webhook's whole-request time is its timeoutSeconds" \
   '"--webhook-timeout=5s" in args()' \
   '+- --webhook-timeout=5s$'
 check "NetworkPolicy reprise-controller: push from anywhere, webhook from webhookFrom, metrics from no pod" \
   '(lambda np: np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "controller" and np["spec"]["policyTypes"] == ["Ingress"] and [r["ports"][0]["port"] for r in np["spec"]["ingress"]] == ["push","webhook"] and "from" not in np["spec"]["ingress"][0] and [p["ipBlock"]["cidr"] for p in np["spec"]["ingress"][1]["from"]] == ["0.0.0.0/0","::/0"])(one("NetworkPolicy","reprise-controller"))' \
   '+^kind: NetworkPolicy$' '+- port: push$' '+- port: webhook$' '-- port: metrics$'
-check "no ServiceMonitor, PrometheusRule, dashboard, Jaeger or cert-manager objects" \
-  'not find("ServiceMonitor") and not find("PrometheusRule") and not find("ConfigMap","reprise-dashboard") and not find("Certificate") and not find("Issuer") and not find("Deployment","reprise-jaeger")' \
-  '-kind: ServiceMonitor' '-kind: PrometheusRule' '-grafana_dashboard' '-kind: Certificate' '-reprise-jaeger'
+check "no ServiceMonitor, PodMonitor, PrometheusRule, dashboard, Jaeger or cert-manager objects" \
+  'not find("ServiceMonitor") and not find("PodMonitor") and not find("PrometheusRule") and not find("ConfigMap","reprise-dashboard") and not find("Certificate") and not find("Issuer") and not find("Deployment","reprise-jaeger")' \
+  '-kind: ServiceMonitor' '-kind: PodMonitor' '-kind: PrometheusRule' '-grafana_dashboard' '-kind: Certificate' '-reprise-jaeger'
 
 # --- networkPolicy --------------------------------------------------------------------
 render netpol-off --set networkPolicy.enabled=false
@@ -353,6 +385,64 @@ render servicemonitor --set serviceMonitor.enabled=true --set serviceMonitor.int
 check "ServiceMonitor scrapes the metrics port every 15s" \
   'one("ServiceMonitor","reprise-controller")["spec"]["endpoints"] == [{"port":"metrics","path":"/metrics","scheme":"http","interval":"15s"}] and one("ServiceMonitor")["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "controller"' \
   '+kind: ServiceMonitor' '+port: metrics' '+interval: 15s'
+
+# --- PodMonitor (the sidecars) --------------------------------------------------------
+render podmonitor --set podMonitor.enabled=true --set podMonitor.interval=15s --set podMonitor.labels.release=kube-prometheus-stack
+check "PodMonitor reprise-sidecars: every namespace's reprise-health ports, /metrics every 15s, nothing else" \
+  '(lambda pm: pm["spec"] == {"namespaceSelector":{"any":True},"selector":{},"podMetricsEndpoints":[{"port":"reprise-health","path":"/metrics","scheme":"http","interval":"15s"}]} and pm["metadata"]["namespace"] == "'"$NS"'" and pm["metadata"]["labels"]["release"] == "kube-prometheus-stack")(one("PodMonitor","reprise-sidecars"))' \
+  '+kind: PodMonitor' '+- port: reprise-health' '+any: true' '+release: kube-prometheus-stack'
+check "the port it names is the one the injector gives the sidecar's health listener (not the loopback admin port)" \
+  '"name: Some(\"reprise-health\".into())" in open("'"$ROOT"'/controller/src/inject/container.rs").read() and "format!(\"0.0.0.0:{}\", config.health_port)" in open("'"$ROOT"'/controller/src/inject/container.rs").read()' \
+  '+port: reprise-health'
+render podmonitor-namespaces --set podMonitor.enabled=true --set 'podMonitor.namespaces={shop,payments}'
+check "podMonitor.namespaces: only those namespaces" \
+  'one("PodMonitor")["spec"]["namespaceSelector"] == {"matchNames":["shop","payments"]}' \
+  '+matchNames:' '+- shop' '-any: true'
+
+# --- placement, pull secrets, digests, extra env ----------------------------------------
+DC="sha256:$(printf 'c%.0s' {1..64})"
+DS="sha256:$(printf '5%.0s' {1..64})"
+DJ="sha256:$(printf 'e%.0s' {1..64})"
+AFF='{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["infra"]}]}]}}}'
+render placement --set-json 'imagePullSecrets=[{"name":"regcred"}]' \
+  --set image.controller.digest=$DC --set image.sidecar.digest=$DS \
+  --set controller.nodeSelector.pool=infra \
+  --set-json 'controller.tolerations=[{"key":"infra","operator":"Exists","effect":"NoSchedule"}]' \
+  --set-json "controller.affinity=$AFF" --set controller.priorityClassName=system-cluster-critical \
+  --set controller.podLabels.team=platform --set 'controller.podAnnotations.example\.com/owner=platform' \
+  --set-json 'controller.extraEnv=[{"name":"RUST_BACKTRACE","value":"1"},{"name":"TOKIO_WORKER_THREADS","valueFrom":{"configMapKeyRef":{"name":"reprise-tuning","key":"threads"}}}]'
+check "controller pods: the pull secret, node selector, tolerations and priority class from values" \
+  'pod()["imagePullSecrets"] == [{"name":"regcred"}] and pod()["nodeSelector"] == {"pool":"infra"} and pod()["tolerations"] == [{"key":"infra","operator":"Exists","effect":"NoSchedule"}] and pod()["priorityClassName"] == "system-cluster-critical"' \
+  '+- name: regcred' '+pool: infra' '+key: infra' '+priorityClassName: "system-cluster-critical"'
+check "controller.affinity replaces the default anti-affinity" \
+  'pod()["affinity"] == '"$AFF"'' \
+  '+nodeAffinity:' '-podAntiAffinity:'
+check "pod labels and annotations added to the chart's, the selector and the Deployment's own labels unchanged" \
+  '(lambda m: m["labels"]["team"] == "platform" and m["labels"]["app.kubernetes.io/component"] == "controller" and m["annotations"]["example.com/owner"] == "platform" and len(m["annotations"]["checksum/injection"]) == 64)(one("Deployment","reprise-controller")["spec"]["template"]["metadata"]) and one("Deployment","reprise-controller")["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name":"reprise","app.kubernetes.io/instance":"reprise","app.kubernetes.io/component":"controller"} and "team" not in one("Deployment","reprise-controller")["metadata"]["labels"]' \
+  '+team: platform' '+example.com/owner: platform' '+checksum/injection: [0-9a-f]{64}'
+check "extraEnv after the chart's variables, value and valueFrom as given" \
+  '[e["name"] for e in container()["env"]][-2:] == ["RUST_BACKTRACE","TOKIO_WORKER_THREADS"] and env()["RUST_BACKTRACE"] == "1" and env()["TOKIO_WORKER_THREADS"] == {"configMapKeyRef":{"name":"reprise-tuning","key":"threads"}} and env()["REPRISE_LOG"] == "info"' \
+  '+name: RUST_BACKTRACE' '+name: reprise-tuning'
+check "digests: the controller, the helm test pod and the injected sidecar are repository@digest" \
+  'container()["image"] == "ghcr.io/reprise-dev/reprise-controller@'"$DC"'" and one("Pod","reprise-test")["spec"]["containers"][0]["image"] == container()["image"] and injection()["image"] == "ghcr.io/reprise-dev/reprise-sidecar@'"$DS"'"' \
+  "+image: \"ghcr.io/reprise-dev/reprise-controller@$DC\"" "+image: \"ghcr.io/reprise-dev/reprise-sidecar@$DS\"" '-reprise-controller:0.1.0'
+check "helm test pod: the controller's pull secret, node selector, tolerations, affinity, labels and annotations; no priority class" \
+  '(lambda p: p["spec"]["imagePullSecrets"] == [{"name":"regcred"}] and p["spec"]["nodeSelector"] == {"pool":"infra"} and p["spec"]["tolerations"] == pod()["tolerations"] and p["spec"]["affinity"] == pod()["affinity"] and "priorityClassName" not in p["spec"] and p["metadata"]["labels"]["team"] == "platform" and p["metadata"]["annotations"]["example.com/owner"] == "platform" and p["metadata"]["annotations"]["helm.sh/hook"] == "test")(one("Pod","reprise-test"))' \
+  '+serviceAccountName: reprise-test'
+check "every container still hardened" \
+  'containers() and all(hardened(d, c) for d, c in containers())' \
+  '+readOnlyRootFilesystem: true' '-privileged: true'
+render jaeger-placement --set jaeger.enabled=true --set-json 'imagePullSecrets=[{"name":"regcred"}]' --set image.jaeger.digest=$DJ \
+  --set jaeger.nodeSelector.pool=tracing \
+  --set-json 'jaeger.tolerations=[{"key":"tracing","operator":"Equal","value":"yes","effect":"NoExecute","tolerationSeconds":60}]' \
+  --set-json "jaeger.affinity=$AFF" --set jaeger.priorityClassName=low-priority \
+  --set jaeger.podLabels.team=observability --set 'jaeger.podAnnotations.example\.com/owner=observability'
+check "Jaeger pod: digest, pull secret, node selector, tolerations, affinity, priority class, labels and annotations" \
+  '(lambda d: container("reprise-jaeger")["image"] == "jaegertracing/jaeger@'"$DJ"'" and podspec(d)["imagePullSecrets"] == [{"name":"regcred"}] and podspec(d)["nodeSelector"] == {"pool":"tracing"} and podspec(d)["tolerations"] == [{"key":"tracing","operator":"Equal","value":"yes","effect":"NoExecute","tolerationSeconds":60}] and podspec(d)["affinity"] == '"$AFF"' and podspec(d)["priorityClassName"] == "low-priority" and d["spec"]["template"]["metadata"]["labels"]["team"] == "observability" and d["spec"]["template"]["metadata"]["annotations"] == {"example.com/owner":"observability"} and d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "jaeger")(one("Deployment","reprise-jaeger"))' \
+  "+image: \"jaegertracing/jaeger@$DJ\"" '+pool: tracing' '+priorityClassName: "low-priority"' '+team: observability'
+check "the controller keeps its own placement (the pull secret is every pod's)" \
+  '"nodeSelector" not in pod() and "podAntiAffinity" in pod()["affinity"] and pod()["imagePullSecrets"] == [{"name":"regcred"}] and "team" not in one("Deployment","reprise-controller")["spec"]["template"]["metadata"]["labels"]' \
+  '+podAntiAffinity:' '+pool: tracing'
 
 # --- Grafana dashboard and PrometheusRule ---------------------------------------------
 ALERTS='{"RepriseRetryBudgetRefusing","RepriseEffectiveSuccessLow","RepriseSnapshotNacked","RepriseSidecarsOutOfSync","RepriseTraceSpansDropped","RepriseWebhookFailingOpen","RepriseUpstreamCertificateExpiring"}'
@@ -484,6 +574,29 @@ refuse "prometheusRule.effectiveSuccessThreshold=1.5" effectiveSuccessThreshold 
 refuse "prometheusRule.certificateExpiryDays=0" certificateExpiryDays --set prometheusRule.certificateExpiryDays=0
 refuse "grafanaDashboard.label with a space" label --set 'grafanaDashboard.label=grafana dashboard'
 refuse "unknown key prometheusRule.threshold" threshold --set prometheusRule.threshold=0.9
+refuse "image.controller.digest=latest (not a digest)" digest --set image.controller.digest=latest
+refuse "image.sidecar.digest without its algorithm" digest --set image.sidecar.digest="$(printf 'a%.0s' {1..64})"
+refuse "imagePullSecrets as bare names, not {name: ...}" imagePullSecrets --set 'imagePullSecrets={regcred}'
+refuse "controller.nodeSelector with a number" nodeSelector --set controller.nodeSelector.zone=1
+refuse "controller.tolerations operator Maybe" operator --set-json 'controller.tolerations=[{"key":"a","operator":"Maybe"}]'
+refuse "controller.tolerations as a map" tolerations --set controller.tolerations.key=a
+refuse "jaeger.tolerations with tolerationSeconds a string" tolerationSeconds --set-json 'jaeger.tolerations=[{"key":"a","operator":"Exists","tolerationSeconds":"60"}]'
+refuse "controller.affinity.nodeSelector (not an affinity)" affinity --set-json 'controller.affinity={"nodeSelector":{"a":"b"}}'
+refuse "controller.priorityClassName=High_Priority" priorityClassName --set controller.priorityClassName=High_Priority
+refuse "controller.podLabels with a number" podLabels --set controller.podLabels.tier=1
+refuse "controller.podLabels app.kubernetes.io/name (the chart's selector)" podLabels --set 'controller.podLabels.app\.kubernetes\.io/name=x'
+refuse "jaeger.podLabels helm.sh/chart (the chart's label)" podLabels --set 'jaeger.podLabels.helm\.sh/chart=x'
+refuse "controller.podAnnotations checksum/injection (the chart's)" podAnnotations --set 'controller.podAnnotations.checksum/injection=x'
+refuse "controller.extraEnv REPRISE_LOG (controller.logLevel's)" controller.logLevel --set-json 'controller.extraEnv=[{"name":"REPRISE_LOG","value":"debug"}]'
+refuse "controller.extraEnv OTEL_EXPORTER_OTLP_ENDPOINT (otel.endpoint's)" otel.endpoint --set-json 'controller.extraEnv=[{"name":"OTEL_EXPORTER_OTLP_ENDPOINT","value":"http://c:4317"}]'
+refuse "controller.extraEnv with a number value" extraEnv --set-json 'controller.extraEnv=[{"name":"A","value":1}]'
+refuse "controller.extraEnv with both value and valueFrom" valueFrom --set-json 'controller.extraEnv=[{"name":"A","value":"1","valueFrom":{"fieldRef":{"fieldPath":"spec.nodeName"}}}]'
+refuse "controller.extraEnv naming one variable twice" twice --set-json 'controller.extraEnv=[{"name":"A","value":"1"},{"name":"A","value":"2"}]'
+refuse "controller.extraEnv as a map" extraEnv --set controller.extraEnv.A=b
+refuse "controller.extraEnv name starting with a digit" extraEnv/0/name --set-json 'controller.extraEnv=[{"name":"1A","value":"1"}]'
+refuse "podMonitor.interval=30 (no unit)" interval --set podMonitor.interval=30
+refuse "podMonitor.namespaces={Shop}" namespaces --set 'podMonitor.namespaces={Shop}'
+refuse "unknown key podMonitor.port (the port is the sidecar's reprise-health)" port --set podMonitor.port=15000
 
 # --- the alerts under promtool -------------------------------------------------------
 # No cluster here has the PrometheusRule CRD, so the rules file promtool reads
@@ -491,7 +604,7 @@ refuse "unknown key prometheusRule.threshold" threshold --set prometheusRule.thr
 # the lines after "spec:", two spaces less indented. promtool then checks and
 # unit-tests what the chart renders, not a copy of it.
 mkdir -p "$TMP/promtool"
-"$HELM" template "$RELEASE" "$CHART" -n "$NS" --set prometheusRule.enabled=true \
+"$HELM" template "$RELEASE" "$CHART" -n "$NS" --kube-version "$KUBE_VERSION" --set prometheusRule.enabled=true \
   --show-only templates/prometheusrule.yaml 2>"$TMP/promtool/err" |
   awk 'f { sub(/^  /, ""); print } /^spec:$/ { f = 1 }' >"$TMP/promtool/rules.yaml" || true
 mapfile -t RULE_ALERTS < <(sed -n 's/^ *- alert: *\([A-Za-z0-9_]*\)$/\1/p' "$TMP/promtool/rules.yaml")

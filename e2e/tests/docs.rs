@@ -137,6 +137,7 @@ const FOREIGN_FLAGS: &[&str] = &[
     "set",
     "set-string",
     "wait",
+    "kube-version",
     // cargo, cargo-fuzz and the test harness
     "fuzz-dir",
     "bin",

@@ -85,10 +85,43 @@ app.kubernetes.io/managed-by: {{ (index . 0).Release.Service }}
 app.kubernetes.io/part-of: reprise
 {{- end }}
 
-{{/* image reference "repository:tag"; tag defaults to the chart's appVersion. Call with (list . .Values.image.controller). */}}
+{{/*
+Image reference: "repository@digest" when a digest is set (the tag is then
+not used: a digest names one image, a tag may move), else
+"repository:tag", the tag defaulting to the chart's appVersion. Call with
+(list . .Values.image.controller).
+*/}}
 {{- define "reprise.image" -}}
 {{- $img := index . 1 }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $img.repository $img.digest }}
+{{- else }}
 {{- printf "%s:%s" $img.repository (default (index . 0).Chart.AppVersion $img.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod placement and pull secrets: imagePullSecrets (the chart's, for every
+pod it runs), nodeSelector and tolerations from the component's values.
+Call with (list . .Values.controller); trim it and use with nindent. Affinity and
+priorityClassName are left to each pod: the controller has a default
+affinity, the helm test pod takes no priority.
+*/}}
+{{- define "reprise.placement" -}}
+{{- $root := index . 0 }}
+{{- $v := index . 1 }}
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -142,4 +175,39 @@ nindent.
 {{- $_ := set $out $kind $q }}
 {{- end }}
 {{- toYaml $out }}
+{{- end }}
+
+{{/*
+What values.schema.json cannot say clearly (its errors for these name no
+field or the wrong one): pod label keys the chart's selectors use, the
+annotation that rolls the controller, and environment variables the chart
+sets itself (a second entry of one name would be ambiguous, and breaks
+strategic-merge upgrades). Fails naming the value; renders nothing.
+*/}}
+{{- define "reprise.validate" -}}
+{{- $ownLabels := list "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "app.kubernetes.io/part-of" }}
+{{- range $component := list "controller" "jaeger" }}
+{{- range $key, $_ := (index $.Values $component).podLabels }}
+{{- if has $key $ownLabels }}
+{{- fail (printf "%s.podLabels: %q is one of the chart's own labels (its selectors use them); choose another key" $component $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if hasKey .Values.controller.podAnnotations "checksum/injection" }}
+{{- fail "controller.podAnnotations: \"checksum/injection\" is the chart's (it rolls the controller when the injection config changes); choose another key" }}
+{{- end }}
+{{- $chartEnv := dict "POD_NAME" "the downward API" "POD_NAMESPACE" "the downward API" "NODE_NAME" "the downward API" "REPRISE_LOG" "controller.logLevel" "OTEL_EXPORTER_OTLP_ENDPOINT" "otel.endpoint" "OTEL_EXPORTER_OTLP_PROTOCOL" "otel.protocol" "OTEL_TRACES_SAMPLER" "otel.sampler" "OTEL_TRACES_SAMPLER_ARG" "otel.samplerArg" "OTEL_SERVICE_NAME" "the chart" "OTEL_RESOURCE_ATTRIBUTES" "the downward API" "OTEL_EXPORTER_OTLP_COMPRESSION" "otel.compression" "OTEL_EXPORTER_OTLP_CERTIFICATE" "otel.tls.caSecret" "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" "otel.tls.clientSecret" "OTEL_EXPORTER_OTLP_CLIENT_KEY" "otel.tls.clientSecret" }}
+{{- $seen := dict }}
+{{- range $i, $e := .Values.controller.extraEnv }}
+{{- if hasKey $chartEnv $e.name }}
+{{- fail (printf "controller.extraEnv[%d]: %s is set by the chart (from %s)" $i $e.name (get $chartEnv $e.name)) }}
+{{- end }}
+{{- if hasKey $seen $e.name }}
+{{- fail (printf "controller.extraEnv[%d]: %s is named twice" $i $e.name) }}
+{{- end }}
+{{- $_ := set $seen $e.name true }}
+{{- if and (hasKey $e "value") (hasKey $e "valueFrom") }}
+{{- fail (printf "controller.extraEnv[%d]: %s has both value and valueFrom; give one" $i $e.name) }}
+{{- end }}
+{{- end }}
 {{- end }}

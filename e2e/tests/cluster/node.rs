@@ -218,7 +218,21 @@ async fn the_chart_the_webhook_and_the_sidecar_in_real_pods() {
         .kubectl(&["logs", "reprise-test"])
         .expect("helm test pod log (through the kubelet)");
     assert!(!test_log.trim().is_empty(), "the selftest printed nothing");
-    step("   helm test passed in a real pod");
+    // Its RBAC was a test hook too: deleted once the test was over.
+    for kind in [
+        "serviceaccount",
+        "role",
+        "rolebinding",
+        "clusterrole",
+        "clusterrolebinding",
+    ] {
+        let left = release.kubectl(&["get", kind, "reprise-test", "-o", "name"]);
+        assert!(
+            left.is_err(),
+            "{kind} reprise-test left after helm test: {left:?}"
+        );
+    }
+    step("   helm test passed in a real pod, its RBAC gone");
 
     // 2. The app in a namespace opted into injection.
     step("2. injected app, Service with a flaky pod");
