@@ -165,6 +165,22 @@ pub(super) async fn run(client: Client, args: &Args) -> (String, bool) {
     (render(&sections), ok)
 }
 
+/// The namespace Reprise runs in, found as `check` finds it: `wanted`
+/// when given, else the namespace of the Service the webhook configuration
+/// calls, else `reprise-system`. Every verb that talks to the controller
+/// asks this, so they agree with `check`.
+pub(super) async fn reprise_namespace(client: &Client, wanted: Option<&str>) -> String {
+    if let Some(ns) = wanted {
+        return ns.to_string();
+    }
+    let configurations = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    locate(&configurations, None).install.namespace
+}
+
 fn text(e: kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} ({})", s.message, s.reason),

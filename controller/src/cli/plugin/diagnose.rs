@@ -3,11 +3,15 @@
 //! binds loopback inside the pod, so the request goes through the API
 //! server's port-forward (which dials the pod's own loopback), never to the
 //! pod IP. `--upstream`, `--outcome` and `--limit` pass through as query
-//! parameters of the same names.
+//! parameters of the same names. A workload or `-l` reads each of its
+//! running pods in turn (`pods.rs`); one that cannot be read is reported on
+//! stderr and the others are still shown.
 //!
 //! The answer is parsed leniently: every field may be missing or null, and
 //! fields this plugin does not know are ignored, so a newer or older
-//! sidecar's answer still draws. `-o json` and `-o yaml` print it as read.
+//! sidecar's answer still draws. `-o json` and `-o yaml` print a kubectl
+//! `List` of one `SidecarDiagnostics` item per pod: the answer as read,
+//! beside the pod's name and namespace.
 
 use std::time::Duration;
 
@@ -15,12 +19,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::pods::PodsArgs;
 use super::table::Table;
-use super::{as_data, Output};
+use super::{as_list, list_item, Output};
 use crate::inject::SIDECAR_NAME;
 use crate::Error;
 
@@ -29,19 +34,22 @@ use crate::Error;
 const DEFAULT_ADMIN_PORT: u16 = 15000;
 /// How long the port-forward and the answer may take together.
 const TIMEOUT: Duration = Duration::from_secs(20);
+/// How a sidecar whose diagnostics are off begins its `404`; an older
+/// sidecar without the page answers its generic "not found".
+const DIAGNOSTICS_OFF: &str = "diagnostics are off";
 
 // The verb's help is the doc comment of `Verb::Diagnose`.
 #[derive(Debug, clap::Args)]
 pub(super) struct Args {
-    /// The pod (in -n's namespace).
-    pub(super) pod: String,
+    #[command(flatten)]
+    pub(super) pods: PodsArgs,
     /// Only requests to this upstream (e.g. `api.shop`).
     #[arg(long)]
     upstream: Option<String>,
     /// Only requests with this outcome (`recovered`, `exhausted`, `skipped`, ...).
     #[arg(long)]
     outcome: Option<String>,
-    /// At most this many requests, newest first.
+    /// At most this many requests per pod, newest first.
     #[arg(long)]
     limit: Option<u32>,
     /// The sidecar's admin port (default: read from its `--admin` argument).
@@ -81,19 +89,36 @@ fn encode(v: &str) -> String {
         .collect()
 }
 
-/// Reads the diagnostics of `args.pod` in `namespace` and renders them.
+/// Reads the diagnostics of each of `pods` and renders them; the pods that
+/// could not be read come back beside the output. One pod that cannot be
+/// read is the verb's error.
 pub(super) async fn run(
     client: Client,
-    namespace: &str,
+    pods: &[Pod],
     args: &Args,
     output: Option<Output>,
-) -> Result<String, Error> {
-    let id = format!("{namespace}/{}", args.pod);
-    let pods: Api<Pod> = Api::namespaced(client, namespace);
-    let pod = pods.get(&args.pod).await.map_err(Error::Kube)?;
+) -> Result<(String, Vec<Error>), Error> {
+    let mut read = Vec::with_capacity(pods.len());
+    let mut failed = Vec::new();
+    for pod in pods {
+        let id = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        match fetch(&client, pod, args).await {
+            Ok(raw) => read.push((id, raw)),
+            Err(e) if pods.len() == 1 => return Err(e),
+            Err(e) => failed.push(e),
+        }
+    }
+    Ok((render_all(&read, output)?, failed))
+}
+
+/// One pod's `/diagnostics`, as read.
+async fn fetch(client: &Client, pod: &Pod, args: &Args) -> Result<Value, Error> {
+    let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let id = format!("{namespace}/{name}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let port = match args.admin_port {
         Some(p) => p,
-        None => admin_port(&pod).ok_or_else(|| Error::Diagnostics {
+        None => admin_port(pod).ok_or_else(|| Error::Diagnostics {
             pod: id.clone(),
             reason: format!(
                 "no {SIDECAR_NAME} container: the pod was not injected (is its namespace labelled reprise.dev/inject=enabled, and was the pod created after?)"
@@ -101,32 +126,68 @@ pub(super) async fn run(
         })?,
     };
     let path = args.query_path();
-    let (status, body) = tokio::time::timeout(TIMEOUT, get(&pods, &args.pod, port, &path))
+    let (status, body) = tokio::time::timeout(TIMEOUT, get(&pods, &name, port, &path))
         .await
         .map_err(|_| Error::Diagnostics {
             pod: id.clone(),
             reason: format!("no answer from the sidecar's admin port {port} in {TIMEOUT:?}"),
         })??;
-    if status == 404 {
-        return Err(Error::Diagnostics {
-            pod: id,
-            reason: "its sidecar has no /diagnostics (a release before the plugin's): upgrade the sidecar image".into(),
-        });
-    }
     if status != 200 {
         return Err(Error::Diagnostics {
             pod: id,
-            reason: format!(
-                "GET {path} answered {status}: {}",
-                String::from_utf8_lossy(&body).trim()
-            ),
+            reason: refusal(status, &body, &path),
         });
     }
-    let raw: Value = serde_json::from_slice(&body).map_err(|e| Error::Diagnostics {
+    serde_json::from_slice(&body).map_err(|e| Error::Diagnostics {
         pod: id.clone(),
         reason: format!("/diagnostics is not JSON: {e}"),
-    })?;
-    render(&id, &raw, output)
+    })
+}
+
+/// Why a sidecar answered `status` instead of its diagnostics, and what to
+/// do: a `404` is diagnostics turned off, or a sidecar older than the page.
+pub(super) fn refusal(status: u16, body: &[u8], path: &str) -> String {
+    let text = String::from_utf8_lossy(body);
+    match status {
+        404 if text.starts_with(DIAGNOSTICS_OFF) => format!(
+            "its sidecar keeps no diagnostics: set the pod's reprise.dev/diagnostics-retained annotation (or the chart's sidecar.diagnosticsRetained) above 0 and restart it ({})",
+            text.trim()
+        ),
+        404 => "its sidecar has no /diagnostics (a release before the plugin's): upgrade the sidecar image".into(),
+        _ => format!("GET {path} answered {status}: {}", text.trim()),
+    }
+}
+
+/// Every pod's diagnostics, `read` as `(namespace/name, answer)`, drawn as
+/// `output` asks: a `List` for the data forms, else each pod's table, under
+/// its name when there are several.
+pub(super) fn render_all(
+    read: &[(String, Value)],
+    output: Option<Output>,
+) -> Result<String, Error> {
+    let items = || {
+        read.iter()
+            .map(|(id, raw)| {
+                let fields = if raw.is_array() {
+                    serde_json::json!({ "requests": raw })
+                } else {
+                    raw.clone()
+                };
+                list_item("reprise.dev/v1alpha1", "SidecarDiagnostics", id, fields)
+            })
+            .collect()
+    };
+    if let Some(printed) = as_list(items, output) {
+        return printed;
+    }
+    let mut out = String::new();
+    for (id, raw) in read {
+        if read.len() > 1 {
+            out += &format!("{}== {id} ==\n", if out.is_empty() { "" } else { "\n" });
+        }
+        out += &render(id, raw, output)?;
+    }
+    Ok(out)
 }
 
 /// The admin port the sidecar listens on: its `--admin 127.0.0.1:PORT`
@@ -225,12 +286,9 @@ struct Attempt {
     duration_ms: Option<f64>,
 }
 
-/// The diagnostics of pod `id` (`namespace/name`), `raw` as read, drawn as
-/// `output` asks.
+/// The diagnostics of pod `id` (`namespace/name`), `raw` as read, as a
+/// table (`-o wide` for the wide one).
 pub(super) fn render(id: &str, raw: &Value, output: Option<Output>) -> Result<String, Error> {
-    if let Some(printed) = as_data(raw, output) {
-        return printed;
-    }
     // A bare list of requests is taken as the list itself.
     let parsed = if raw.is_array() {
         serde_json::from_value(raw.clone()).map(|requests| Diagnostics { requests })
@@ -458,16 +516,70 @@ mod tests {
     }
 
     #[test]
-    fn json_and_yaml_print_the_answer_as_read() {
+    fn json_and_yaml_print_a_list_of_the_answers_as_read() {
         let raw = diagnostics();
-        let json: Value =
-            serde_json::from_str(&render("shop/web-1", &raw, Some(Output::Json)).expect("json"))
-                .expect("JSON");
-        assert_eq!(json, raw);
-        let yaml: Value =
-            serde_yaml::from_str(&render("shop/web-1", &raw, Some(Output::Yaml)).expect("yaml"))
-                .expect("YAML");
-        assert_eq!(yaml, raw);
+        let read = [
+            ("shop/web-1".to_string(), raw.clone()),
+            ("shop/web-2".to_string(), json!([])),
+        ];
+        for output in [Output::Json, Output::Yaml] {
+            let printed = render_all(&read, Some(output)).expect("printed");
+            let list: Value = match output {
+                Output::Json => serde_json::from_str(&printed).expect("JSON"),
+                _ => serde_yaml::from_str(&printed).expect("YAML"),
+            };
+            assert_eq!(list["kind"], "List", "{printed}");
+            assert_eq!(list["items"][0]["kind"], "SidecarDiagnostics");
+            assert_eq!(list["items"][0]["metadata"]["namespace"], "shop");
+            assert_eq!(list["items"][0]["metadata"]["name"], "web-1");
+            assert_eq!(list["items"][0]["requests"], raw["requests"]);
+            // A bare list of requests (an older sidecar) is its requests.
+            assert_eq!(list["items"][1]["requests"], json!([]));
+        }
+    }
+
+    #[test]
+    fn several_pods_are_drawn_each_under_its_name() {
+        let read = [
+            ("shop/web-1".to_string(), diagnostics()),
+            ("shop/web-2".to_string(), json!({"requests": []})),
+        ];
+        let out = render_all(&read, None).expect("tables");
+        let headers: Vec<&str> = out.lines().filter(|l| l.starts_with("== ")).collect();
+        assert_eq!(headers, ["== shop/web-1 ==", "== shop/web-2 =="], "{out}");
+        assert!(
+            out.contains("No retried requests recorded by shop/web-2's sidecar."),
+            "{out}"
+        );
+        // One pod: its table alone, as before.
+        let one = render_all(&read[..1], None).expect("table");
+        assert!(!one.contains("=="), "{one}");
+        assert_eq!(
+            one,
+            render("shop/web-1", &diagnostics(), None).expect("table")
+        );
+    }
+
+    #[test]
+    fn a_404_tells_diagnostics_off_from_an_older_sidecar() {
+        let off = refusal(
+            404,
+            b"diagnostics are off: proxy.diagnostics_retained is 0 (...)\n",
+            "/diagnostics",
+        );
+        assert!(off.contains("reprise.dev/diagnostics-retained"), "{off}");
+        assert!(!off.contains("upgrade"), "{off}");
+        let old = refusal(
+            404,
+            b"not found; try /live, /ready, /config, /metrics, PUT /log-level\n",
+            "/diagnostics",
+        );
+        assert!(old.contains("upgrade the sidecar image"), "{old}");
+        let bad = refusal(400, b"unknown outcome \"x\"\n", "/diagnostics?outcome=x");
+        assert_eq!(
+            bad,
+            "GET /diagnostics?outcome=x answered 400: unknown outcome \"x\""
+        );
     }
 
     #[test]
@@ -536,7 +648,10 @@ mod tests {
     #[test]
     fn filters_are_encoded_query_parameters() {
         let args = Args {
-            pod: "web-1".into(),
+            pods: PodsArgs {
+                target: Some("web-1".into()),
+                selector: None,
+            },
             upstream: Some("api shop&x".into()),
             outcome: None,
             limit: None,

@@ -4,10 +4,13 @@
 //! the controller replica that holds the pod's stream. That page answers
 //! only on the controller's loopback, so each running replica is asked
 //! through the API server's port-forward, as `diagnose` asks a sidecar,
-//! until one holds the stream.
+//! until one holds the stream. Pods are named as `diagnose` names them
+//! (`pods.rs`); the controller's namespace is found as `check` finds it.
 //!
 //! The answer is read leniently, as `diagnose` reads its: missing fields
-//! draw as `-`. `-o json` and `-o yaml` print it as read.
+//! draw as `-`. `-o json` and `-o yaml` print a kubectl `List` of one
+//! `SidecarPush` item per pod: the page as read, and the replica that
+//! answered.
 
 use std::time::Duration;
 
@@ -17,7 +20,8 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 
 use super::diagnose::get;
-use super::{as_data, Output};
+use super::pods::PodsArgs;
+use super::{as_list, list_item, Output};
 use crate::inject::SIDECAR_NAME;
 use crate::Error;
 
@@ -25,34 +29,35 @@ use crate::Error;
 const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The chart's controller pods.
-const CONTROLLER_PODS: &str =
+pub(super) const CONTROLLER_PODS: &str =
     "app.kubernetes.io/part-of=reprise,app.kubernetes.io/component=controller";
 
 // The verb's help is the doc comment of `Verb::Sent`.
 #[derive(Debug, clap::Args)]
 pub(super) struct Args {
-    /// The pod (in -n's namespace).
-    pub(super) pod: String,
-    /// The namespace Reprise's controller runs in.
-    #[arg(long, default_value = "reprise-system")]
-    reprise_namespace: String,
+    #[command(flatten)]
+    pub(super) pods: PodsArgs,
+    /// The namespace Reprise's controller runs in (default: found as
+    /// `check` finds it, from the webhook configuration).
+    #[arg(long)]
+    reprise_namespace: Option<String>,
     /// The controller's metrics port (its `--metrics-addr`).
     #[arg(long, default_value_t = 15020)]
     metrics_port: u16,
 }
 
+/// What the controller last sent each of `pods`, rendered; the pods no
+/// replica could tell about come back beside the output. One pod that
+/// cannot be read is the verb's error.
 pub(super) async fn run(
     client: Client,
-    namespace: &str,
+    pods: &[Pod],
     args: &Args,
     output: Option<Output>,
-) -> Result<String, Error> {
-    let id = format!("{namespace}/{}", args.pod);
-    let fail = |reason: String| Error::Diagnostics {
-        pod: id.clone(),
-        reason,
-    };
-    let controllers: Api<Pod> = Api::namespaced(client, &args.reprise_namespace);
+) -> Result<(String, Vec<Error>), Error> {
+    let reprise_namespace =
+        super::check::reprise_namespace(&client, args.reprise_namespace.as_deref()).await;
+    let controllers: Api<Pod> = Api::namespaced(client, &reprise_namespace);
     let replicas: Vec<String> = controllers
         .list(&ListParams::default().labels(CONTROLLER_PODS))
         .await
@@ -63,15 +68,48 @@ pub(super) async fn run(
         .map(ResourceExt::name_any)
         .collect();
     if replicas.is_empty() {
-        return Err(fail(format!(
-            "no running controller pod in namespace {} (labels {CONTROLLER_PODS}): is Reprise installed there? (--reprise-namespace)",
-            args.reprise_namespace
+        return Err(Error::Usage(format!(
+            "no running controller pod in namespace {reprise_namespace} (labels {CONTROLLER_PODS}): is Reprise installed there? (--reprise-namespace)"
         )));
     }
-    let path = format!("/debug/sidecars/{namespace}/{}", args.pod);
-    let port = args.metrics_port;
-    for replica in &replicas {
-        let (status, body) = tokio::time::timeout(TIMEOUT, get(&controllers, replica, port, &path))
+    let mut read = Vec::with_capacity(pods.len());
+    let mut failed = Vec::new();
+    for pod in pods {
+        let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        match ask(
+            &controllers,
+            &replicas,
+            &namespace,
+            &name,
+            args.metrics_port,
+        )
+        .await
+        {
+            Ok(answer) => read.push(answer),
+            Err(e) if pods.len() == 1 => return Err(e),
+            Err(e) => failed.push(e),
+        }
+    }
+    Ok((render_all(&read, output)?, failed))
+}
+
+/// Asks each replica in turn until one holds `namespace/name`'s stream:
+/// that replica and its page.
+async fn ask(
+    controllers: &Api<Pod>,
+    replicas: &[String],
+    namespace: &str,
+    name: &str,
+    port: u16,
+) -> Result<(String, Value), Error> {
+    let id = format!("{namespace}/{name}");
+    let fail = |reason: String| Error::Diagnostics {
+        pod: id.clone(),
+        reason,
+    };
+    let path = format!("/debug/sidecars/{namespace}/{name}");
+    for replica in replicas {
+        let (status, body) = tokio::time::timeout(TIMEOUT, get(controllers, replica, port, &path))
             .await
             .map_err(|_| {
                 fail(format!(
@@ -82,7 +120,7 @@ pub(super) async fn run(
             200 => {
                 let raw: Value = serde_json::from_slice(&body)
                     .map_err(|e| fail(format!("{replica}: {path} is not JSON: {e}")))?;
-                return render(replica, &raw, output);
+                return Ok((replica.clone(), raw));
             }
             // Another replica may hold the stream.
             404 if body.starts_with(id.as_bytes()) => {}
@@ -100,16 +138,47 @@ pub(super) async fn run(
         }
     }
     Err(fail(format!(
-        "no controller replica ({}) holds a snapshot stream from it: its sidecar is not connected (kubectl -n {namespace} logs {} -c {SIDECAR_NAME})",
+        "no controller replica ({}) holds a snapshot stream from it: its sidecar is not connected (kubectl -n {namespace} logs {name} -c {SIDECAR_NAME})",
         replicas.join(", "),
-        args.pod
     )))
 }
 
-/// The page `raw` that `replica` answered, drawn as `output` asks.
-pub(super) fn render(replica: &str, raw: &Value, output: Option<Output>) -> Result<String, Error> {
+/// Every pod's page, `read` as `(replica, page)`, drawn as `output` asks: a
+/// `List` for the data forms, else each pod's text (each names its pod).
+pub(super) fn render_all(
+    read: &[(String, Value)],
+    output: Option<Output>,
+) -> Result<String, Error> {
+    let items = || {
+        read.iter()
+            .map(|(replica, raw)| {
+                let id = format!(
+                    "{}/{}",
+                    raw["namespace"].as_str().unwrap_or_default(),
+                    raw["pod"].as_str().unwrap_or_default()
+                );
+                let mut fields = raw.clone();
+                if let Some(map) = fields.as_object_mut() {
+                    map.insert("replica".into(), Value::String(replica.clone()));
+                }
+                list_item("reprise.dev/v1alpha1", "SidecarPush", &id, fields)
+            })
+            .collect()
+    };
+    if let Some(printed) = as_list(items, output) {
+        return printed;
+    }
+    let mut out = String::new();
+    for (replica, raw) in read {
+        out += &render(replica, raw)?;
+    }
+    Ok(out)
+}
+
+/// The page `raw` that `replica` answered, as text.
+pub(super) fn render(replica: &str, raw: &Value) -> Result<String, Error> {
     // A NACK's message is the sidecar's to write: shown escaped.
-    as_data(raw, output).unwrap_or_else(|| Ok(crate::untrusted::escaped(&text(replica, raw), true)))
+    Ok(crate::untrusted::escaped(&text(replica, raw), true))
 }
 
 fn text(replica: &str, raw: &Value) -> String {
@@ -261,7 +330,7 @@ mod tests {
             json!("00000000000000a1"),
             json!("bad\u{1b}]52;c;aGk=\u{7}\nfake line"),
         );
-        let out = render("c", &raw, None).expect("text");
+        let out = render("c", &raw).expect("text");
         assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
         assert!(out.contains("bad\\u{1b}]52;c;aGk=\\u{7}"), "{out}");
     }
@@ -274,7 +343,15 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("  version    -\n"), "{out}");
-        let json = render("c", &json!({"pod": "p"}), Some(Output::Json)).expect("json");
-        assert_eq!(json, "{\n  \"pod\": \"p\"\n}\n");
+        let list: Value = serde_json::from_str(
+            &render_all(&[("c".into(), json!({"pod": "p"}))], Some(Output::Json)).expect("json"),
+        )
+        .expect("JSON");
+        assert_eq!(list["kind"], "List");
+        assert_eq!(
+            list["items"][0],
+            json!({"apiVersion": "reprise.dev/v1alpha1", "kind": "SidecarPush",
+                   "metadata": {"namespace": "", "name": "p"}, "pod": "p", "replica": "c"})
+        );
     }
 }

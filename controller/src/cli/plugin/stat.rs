@@ -2,15 +2,17 @@
 //! traffic over the last window. It reads only the policies' `status.traffic`
 //! (written by the leader from its sidecars' reports), never the sidecars.
 //!
-//! `-o json` and `-o yaml` print one object keyed by `namespace/name` whose
-//! values are the policies' `status.traffic` as the API server returned them
-//! (`null` before the first report), so `jq '."shop/reads".recovered'` works.
+//! `-o json` and `-o yaml` print a kubectl `List`: each policy as a
+//! `RetryPolicy` with its name, namespace, target and `status.traffic` as
+//! the API server returned it (`null` before the first report), so `jq
+//! '.items[] | .status.traffic.recovered'` works as it would on `kubectl get
+//! rp -o json`.
 //!
 //! Without a name it also lists the Gateway API routes Reprise applies in
 //! the namespace, with their rules' traffic as Reprise's entry of their
 //! `status.parents` tells it (the `reprise.dev/Traffic` condition; Gateway
 //! API gives a route no traffic field): below the table, and in `-o json`
-//! under `Kind/namespace/name` keys.
+//! as route items whose `status.parents` holds Reprise's entries only.
 
 use std::collections::BTreeMap;
 
@@ -21,7 +23,7 @@ use reprise_crds::resource::{RetryPolicy, TrafficStatus};
 use serde_json::Value;
 
 use super::table::{age, window_seconds, Table};
-use super::{as_data, Output};
+use super::{as_list, list_item, Output};
 use crate::Error;
 
 // The verb's help is the doc comment of `Verb::Stat`.
@@ -183,20 +185,8 @@ pub(super) fn render_with_routes(
     if routes.is_empty() {
         return render(rows, namespace, output, now);
     }
-    if output.is_some_and(|o| o != Output::Wide) {
-        let mut keyed: BTreeMap<String, Value> = rows
-            .iter()
-            .map(|r| (format!("{}/{}", r.namespace, r.name), r.traffic.clone()))
-            .collect();
-        for r in routes {
-            keyed.insert(
-                format!("{}>{}", r.route, r.service),
-                serde_json::json!({ "service": r.service, "accepted": r.accepted, "traffic": r.traffic }),
-            );
-        }
-        if let Some(printed) = as_data(&keyed, output) {
-            return printed;
-        }
+    if let Some(printed) = as_list(|| items(rows, routes), output) {
+        return printed;
     }
     let mut out = render(rows, namespace, output, now)?;
     out.push_str("\nRoutes (their traffic as Reprise's entry of status.parents tells it):\n");
@@ -215,6 +205,48 @@ pub(super) fn render_with_routes(
         ));
     }
     Ok(out)
+}
+
+/// The `List` items of `rows` and `routes`: each policy a `RetryPolicy`
+/// with its target and traffic, each route its kind with Reprise's entries
+/// of its `status.parents`.
+fn items(rows: &[PolicyTraffic], routes: &[RouteTraffic]) -> Vec<Value> {
+    let mut items: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            list_item(
+                "reprise.dev/v1alpha1",
+                "RetryPolicy",
+                &format!("{}/{}", r.namespace, r.name),
+                serde_json::json!({
+                    "spec": { "target": r.target },
+                    "status": { "traffic": r.traffic },
+                }),
+            )
+        })
+        .collect();
+    let mut by_route: BTreeMap<&str, Vec<Value>> = BTreeMap::new();
+    for r in routes {
+        by_route
+            .entry(&r.route)
+            .or_default()
+            .push(serde_json::json!({
+                "service": r.service,
+                "accepted": r.accepted,
+                "traffic": r.traffic,
+            }));
+    }
+    for (route, parents) in by_route {
+        // `Kind/namespace/name`.
+        let (kind, id) = route.split_once('/').unwrap_or(("HTTPRoute", route));
+        items.push(list_item(
+            "gateway.networking.k8s.io/v1",
+            kind,
+            id,
+            serde_json::json!({ "status": { "parents": parents } }),
+        ));
+    }
+    items
 }
 
 /// The policy `target` names, or every policy in `namespace` (`None`: in
@@ -280,15 +312,8 @@ pub(super) fn render(
     output: Option<Output>,
     now: Timestamp,
 ) -> Result<String, Error> {
-    let keyed = || -> BTreeMap<String, &Value> {
-        rows.iter()
-            .map(|r| (format!("{}/{}", r.namespace, r.name), &r.traffic))
-            .collect()
-    };
-    if output.is_some_and(|o| o != Output::Wide) {
-        if let Some(printed) = as_data(&keyed(), output) {
-            return printed;
-        }
+    if let Some(printed) = as_list(|| items(rows, &[]), output) {
+        return printed;
     }
     // A status holds names pods reported: shown escaped.
     Ok(crate::untrusted::escaped(
@@ -503,10 +528,14 @@ mod tests {
         )
         .expect("json");
         let v: Value = serde_json::from_str(&json).expect("json");
-        assert_eq!(
-            v["HTTPRoute/catalog/api-retries>api"]["accepted"],
-            "applied"
-        );
+        assert_eq!(v["kind"], "List", "{json}");
+        let route = &v["items"][1];
+        assert_eq!(route["apiVersion"], "gateway.networking.k8s.io/v1");
+        assert_eq!(route["kind"], "HTTPRoute");
+        assert_eq!(route["metadata"]["namespace"], "catalog");
+        assert_eq!(route["metadata"]["name"], "api-retries");
+        assert_eq!(route["status"]["parents"][0]["service"], "api");
+        assert_eq!(route["status"]["parents"][0]["accepted"], "applied");
     }
 
     #[test]
@@ -639,15 +668,24 @@ mod tests {
     }
 
     #[test]
-    fn json_and_yaml_key_each_policys_traffic_by_namespace_and_name() {
+    fn json_and_yaml_are_a_kubectl_list_of_the_policies() {
         let rows = [row("reads", reported()), row("writes", Value::Null)];
         let now = at("2026-12-06T10:00:45Z");
         let json: Value = serde_json::from_str(
             &render(&rows, Some("shop"), Some(Output::Json), now).expect("json"),
         )
         .expect("valid JSON");
-        assert_eq!(json["shop/reads"], reported());
-        assert_eq!(json["shop/writes"], Value::Null);
+        assert_eq!(json["apiVersion"], "v1");
+        assert_eq!(json["kind"], "List");
+        let items = json["items"].as_array().expect("items");
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[0]["apiVersion"], "reprise.dev/v1alpha1");
+        assert_eq!(items[0]["kind"], "RetryPolicy");
+        assert_eq!(items[0]["metadata"]["namespace"], "shop");
+        assert_eq!(items[0]["metadata"]["name"], "reads");
+        assert_eq!(items[0]["status"]["traffic"], reported());
+        assert_eq!(items[1]["metadata"]["name"], "writes");
+        assert_eq!(items[1]["status"]["traffic"], Value::Null);
         let yaml: Value = serde_yaml::from_str(
             &render(&rows, Some("shop"), Some(Output::Yaml), now).expect("yaml"),
         )

@@ -144,9 +144,24 @@ async fn kubectl_reprise_checks_diagnoses_and_stats_the_release() {
     let web_app = std::net::SocketAddr::new(ip(&web).parse().expect("pod IP"), 8080);
     let r = drive(web_app, "http://api/", 300, 0).await.expect("drive");
     assert_eq!(r["failed"], 0, "{r}");
-    let (ok, out) = kubectl_reprise(&c, &["diagnose", &web_name, "-n", &c.ns, "-o", "json"]);
-    assert!(ok, "kubectl reprise diagnose -o json:\n{out}");
-    let diagnostics: Value = serde_json::from_str(&out).expect("diagnose -o json is JSON");
+    // By selector, as kubectl's verbs take pods: a List with the web pod's item.
+    let (ok, out) = kubectl_reprise(
+        &c,
+        &["diagnose", "-l", "app=web", "-n", &c.ns, "-o", "json"],
+    );
+    assert!(ok, "kubectl reprise diagnose -l app=web -o json:\n{out}");
+    let list: Value = serde_json::from_str(&out).expect("diagnose -o json is JSON");
+    assert_eq!(list["kind"], "List", "{list}");
+    let diagnostics = list["items"]
+        .as_array()
+        .and_then(|items| {
+            items
+                .iter()
+                .find(|i| i["metadata"]["name"] == web_name.as_str())
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("an item for {web_name}: {list}"));
+    assert_eq!(diagnostics["kind"], "SidecarDiagnostics", "{diagnostics}");
     let requests = diagnostics["requests"]
         .as_array()
         .cloned()
@@ -199,9 +214,10 @@ async fn kubectl_reprise_checks_diagnoses_and_stats_the_release() {
     ));
 
     step("3b. kubectl reprise sent: what the controller last sent the web pod");
+    let web_ref = format!("pod/{web_name}");
     let sent_args = [
         "sent",
-        web_name.as_str(),
+        web_ref.as_str(),
         "-n",
         c.ns.as_str(),
         "--reprise-namespace",
@@ -209,7 +225,10 @@ async fn kubectl_reprise_checks_diagnoses_and_stats_the_release() {
     ];
     let (ok, out) = kubectl_reprise(&c, &[&sent_args[..], &["-o", "json"]].concat());
     assert!(ok, "kubectl reprise sent -o json:\n{out}");
-    let sent: Value = serde_json::from_str(&out).expect("sent -o json is JSON");
+    let list: Value = serde_json::from_str(&out).expect("sent -o json is JSON");
+    assert_eq!(list["kind"], "List", "{list}");
+    let sent = list["items"][0].clone();
+    assert_eq!(sent["kind"], "SidecarPush", "{sent}");
     assert_eq!(sent["inSync"], true, "{sent}");
     assert_eq!(sent["sent"]["version"], sent["acked"], "{sent}");
     let reads = format!("{}/reads", c.ns);
@@ -223,8 +242,25 @@ async fn kubectl_reprise_checks_diagnoses_and_stats_the_release() {
         ["whole", "delta", "resumed"].contains(&sent["sent"]["kind"].as_str().unwrap_or("")),
         "{sent}"
     );
-    let (ok, text) = kubectl_reprise(&c, &sent_args);
+    // The controller's namespace found as check finds it, from the webhook
+    // configuration: no --reprise-namespace.
+    let (ok, text) = kubectl_reprise(&c, &sent_args[..4]);
     assert!(ok && text.contains(": in sync, through "), "{text}");
+    let (ok, versions) = kubectl_reprise(&c, &["version", "-o", "json"]);
+    assert!(ok, "{versions}");
+    let versions: Value = serde_json::from_str(&versions).expect("version -o json is JSON");
+    assert_eq!(
+        versions["controller"]["namespace"],
+        release.ns.as_str(),
+        "{versions}"
+    );
+    assert_eq!(versions["controller"]["images"][0]["pods"], 1, "{versions}");
+    assert!(
+        versions["sidecars"]["images"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["pods"].as_u64().unwrap_or(0) >= 4)),
+        "the web pod and three api pods run a sidecar: {versions}"
+    );
     // The page answers only on the controller's loopback: from the node, refused.
     let controller = pods(&c, &release.ns, "app.kubernetes.io/component=controller");
     let addr = std::net::SocketAddr::new(
@@ -252,7 +288,6 @@ async fn kubectl_reprise_checks_diagnoses_and_stats_the_release() {
     step(&format!("   kubectl reprise sent:\n{text}"));
 
     step("4. kubectl reprise stat, once the leader has written status.traffic");
-    let key = format!("{}/reads", c.ns);
     let mut traffic = Value::Null;
     c.until(
         "status.traffic with the recovered requests",
@@ -260,7 +295,7 @@ async fn kubectl_reprise_checks_diagnoses_and_stats_the_release() {
         || {
             let (ok, out) = kubectl_reprise(&c, &["stat", "rp/reads", "-n", &c.ns, "-o", "json"]);
             traffic = serde_json::from_str::<Value>(&out)
-                .map(|v| v[&key].clone())
+                .map(|v| v["items"][0]["status"]["traffic"].clone())
                 .unwrap_or(Value::Null);
             ok && traffic["recovered"].as_i64().unwrap_or(0) > 0
         },
