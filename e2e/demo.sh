@@ -7,7 +7,9 @@
 # Service whose three pods include one failing half its requests and a client
 # pod that gets the sidecar injected, applies a RetryPolicy with kubectl,
 # sends traffic, prints requests, retries, recovered and exhausted, a
-# recovered request's log line and its trace read back from Jaeger.
+# recovered request's log line and its trace read back from Jaeger, then,
+# once the leader has written status.traffic (at most once a minute),
+# `kubectl get rp` and `kubectl reprise stat`.
 # Ctrl-C (or the end) stops everything it started.
 #
 #   bash e2e/demo.sh               the Kubernetes demo (root: the node needs it)
@@ -26,6 +28,8 @@ done
 [[ $EUID -eq 0 ]] || { echo "demo: the node (bridge, iptables, containerd) needs root" >&2; exit 1; }
 echo "== building the demo"
 cargo build --quiet --bin reprise-k8s-demo -p reprise-e2e
+# Its last step shows `kubectl reprise stat`.
+cargo build --quiet --bin kubectl-reprise -p reprise-controller
 
 dir="$(mktemp -d /tmp/reprise-demo.XXXXXX)"
 cleanup() {

@@ -200,5 +200,31 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => return Err(e),
         }
     }
+
+    // The leader writes status.traffic at most once a minute, from the
+    // sidecars' reports: the columns apply left empty fill in then.
+    println!("\n== waiting for the policy's status.traffic (written at most once a minute)");
+    let start = Instant::now();
+    wait("status.traffic", Duration::from_secs(90), || {
+        !c.policy_field("reads", "{.status.traffic.requests}")
+            .is_empty()
+    })?;
+    println!(
+        "\n== kubectl get rp   ({:.0} s later)\n{}",
+        start.elapsed().as_secs_f64(),
+        c.kubectl(&["-n", &c.ns, "get", "rp"])
+            .map_err(anyhow::Error::msg)?
+    );
+    let stat = std::process::Command::new(c.bin.join("kubectl-reprise"))
+        .env("KUBECONFIG", &c.kubeconfig)
+        .args(["stat", "-n", &c.ns])
+        .output()
+        .context("kubectl-reprise (cargo build --bin kubectl-reprise)")?;
+    println!(
+        "== kubectl reprise stat -n {}\n{}{}",
+        c.ns,
+        String::from_utf8_lossy(&stat.stdout),
+        String::from_utf8_lossy(&stat.stderr)
+    );
     Ok(())
 }
