@@ -132,7 +132,11 @@ if [ "${REPRISE_E2E_API_ONLY:-0}" != 1 ]; then
   echo "   images in $((SECONDS - t_img)) s"
 fi
 echo "== e2e: tests"
-cargo build --workspace --bins --locked
+# The binaries the end-to-end tests run (target/debug) were built by the
+# workspace's cargo test above, for its integration tests. Every cargo call
+# below selects --workspace too: with -p one package's features resolve
+# differently (dev-dependencies unify only across the selection), which
+# recompiled tokio, hyper and tonic each time (about 5 minutes of a run).
 # HELM, PROMTOOL and the other tool paths (already built by `cluster.sh up`).
 # shellcheck disable=SC1090
 source "$(bash e2e/build-tools.sh --env-file ${REPRISE_E2E_API_ONLY:+--api-only})"
@@ -140,12 +144,12 @@ export HELM
 # The OTLP-over-TLS tests need Jaeger, built now (JAEGER is set; a missing
 # binary fails them): ignored by the workspace run above.
 echo "== OTLP over TLS to Jaeger (telemetry/tests/otlp_tls.rs)"
-cargo test -p reprise-telemetry --test otlp_tls --locked -- --ignored 2>&1 | tee -a "$log"
+cargo test --workspace --test otlp_tls --locked -- --ignored 2>&1 | tee -a "$log"
 echo "== docs: the user guide built with mdBook, every link checked offline (docs/build.sh)"
 bash docs/build.sh
 echo "== chart: lint, render every documented combination, schema refusals, promtool on the alerts"
 bash charts/test.sh
-REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test -p reprise-e2e --test cluster --locked -- --ignored --test-threads=1 "${skip[@]}" 2>&1 | tee -a "$log"
+REPRISE_E2E_KUBECONFIG="$e2e_dir/kubeconfig" cargo test --workspace --test cluster --locked -- --ignored --test-threads=1 "${skip[@]}" 2>&1 | tee -a "$log"
 
 echo "== e2e done, $((SECONDS - t_start)) s since the start of the run"
 # One closing line for the whole run, summed over every test binary.
