@@ -124,7 +124,7 @@ async fn main() -> anyhow::Result<()> {
             && c.policy_field("reads", "{.status.endpoints}") == "3"
     })?;
     println!(
-        "\n== kubectl get rp   (in sync {:.1} s after apply)\n{}",
+        "\n== kubectl get rp   (in sync {:.1} s after apply; EFFECTIVE and FIRST-TRY wait for status.traffic)\n{}",
         start.elapsed().as_secs_f64(),
         c.kubectl(&["-n", &c.ns, "get", "rp"])
             .map_err(anyhow::Error::msg)?
