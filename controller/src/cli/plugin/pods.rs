@@ -147,36 +147,23 @@ pub(super) async fn resolve(
                 namespace.ok_or_else(|| Error::Usage("a workload needs a namespace".into()))?;
             let c = client.clone();
             let selector = match kind {
-                Workload::Deployment => Api::<Deployment>::namespaced(c, ns)
-                    .get(name)
-                    .await
-                    .map_err(Error::Kube)?
+                Workload::Deployment => get::<Deployment>(c, ns, name)
+                    .await?
                     .spec
                     .map(|s| s.selector),
-                Workload::StatefulSet => Api::<StatefulSet>::namespaced(c, ns)
-                    .get(name)
-                    .await
-                    .map_err(Error::Kube)?
+                Workload::StatefulSet => get::<StatefulSet>(c, ns, name)
+                    .await?
                     .spec
                     .map(|s| s.selector),
-                Workload::DaemonSet => Api::<DaemonSet>::namespaced(c, ns)
-                    .get(name)
-                    .await
-                    .map_err(Error::Kube)?
+                Workload::DaemonSet => get::<DaemonSet>(c, ns, name)
+                    .await?
                     .spec
                     .map(|s| s.selector),
-                Workload::ReplicaSet => Api::<ReplicaSet>::namespaced(c, ns)
-                    .get(name)
-                    .await
-                    .map_err(Error::Kube)?
+                Workload::ReplicaSet => get::<ReplicaSet>(c, ns, name)
+                    .await?
                     .spec
                     .map(|s| s.selector),
-                Workload::Job => Api::<Job>::namespaced(c, ns)
-                    .get(name)
-                    .await
-                    .map_err(Error::Kube)?
-                    .spec
-                    .and_then(|s| s.selector),
+                Workload::Job => get::<Job>(c, ns, name).await?.spec.and_then(|s| s.selector),
             };
             let what = format!("{kind:?} {ns}/{name}");
             let selector = selector
@@ -205,6 +192,21 @@ pub(super) async fn resolve(
     }
     pods.sort_by_key(|p| (p.namespace().unwrap_or_default(), p.name_any()));
     Ok(pods)
+}
+
+/// The workload `name` in `ns`, as stored.
+async fn get<K>(client: Client, ns: &str, name: &str) -> Result<K, Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client, ns)
+        .get(name)
+        .await
+        .map_err(Error::Kube)
 }
 
 #[cfg(test)]
